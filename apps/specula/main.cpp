@@ -1,0 +1,46 @@
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+#include <string>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "command.hpp"
+#include "specula/error.hpp"
+
+namespace specula::cli {
+std::vector<Command>& commands() {
+  static std::vector<Command> all;
+  return all;
+}
+}  // namespace specula::cli
+
+namespace {
+void print_usage() {
+  auto cmds = specula::cli::commands();
+  std::sort(cmds.begin(), cmds.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
+  fmt::print("usage: specula <command> [options]\n\ncommands:\n");
+  for (const auto& c : cmds) fmt::print("  {:<10} {}\n", c.name, c.summary);
+  fmt::print("\n`specula <command> --help` describes a command's options.\n");
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    print_usage();
+    return args.empty() ? 2 : 0;
+  }
+  for (const auto& c : specula::cli::commands()) {
+    if (c.name != args[0]) continue;
+    try {
+      return c.run(std::vector<std::string>(args.begin() + 1, args.end()));
+    } catch (const std::exception& e) {
+      fmt::print(stderr, "specula {}: error: {}\n", c.name, e.what());
+      return 1;
+    }
+  }
+  fmt::print(stderr, "specula: unknown command '{}'. Run `specula --help` for the list.\n", args[0]);
+  return 2;
+}

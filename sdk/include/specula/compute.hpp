@@ -1,0 +1,160 @@
+// ComputeBackend: where tensors live and how a graph of ops runs. Model plugins never touch device
+// memory: they upload weights once, allocate persistent tensors (KV cache) once, and describe every
+// forward pass as a Graph that the backend runs as a whole (CPU: fused and threaded; Vulkan: one
+// submission).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "specula/dtype.hpp"
+#include "specula/model_file.hpp"
+
+namespace specula {
+
+using Shape = std::vector<int64_t>;  // outermost first; the last axis is contiguous
+
+// Storage owned by a backend: a weight, a KV cache, any persistent tensor. Graphs refer to it.
+class BackendTensor {
+ public:
+  virtual ~BackendTensor() = default;
+  virtual DType type() const = 0;
+  virtual const Shape& shape() const = 0;
+  virtual const std::string& name() const = 0;
+};
+using BackendTensorPtr = std::shared_ptr<BackendTensor>;
+
+enum class Op : uint32_t {
+  Input,       // host data set before each run (token ids, positions)
+  Constant,    // a BackendTensor (weight, cache)
+  GetRows,     // src0 table [R, C] (any dtype), src1 ids I32 [N] -> F32 [N, C]
+  MatMul,      // src0 weight [O, I] (any dtype), src1 x F32 [..., I] -> F32 [..., O]   (x @ W^T)
+  MatMulId,    // src0 experts [E, O, I], src1 x [N, K, I] or [N, 1, I], src2 ids I32 [N, K] -> [N, K, O]
+  Add,         // a + b, b broadcast over leading axes of a
+  Mul,         // a * b, same broadcast
+  Scale,       // a * f[0]
+  RmsNorm,     // rms-normalise over the last axis with eps f[0]; src1 optional weight (multiplied as is)
+  GeluTanh,    // 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3)))
+  Softcap,     // f[0] * tanh(x / f[0])
+  Rope,        // src0 x [T, H, D], src1 positions I32 [T]; NeoX halves; i[0] = rotated pairs,
+               // f[0] = theta, f[1] = exponent divisor (inv_freq_k = theta^(-2k/f[1])), f[2] = freq scale
+  Attention,   // src0 q [T, Hq, D], src1 K [S, Hkv, D], src2 V [S, Hkv, Dv], src3 key positions I32 [S]
+               // (-1 = empty slot), src4 query positions I32 [T]; f[0] = scale; i[0] = sliding window
+               // (0 = none), i[1] = 1 for causal, 0 for bidirectional; -> F32 [T, Hq * Dv]
+  Softmax,     // over the last axis
+  TopK,        // i[0] = k over the last axis -> I32 indices, highest first (ties: lower index)
+  Argmax,      // over the last axis -> I32 (ties: lower index)
+  Reshape,     // same data, new shape (i[] holds the shape; product must match)
+  Slice,       // along the last axis: i[0] = start, i[1] = length
+  Concat,      // along the last axis
+  WriteRows,   // copy src1 [N, ...] into rows of persistent src0 at row indices src2 I32 [N]; -> src0
+  Copy,        // convert src0 to dtype of the node (e.g. F32 -> F16 for a cache)
+};
+
+// A node of a Graph. Parameters are small and fixed-size so a graph is plain data a backend can cache.
+struct Node {
+  Op op = Op::Input;
+  DType type = DType::F32;
+  Shape shape;
+  std::array<int32_t, 4> src{-1, -1, -1, -1};  // indices of earlier nodes, -1 = unused
+  std::array<int64_t, 8> i{};
+  std::array<float, 4> f{};
+  BackendTensorPtr tensor;  // Constant and WriteRows destination
+  std::string name;         // for errors and profiles
+};
+
+// A value in a Graph under construction.
+struct Value {
+  int32_t id = -1;
+  explicit operator bool() const { return id >= 0; }
+};
+
+// A forward pass recorded as data. Builders check shapes as they go and throw specula::Error naming
+// the op, node and shapes on a mismatch, so a wrong model fails while the graph is built.
+class Graph {
+ public:
+  Value input(DType type, Shape shape, std::string name);
+  Value constant(const BackendTensorPtr& t);
+  Value get_rows(Value table, Value ids);
+  Value matmul(Value weight, Value x);
+  Value matmul_id(Value experts, Value x, Value ids);
+  Value add(Value a, Value b);
+  Value mul(Value a, Value b);
+  Value scale(Value a, float s);
+  Value rms_norm(Value x, Value weight, float eps);  // weight may be Value{} (none)
+  Value gelu_tanh(Value x);
+  Value softcap(Value x, float cap);
+  Value rope(Value x, Value positions, int64_t rotated_pairs, float theta, float exponent_divisor,
+             float freq_scale = 1.0f);
+  Value attention(Value q, Value k, Value v, Value key_pos, Value query_pos, float scale,
+                  int64_t window, bool causal);
+  Value softmax(Value x);
+  Value top_k(Value x, int64_t k);
+  Value argmax(Value x);
+  Value reshape(Value x, Shape shape);
+  Value slice(Value x, int64_t start, int64_t length);
+  Value concat(Value a, Value b);
+  Value write_rows(const BackendTensorPtr& dst, Value rows, Value row_ids);
+  Value copy(Value x, DType type);
+
+  // Marks a value whose data the caller reads after the run.
+  void mark_output(Value v);
+
+  const std::vector<Node>& nodes() const { return nodes_; }
+  const Node& node(Value v) const;
+  const std::vector<int32_t>& outputs() const { return outputs_; }
+  const Shape& shape(Value v) const { return node(v).shape; }
+
+ private:
+  Value push(Node n);
+  std::vector<Node> nodes_;
+  std::vector<int32_t> outputs_;
+};
+
+// Answer of a capability query: whether an op is supported on a dtype, and if not, why.
+struct Support {
+  bool ok = true;
+  std::string reason;  // empty when ok
+  static Support yes() { return {}; }
+  static Support no(std::string why) { return {false, std::move(why)}; }
+};
+
+struct DeviceInfo {
+  std::string name;        // "CPU (oneDNN 2.6, AVX2)", "NVIDIA H200 (Vulkan 1.3)"
+  uint64_t memory_bytes = 0;
+  bool unified_memory = true;
+};
+
+// Data for one run: the values of the graph's Input nodes, and where outputs are copied to.
+struct RunInputs {
+  std::vector<std::pair<Value, std::span<const std::byte>>> inputs;
+};
+
+// Plugin kind "backend".
+class ComputeBackend {
+ public:
+  virtual ~ComputeBackend() = default;
+  virtual std::string name() const = 0;
+  virtual DeviceInfo device() const = 0;
+
+  // Whether `op` can run with its weight/input operand stored as `type`, and if not, why.
+  virtual Support supports(Op op, DType type) const = 0;
+
+  // A weight from a checkpoint: mapped (CPU) or uploaded (GPU) once.
+  virtual BackendTensorPtr load_weight(const TensorInfo& info) = 0;
+  // A zero-initialised persistent tensor (KV cache, state).
+  virtual BackendTensorPtr allocate(const std::string& name, DType type, const Shape& shape) = 0;
+
+  // Runs the whole graph; on return the outputs are readable.
+  virtual void run(const Graph& graph, const RunInputs& inputs) = 0;
+  // Copies an output of the last run of `graph` (or a persistent tensor) to host memory as F32/I32.
+  virtual void read(const Graph& graph, Value output, std::span<std::byte> dst) = 0;
+  virtual void read(const BackendTensor& tensor, std::span<std::byte> dst) = 0;
+  virtual void write(BackendTensor& tensor, std::span<const std::byte> src) = 0;
+};
+
+}  // namespace specula

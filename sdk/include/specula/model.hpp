@@ -1,0 +1,110 @@
+// Model (a target architecture) and Drafter (a speculative drafter) interfaces. Model plugins build
+// them on top of ModelFile (weights and metadata) and ComputeBackend (all computation).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "specula/compute.hpp"
+#include "specula/model_file.hpp"
+#include "specula/tokenizer.hpp"
+
+namespace specula {
+
+struct ModelInfo {
+  std::string architecture;     // "gemma4"
+  int64_t vocab_size = 0;
+  int64_t hidden_size = 0;
+  int64_t context_length = 0;   // the longest context the model supports
+  std::vector<int32_t> end_tokens;  // generation stops on any of these
+  nlohmann::json details;       // architecture-specific facts for `specula inspect` and logs
+};
+
+// One attention type's KV cache as the drafter sees it: the cache tensors, plus the absolute token
+// position held by each cache slot (-1 for an empty slot). K is [S, Hkv, D], V is [S, Hkv, Dv].
+struct KvView {
+  BackendTensorPtr k;
+  BackendTensorPtr v;
+  BackendTensorPtr positions;   // I32 [S]
+  int64_t window = 0;           // sliding window of the producing layer, 0 for full attention
+};
+
+// What a drafter may read of a running target: its KV caches (per attention type) and the hidden state
+// it produced for the last token it processed.
+class TargetView {
+ public:
+  virtual ~TargetView() = default;
+  // "full" or "sliding": the cache of the target's last layer of that attention type.
+  virtual KvView kv(const std::string& attention_type) const = 0;
+  // Hidden state (before the final norm) for the last processed position: F32 [hidden_size].
+  virtual BackendTensorPtr last_hidden() const = 0;
+  virtual int64_t position() const = 0;   // tokens processed so far
+};
+
+struct ContextOptions {
+  int64_t context_length = 0;  // 0 = the model's own
+};
+
+// The per-sequence state of a target model: its KV cache and position.
+class ModelContext {
+ public:
+  virtual ~ModelContext() = default;
+  // Processes `tokens` at positions position()..position()+n-1. Returns log-softmax-ready logits
+  // (after the final softcap) for the last `n_logits` positions, F32 [n_logits, vocab], on the host.
+  // Throws specula::Error when the context would overflow.
+  virtual std::vector<float> forward(std::span<const int32_t> tokens, int64_t n_logits = 1) = 0;
+  virtual int64_t position() const = 0;
+  virtual int64_t capacity() const = 0;
+  // Forgets every position >= pos (speculative rollback). pos <= position().
+  virtual void truncate(int64_t pos) = 0;
+  virtual const TargetView& view() const = 0;
+};
+
+// Plugin kind "model": a loaded target model.
+class Model {
+ public:
+  virtual ~Model() = default;
+  virtual const ModelInfo& info() const = 0;
+  virtual std::shared_ptr<const Tokenizer> tokenizer() const = 0;
+  virtual std::shared_ptr<const ChatFormat> chat_format() const = 0;
+  virtual std::unique_ptr<ModelContext> new_context(const ContextOptions& options) = 0;
+};
+
+// Loads a Model of this plugin's architecture. Checks every tensor it needs and throws naming the
+// missing or misshaped one. `options` carries the pipeline's target section.
+class ModelLoader {
+ public:
+  virtual ~ModelLoader() = default;
+  virtual std::string architecture() const = 0;            // "gemma4"
+  virtual bool accepts(const ModelFile& file) const = 0;   // does this file hold this architecture?
+  virtual std::shared_ptr<Model> load(std::shared_ptr<const ModelFile> file,
+                                      std::shared_ptr<ComputeBackend> backend,
+                                      const nlohmann::json& options) const = 0;
+};
+
+// A drafter proposes the next tokens of a target from the target's own state.
+class Drafter {
+ public:
+  virtual ~Drafter() = default;
+  // Proposes up to `n` tokens following `last_token`, which the target has accepted but not yet
+  // processed; reads the target's state through `target` only.
+  virtual std::vector<int32_t> draft(const TargetView& target, int32_t last_token, int n) = 0;
+};
+
+// Plugin kind "drafter".
+class DrafterLoader {
+ public:
+  virtual ~DrafterLoader() = default;
+  virtual std::string architecture() const = 0;            // "gemma4-assistant"
+  virtual bool accepts(const ModelFile& file) const = 0;
+  virtual std::shared_ptr<Drafter> load(std::shared_ptr<const ModelFile> file,
+                                        std::shared_ptr<ComputeBackend> backend,
+                                        const ModelInfo& target, const nlohmann::json& options) const = 0;
+};
+
+}  // namespace specula

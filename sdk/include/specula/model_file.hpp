@@ -1,0 +1,66 @@
+// ModelFormat: opens a checkpoint (GGUF file, Hugging Face or MLX safetensors directory) and hands out
+// its metadata and tensors zero-copy from a memory map.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "specula/dtype.hpp"
+
+namespace specula {
+
+// MLX affine quantization of one weight: w = scale * q + bias per group of `group_size` values along
+// the last (innermost) axis. `scales` and `biases` are [rows, cols / group_size] of `scale_type`.
+struct QuantParams {
+  uint32_t bits = 0;
+  uint32_t group_size = 0;
+  DType scale_type = DType::F16;
+  std::span<const std::byte> scales;
+  std::span<const std::byte> biases;
+};
+
+// One tensor of an opened checkpoint. Shapes are logical and outermost-first (numpy / PyTorch order:
+// a Linear weight is {out_features, in_features}); the GGUF reader reverses GGUF's innermost-first `ne`.
+// `data` points into the file mapping, which lives as long as the ModelFile.
+struct TensorInfo {
+  std::string name;
+  DType type = DType::F32;
+  std::vector<int64_t> shape;
+  std::span<const std::byte> data;
+  QuantParams quant;  // only for DType::MLX_AFFINE
+
+  int64_t elements() const;
+};
+
+// An opened checkpoint. Metadata layout per format:
+//  - gguf: {"<gguf key>": value, ...} exactly as in the file (arrays as JSON arrays);
+//  - safetensors / mlx: {"config": config.json, "generation_config": ..., "tokenizer_config": ...,
+//    "tokenizer_json_path": "<dir>/tokenizer.json" when present, "__metadata__": header metadata}.
+class ModelFile {
+ public:
+  virtual ~ModelFile() = default;
+  virtual std::string format() const = 0;                 // "gguf", "safetensors", "mlx"
+  virtual std::filesystem::path path() const = 0;         // what was opened
+  virtual const nlohmann::json& metadata() const = 0;
+  virtual const std::vector<TensorInfo>& tensors() const = 0;
+  // The tensor with this exact name, or nullptr.
+  virtual const TensorInfo* find(const std::string& name) const = 0;
+};
+
+// Plugin kind "format". Errors are thrown as specula::Error naming the file and the field.
+class ModelFormat {
+ public:
+  virtual ~ModelFormat() = default;
+  virtual std::string name() const = 0;
+  // Cheap check (magic bytes, file names) whether this reader should open `path`.
+  virtual bool can_open(const std::filesystem::path& path) const = 0;
+  virtual std::unique_ptr<ModelFile> open(const std::filesystem::path& path) const = 0;
+};
+
+}  // namespace specula

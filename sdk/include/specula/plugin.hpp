@@ -1,0 +1,96 @@
+// The plugin ABI. A plugin is a shared library exporting exactly one extern "C" symbol,
+// `specula_plugin_entry`, which returns a SpeculaPluginDescriptor. The host reads the plain-C fields
+// (ABI version, fingerprint, name, kinds, version) first and touches no C++ object until both the ABI
+// version and the compiler/standard-library fingerprint match its own.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "specula/compute.hpp"
+#include "specula/log.hpp"
+#include "specula/model.hpp"
+#include "specula/model_file.hpp"
+#include "specula/sampler.hpp"
+
+// Bumped whenever an interface in sdk/include/specula changes incompatibly.
+#define SPECULA_PLUGIN_ABI_VERSION 1u
+#define SPECULA_PLUGIN_ENTRY_SYMBOL "specula_plugin_entry"
+
+// Compiler, standard library and language standard: C++ objects cross the boundary only between
+// binaries that agree on all three.
+#define SPECULA_STRINGIFY2(x) #x
+#define SPECULA_STRINGIFY(x) SPECULA_STRINGIFY2(x)
+#if defined(__clang__)
+#define SPECULA_COMPILER_ID "clang-" SPECULA_STRINGIFY(__clang_major__)
+#elif defined(__GNUC__)
+#define SPECULA_COMPILER_ID "gcc-" SPECULA_STRINGIFY(__GNUC__)
+#else
+#define SPECULA_COMPILER_ID "unknown"
+#endif
+#if defined(_LIBCPP_VERSION)
+#define SPECULA_STDLIB_ID "libc++-" SPECULA_STRINGIFY(_LIBCPP_VERSION)
+#elif defined(_GLIBCXX_RELEASE)
+#define SPECULA_STDLIB_ID "libstdc++-" SPECULA_STRINGIFY(_GLIBCXX_RELEASE) "-cxx11abi" SPECULA_STRINGIFY(_GLIBCXX_USE_CXX11_ABI)
+#else
+#define SPECULA_STDLIB_ID "stdlib-unknown"
+#endif
+#define SPECULA_ABI_FINGERPRINT SPECULA_COMPILER_ID "/" SPECULA_STDLIB_ID "/c++" SPECULA_STRINGIFY(__cplusplus)
+
+namespace specula {
+
+// Services the host lends to every plugin when it loads it.
+struct HostServices {
+  LogSink log_sink = nullptr;
+  LogLevel log_level = LogLevel::Info;
+};
+
+// Factories of one plugin; a plugin fills those of the kinds it provides and leaves the rest null.
+// `options` is the plugin's section of the pipeline YAML, as JSON.
+struct PluginFactories {
+  std::unique_ptr<ModelFormat> (*format)(const nlohmann::json& options) = nullptr;
+  std::unique_ptr<ComputeBackend> (*backend)(const nlohmann::json& options) = nullptr;
+  std::unique_ptr<ModelLoader> (*model)(const nlohmann::json& options) = nullptr;
+  std::unique_ptr<DrafterLoader> (*drafter)(const nlohmann::json& options) = nullptr;
+  std::unique_ptr<Sampler> (*sampler)(const SamplingParams& params, const nlohmann::json& options) = nullptr;
+};
+
+}  // namespace specula
+
+extern "C" {
+// Plain C so that a host can read it from a plugin built by any compiler.
+struct SpeculaPluginDescriptor {
+  uint32_t abi_version;        // SPECULA_PLUGIN_ABI_VERSION the plugin was built with
+  const char* fingerprint;     // SPECULA_ABI_FINGERPRINT the plugin was built with
+  const char* name;            // unique plugin name, e.g. "gguf"
+  const char* kinds;           // comma-separated: "format", "backend", "model", "drafter", "sampler"
+  const char* version;         // semantic version of the plugin, "1.2.0"
+  const char* description;     // one line for `specula plugins`
+  // Only called after the checks pass.
+  void (*attach)(const specula::HostServices* host);
+  const specula::PluginFactories* (*factories)();
+};
+}
+
+namespace specula::detail {
+void attach_host(const HostServices* host);  // installs the host's log sink in this plugin
+}
+
+// Defines the entry symbol. Use once per plugin:
+//   SPECULA_PLUGIN("gguf", "format", "1.0.0", "GGUF v3 reader", make_factories)
+// where `make_factories` is a function returning `const specula::PluginFactories*`.
+#define SPECULA_PLUGIN(NAME, KINDS, VERSION, DESCRIPTION, FACTORIES)                              \
+  extern "C" __attribute__((visibility("default"))) const SpeculaPluginDescriptor*                \
+  specula_plugin_entry() {                                                                        \
+    static const SpeculaPluginDescriptor descriptor{SPECULA_PLUGIN_ABI_VERSION,                   \
+                                                    SPECULA_ABI_FINGERPRINT,                      \
+                                                    NAME,                                         \
+                                                    KINDS,                                        \
+                                                    VERSION,                                      \
+                                                    DESCRIPTION,                                  \
+                                                    &specula::detail::attach_host,                \
+                                                    &FACTORIES};                                  \
+    return &descriptor;                                                                           \
+  }
