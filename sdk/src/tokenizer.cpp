@@ -1,0 +1,183 @@
+// make_tokenizer(): reads a checkpoint's tokenizer from GGUF metadata (tokenizer.ggml.*) or from the
+// tokenizer.json + tokenizer_config.json next to a safetensors checkpoint, into one VocabSpec.
+#include <fstream>
+#include <sstream>
+
+#include "specula/error.hpp"
+#include "specula/log.hpp"
+#include "specula/model_file.hpp"
+#include "specula/tokenizer.hpp"
+#include "tokenizer_bpe.hpp"
+
+namespace specula {
+namespace {
+
+using detail::TokenKind;
+using detail::VocabSpec;
+using nlohmann::json;
+
+const json& require(const json& obj, const std::string& key, const std::string& where) {
+  auto it = obj.find(key);
+  if (it == obj.end()) fail("{}: missing key '{}'", where, key);
+  return *it;
+}
+
+// Splits a merge written "left right" at its first space after the first character (a token never
+// contains a plain space; the first character may be anything).
+std::pair<std::string, std::string> split_merge(const std::string& m, const std::string& where, size_t rank) {
+  const size_t sp = m.find(' ', 1);
+  if (sp == std::string::npos)
+    fail("{}: merge {} '{}' is not of the form 'left right'", where, rank, m);
+  return {m.substr(0, sp), m.substr(sp + 1)};
+}
+
+int32_t id_of(const json& md, const std::string& key, const std::string& where) {
+  const json& v = require(md, key, where);
+  if (!v.is_number_integer()) fail("{}: '{}' is {}; expected an integer token id", where, key, v.dump());
+  return v.get<int32_t>();
+}
+
+std::shared_ptr<const Tokenizer> from_gguf(const ModelFile& file) {
+  const json& md = file.metadata();
+  const std::string where = file.path().string();
+  const std::string model = require(md, "tokenizer.ggml.model", where).get<std::string>();
+  if (model != "gemma4")
+    fail("{}: tokenizer.ggml.model is '{}'; this build reads the 'gemma4' BPE tokenizer", where, model);
+  VocabSpec spec;
+  spec.source = where + " (tokenizer.ggml.*)";
+  spec.split_newline_runs = true;
+  const json& tokens = require(md, "tokenizer.ggml.tokens", where);
+  const json& types = require(md, "tokenizer.ggml.token_type", where);
+  const json& merges = require(md, "tokenizer.ggml.merges", where);
+  if (!tokens.is_array() || !types.is_array() || !merges.is_array())
+    fail("{}: tokenizer.ggml.tokens, token_type and merges must be arrays", where);
+  if (tokens.size() != types.size())
+    fail("{}: tokenizer.ggml.token_type has {} entries for {} tokens", where, types.size(), tokens.size());
+  spec.pieces.reserve(tokens.size());
+  spec.kinds.reserve(tokens.size());
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    spec.pieces.push_back(tokens[i].get<std::string>());
+    const int t = types[i].get<int>();
+    // llama.cpp's token types: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte.
+    TokenKind kind;
+    switch (t) {
+      case 1: kind = TokenKind::Normal; break;
+      case 2: case 3: kind = TokenKind::Control; break;
+      case 4: kind = TokenKind::UserDefined; break;
+      case 5: kind = TokenKind::Unused; break;
+      case 6: kind = TokenKind::Byte; break;
+      default: fail("{}: tokenizer.ggml.token_type[{}] is {}; expected 1..6", where, i, t);
+    }
+    spec.kinds.push_back(kind);
+    // As llama.cpp: user-defined tokens are always matched in text, control tokens only on request.
+    if (kind == TokenKind::Control || kind == TokenKind::UserDefined)
+      spec.matched_in_text.emplace_back(static_cast<int32_t>(i), kind == TokenKind::UserDefined);
+  }
+  spec.merges.reserve(merges.size());
+  for (size_t r = 0; r < merges.size(); ++r) spec.merges.push_back(split_merge(merges[r].get<std::string>(), where, r));
+  spec.bos = id_of(md, "tokenizer.ggml.bos_token_id", where);
+  spec.eos = id_of(md, "tokenizer.ggml.eos_token_id", where);
+  if (md.contains("tokenizer.ggml.unknown_token_id")) spec.unk = id_of(md, "tokenizer.ggml.unknown_token_id", where);
+  return std::make_shared<detail::BpeTokenizer>(std::move(spec));
+}
+
+// tokenizer_config.json names BOS/EOS either as a string or as {"content": ...}.
+std::string token_text(const json& config, const std::string& key, const std::string& fallback) {
+  auto it = config.find(key);
+  if (it == config.end() || it->is_null()) return fallback;
+  if (it->is_string()) return it->get<std::string>();
+  if (it->is_object() && it->contains("content")) return (*it)["content"].get<std::string>();
+  return fallback;
+}
+
+std::shared_ptr<const Tokenizer> from_tokenizer_json(const ModelFile& file) {
+  const json& md = file.metadata();
+  const std::string path = md["tokenizer_json_path"].get<std::string>();
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot open {} (named by the checkpoint {})", path, file.path().string());
+  std::stringstream buffer;
+  buffer << in.rdbuf();
+  json tj;
+  try {
+    tj = json::parse(buffer.str());
+  } catch (const json::exception& e) {
+    fail("{}: not valid JSON: {}", path, e.what());
+  }
+  const json& model = require(tj, "model", path);
+  if (model.value("type", std::string()) != "BPE")
+    fail("{}: model.type is {}; expected \"BPE\" (Gemma's SentencePiece-style BPE)", path,
+         model.contains("type") ? model["type"].dump() : "missing");
+  if (!model.value("byte_fallback", false)) fail("{}: model.byte_fallback is not true; Gemma's BPE needs it", path);
+  // Gemma's normalizer turns spaces into U+2581 and does nothing else; anything else would be silently
+  // mis-tokenized, so refuse it.
+  const json& norm = require(tj, "normalizer", path);
+  const bool gemma_norm = norm.is_object() && norm.value("type", "") == "Replace" &&
+                          norm.contains("pattern") && norm["pattern"].value("String", "") == " " &&
+                          norm.value("content", "") == "\xE2\x96\x81";
+  if (!gemma_norm)
+    fail("{}: normalizer is {}; expected Replace ' ' -> U+2581 (Gemma)", path, norm.dump().substr(0, 200));
+
+  VocabSpec spec;
+  spec.source = path;
+  const json& vocab = require(model, "vocab", path);
+  const json& added = tj.value("added_tokens", json::array());
+  int64_t size = 0;
+  for (const auto& [piece, id] : vocab.items()) size = std::max<int64_t>(size, id.get<int64_t>() + 1);
+  for (const json& a : added) size = std::max<int64_t>(size, a["id"].get<int64_t>() + 1);
+  if (size <= 0 || size > (int64_t{1} << 30)) fail("{}: vocabulary size {} is out of range", path, size);
+  spec.pieces.assign(static_cast<size_t>(size), std::string());
+  spec.kinds.assign(static_cast<size_t>(size), TokenKind::Unused);
+  std::vector<bool> seen(static_cast<size_t>(size), false);
+  for (const auto& [piece, id] : vocab.items()) {
+    const auto i = id.get<size_t>();
+    spec.pieces[i] = piece;
+    spec.kinds[i] = TokenKind::Normal;
+    seen[i] = true;
+  }
+  for (const json& a : added) {
+    const auto i = a["id"].get<size_t>();
+    spec.pieces[i] = a["content"].get<std::string>();
+    const bool special = a.value("special", false);
+    if (special) spec.kinds[i] = TokenKind::Control;
+    else if (!seen[i]) spec.kinds[i] = TokenKind::Normal;
+    seen[i] = true;
+    if (a.value("normalized", false))
+      log_warn("{}: added token {} '{}' is marked normalized; it is matched on the raw text", path, i,
+               spec.pieces[i]);
+    // HF matches every added token in text; special ones only when asked here (see docs/tokenizer.md).
+    spec.matched_in_text.emplace_back(static_cast<int32_t>(i), !special);
+  }
+  for (size_t i = 0; i < seen.size(); ++i)
+    if (!seen[i]) fail("{}: token id {} is missing (ids must be contiguous from 0 to {})", path, i, size - 1);
+
+  const json& merges = require(model, "merges", path);
+  spec.merges.reserve(merges.size());
+  for (size_t r = 0; r < merges.size(); ++r) {
+    const json& m = merges[r];
+    if (m.is_array() && m.size() == 2) spec.merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
+    else if (m.is_string()) spec.merges.push_back(split_merge(m.get<std::string>(), path, r));
+    else fail("{}: model.merges[{}] is {}; expected \"left right\" or [left, right]", path, r, m.dump());
+  }
+
+  const json& config = md.value("tokenizer_config", json::object());
+  auto find_id = [&](const std::string& text, const char* what) {
+    for (size_t i = 0; i < spec.pieces.size(); ++i)
+      if (spec.pieces[i] == text) return static_cast<int32_t>(i);
+    fail("{}: the {} token '{}' (tokenizer_config.json) is not in the vocabulary", path, what, text);
+  };
+  spec.bos = find_id(token_text(config, "bos_token", "<bos>"), "BOS");
+  spec.eos = find_id(token_text(config, "eos_token", "<eos>"), "EOS");
+  return std::make_shared<detail::BpeTokenizer>(std::move(spec));
+}
+
+}  // namespace
+
+std::shared_ptr<const Tokenizer> make_tokenizer(const ModelFile& file) {
+  const nlohmann::json& md = file.metadata();
+  if (md.contains("tokenizer.ggml.tokens")) return from_gguf(file);
+  if (md.contains("tokenizer_json_path") && md["tokenizer_json_path"].is_string()) return from_tokenizer_json(file);
+  fail("{} ({}) carries no tokenizer: expected GGUF keys tokenizer.ggml.* or a tokenizer.json next to it",
+       file.path().string(), file.format());
+}
+
+}  // namespace specula

@@ -1,0 +1,138 @@
+// Gemma 4 tokenizer parity: llama.cpp's own test vectors for the real vocabulary, byte-exact.
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "specula/error.hpp"
+#include "vocab_fixture.hpp"
+
+namespace specula {
+namespace {
+
+std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::vector<std::string> split(const std::string& s, const std::string& sep) {
+  std::vector<std::string> out;
+  size_t i = 0;
+  for (size_t j; (j = s.find(sep, i)) != std::string::npos; i = j + sep.size()) out.push_back(s.substr(i, j - i));
+  out.push_back(s.substr(i));
+  return out;
+}
+
+std::vector<int32_t> parse_ids(const std::string& line) {
+  std::vector<int32_t> ids;
+  std::istringstream in(line);
+  for (int32_t id; in >> id;) ids.push_back(id);
+  return ids;
+}
+
+TEST(Gemma4Tokenizer, LlamaCppVectorsByteExact) {
+  const auto tok = test::gemma4_tokenizer();
+  const auto base = test::gemma4_vocab_path().string();
+  const auto inputs = split(slurp(base + ".inp"), "\n__ggml_vocab_test__\n");
+  auto outputs = split(slurp(base + ".out"), "\n");
+  ASSERT_EQ(outputs.back(), "");
+  outputs.pop_back();
+  ASSERT_EQ(inputs.size(), 46u);
+  ASSERT_EQ(outputs.size(), inputs.size());
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    EXPECT_EQ(tok->encode(inputs[i]), parse_ids(outputs[i])) << "case " << i << ": '" << inputs[i] << "'";
+    // Decoding gives the text back (the vectors hold no special-token text).
+    const auto ids = parse_ids(outputs[i]);
+    EXPECT_EQ(tok->decode(ids), inputs[i]) << "case " << i;
+  }
+}
+
+TEST(Gemma4Tokenizer, SpecialTokensAndMetadata) {
+  const auto tok = test::gemma4_tokenizer();
+  EXPECT_EQ(tok->vocab_size(), 262144);
+  EXPECT_EQ(tok->bos(), 2);
+  EXPECT_EQ(tok->eos(), 1);
+  EXPECT_EQ(tok->token_id("<|turn>"), 105);
+  EXPECT_EQ(tok->token_id("<turn|>"), 106);
+  EXPECT_EQ(tok->token_id("<|channel>"), 100);
+  EXPECT_EQ(tok->token_id("<channel|>"), 101);
+  EXPECT_EQ(tok->token_id("no such piece"), std::nullopt);
+  EXPECT_TRUE(tok->is_special(105));
+  EXPECT_TRUE(tok->is_special(100));
+  EXPECT_FALSE(tok->is_special(107));
+  EXPECT_FALSE(tok->is_special(238));  // <0x00>
+  EXPECT_EQ(tok->token_bytes(238 + 0xF4), std::string("\xF4"));
+  EXPECT_EQ(tok->piece(138), "\xE2\x96\x81\xE2\x96\x81");
+  EXPECT_EQ(tok->token_bytes(138), "  ");
+  EXPECT_THROW(tok->piece(262144), Error);
+  EXPECT_THROW(tok->piece(-1), Error);
+}
+
+TEST(Gemma4Tokenizer, BosOnlyWhenAsked) {
+  const auto tok = test::gemma4_tokenizer();
+  EXPECT_EQ(tok->encode("Hello world", true), (std::vector<int32_t>{2, 9259, 1902}));
+  EXPECT_EQ(tok->encode("", true), (std::vector<int32_t>{2}));
+  EXPECT_TRUE(tok->encode("").empty());
+}
+
+TEST(Gemma4Tokenizer, ControlTokensOnlyWithParseSpecial) {
+  const auto tok = test::gemma4_tokenizer();
+  const std::string text = "<bos><|turn>user\nHi<turn|>\n";
+  std::vector<int32_t> expected{2, 105, 2364, 107};
+  for (int32_t id : tok->encode("Hi")) expected.push_back(id);
+  expected.insert(expected.end(), {106, 107});
+  EXPECT_EQ(tok->encode(text, false, true), expected);
+  const auto plain = tok->encode(text, false, false);
+  for (int32_t id : plain) {
+    EXPECT_NE(id, 2);
+    EXPECT_NE(id, 105);
+    EXPECT_NE(id, 106);
+  }
+  EXPECT_EQ(tok->decode(plain), text);
+  // User-defined tokens (the channel and tool markers) are matched in any text, as llama.cpp does.
+  EXPECT_EQ(tok->encode("<|channel>thought\n<channel|>", false, false),
+            (std::vector<int32_t>{100, 45518, 107, 101}));
+  // Decoding skips special tokens unless asked to keep them.
+  const std::vector<int32_t> ids{2, 105, 9259, 106};
+  EXPECT_EQ(tok->decode(ids), "Hello");
+  EXPECT_EQ(tok->decode(ids, false), "<bos><|turn>Hello<turn|>");
+}
+
+TEST(Gemma4Tokenizer, ByteFallbackAndInvalidUtf8RoundTrip) {
+  const auto tok = test::gemma4_tokenizer();
+  EXPECT_EQ(tok->encode("\xF4\x8F\xBF\xBD"), (std::vector<int32_t>{482, 381, 429, 427}));
+  // Invalid UTF-8 bytes are carried as byte tokens and come back unchanged.
+  const std::string bad = "a\xFF" "b\xC3(\xE2\x82";
+  EXPECT_EQ(tok->decode(tok->encode(bad)), bad);
+  EXPECT_EQ(tok->encode("\xFF"), (std::vector<int32_t>{238 + 0xFF}));
+}
+
+TEST(Gemma4Tokenizer, MissingTokenizerIsAClearError) {
+  test::MetadataFile empty("gguf", "/nowhere/model.gguf", nlohmann::json::object());
+  try {
+    make_tokenizer(empty);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/nowhere/model.gguf"), std::string::npos) << e.what();
+  }
+  nlohmann::json md = {{"tokenizer.ggml.model", "gemma4"},
+                        {"tokenizer.ggml.tokens", {"<pad>", "<eos>", "<bos>", "a", "b", "c", "d", "e"}},
+                        {"tokenizer.ggml.token_type", {3, 3, 3, 1, 1, 1, 1, 9}},
+                        {"tokenizer.ggml.merges", nlohmann::json::array()},
+                        {"tokenizer.ggml.bos_token_id", 2},
+                        {"tokenizer.ggml.eos_token_id", 1}};
+  test::MetadataFile bad("gguf", "/x/bad.gguf", md);
+  try {
+    make_tokenizer(bad);
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("token_type[7]"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace specula
