@@ -8,6 +8,7 @@
 
 #include "command.hpp"
 #include "specula/error.hpp"
+#include "specula/log.hpp"
 
 namespace specula::cli {
 std::vector<Command>& commands() {
@@ -22,12 +23,19 @@ void print_usage() {
   std::sort(cmds.begin(), cmds.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
   fmt::print("usage: specula <command> [options]\n\ncommands:\n");
   for (const auto& c : cmds) fmt::print("  {:<10} {}\n", c.name, c.summary);
-  fmt::print("\n`specula <command> --help` describes a command's options.\n");
+  fmt::print("\n`specula <command> --help` describes a command's options.\n"
+             "-v / -q before or after the command: debug logging / warnings only.\n");
 }
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
+  // Global log flags before the command: `specula -v run ...`.
+  while (!args.empty() && (args[0] == "-v" || args[0] == "--verbose" || args[0] == "-q" || args[0] == "--quiet")) {
+    bool verbose = args[0] == "-v" || args[0] == "--verbose";
+    specula::set_log_level(verbose ? specula::LogLevel::Debug : specula::LogLevel::Warn);
+    args.erase(args.begin());
+  }
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
     print_usage();
     return args.empty() ? 2 : 0;

@@ -1,0 +1,98 @@
+// The generation engine: prefill, then a decode loop that either samples one token per target forward
+// or, with a Drafter, runs speculative steps (draft n, verify n+1 positions in one target forward,
+// keep the longest agreeing prefix, roll the target back). See docs/architecture.md.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "specula/model.hpp"
+#include "specula/sampler.hpp"
+
+namespace specula::core {
+
+struct GenerationOptions {
+  int max_tokens = 256;                 // tokens generated at most (stop/end tokens not counted)
+  std::vector<int32_t> stop_tokens;     // extra stop tokens besides the model's end tokens and the chat
+                                        // format's stop tokens
+  bool show_thoughts = false;           // AnswerFilter: keep the thought channel visible
+  int draft_tokens = 3;                 // tokens the drafter proposes per speculative step
+  int64_t prefill_chunk = 0;            // prompt tokens per forward during prefill; 0 = all at once
+};
+
+struct GenerationStats {
+  int64_t prompt_tokens = 0;
+  int64_t generated_tokens = 0;
+  double prefill_seconds = 0;           // the prompt's forward pass(es)
+  double decode_seconds = 0;            // everything after: forwards, drafting, sampling
+  // Speculative decoding only.
+  int64_t speculative_steps = 0;
+  int64_t drafted_tokens = 0;           // proposed by the drafter
+  int64_t accepted_tokens = 0;          // proposals the target agreed with
+  double draft_seconds = 0;             // time spent inside Drafter::draft
+
+  double prefill_tokens_per_second() const { return prefill_seconds > 0 ? prompt_tokens / prefill_seconds : 0; }
+  // Tokens produced by the decode loop (all but the first, which comes from the prefill logits).
+  double decode_tokens_per_second() const {
+    return decode_seconds > 0 && generated_tokens > 1 ? (generated_tokens - 1) / decode_seconds : 0;
+  }
+  double acceptance_rate() const { return drafted_tokens ? double(accepted_tokens) / drafted_tokens : 0; }
+  // Target forwards saved: tokens emitted per speculative step.
+  double tokens_per_step() const {
+    return speculative_steps ? double(accepted_tokens + speculative_steps) / speculative_steps : 0;
+  }
+};
+
+enum class StopReason { EndToken, MaxTokens, ContextFull };
+std::string_view stop_reason_name(StopReason r);  // "end_token", "max_tokens", "context_full"
+
+struct GenerationResult {
+  std::vector<int32_t> tokens;          // generated ids, without the final end/stop token
+  std::string text;                     // visible text (AnswerFilter output), "" without a tokenizer
+  StopReason stop_reason = StopReason::MaxTokens;
+  int32_t stop_token = -1;              // the end/stop token that ended generation, or -1
+  GenerationStats stats;
+};
+
+// Called as tokens are accepted: `text` is the visible text they completed (may be empty). A last call
+// with token -1 flushes text held back at the end (an incomplete UTF-8 sequence, a filter's tail).
+using TokenCallback = std::function<void(int32_t token, std::string_view text)>;
+
+class Generator {
+ public:
+  // `drafter` may be null (plain decoding). The model's chat format (when it has one) filters the
+  // streamed text; otherwise text is decoded with the model's tokenizer (when it has one).
+  Generator(std::shared_ptr<Model> model, std::shared_ptr<Sampler> sampler, std::shared_ptr<Drafter> drafter = nullptr);
+
+  // Generates in `context`, which must be fresh (position 0) or hold a previous conversation prefix:
+  // `prompt` is processed from context.position() on. Throws specula::Error when the prompt does not
+  // fit the context. On return the context holds prompt and generated tokens (except the last one).
+  GenerationResult generate(ModelContext& context, std::span<const int32_t> prompt, const GenerationOptions& options,
+                            const TokenCallback& on_token = {});
+  // Convenience: a fresh context of `context_length` (0 = the model's own).
+  GenerationResult generate(std::span<const int32_t> prompt, const GenerationOptions& options,
+                            const TokenCallback& on_token = {}, int64_t context_length = 0);
+
+  const Model& model() const { return *model_; }
+
+ private:
+  std::shared_ptr<Model> model_;
+  std::shared_ptr<Sampler> sampler_;
+  std::shared_ptr<Drafter> drafter_;
+};
+
+// Holds back the bytes of an incomplete UTF-8 sequence so streamed text is always valid UTF-8.
+class Utf8Stream {
+ public:
+  std::string push(std::string_view bytes);  // the complete part of what has arrived so far
+  std::string finish();                      // the rest (invalid bytes replaced by U+FFFD)
+ private:
+  std::string pending_;
+};
+
+}  // namespace specula::core

@@ -1,0 +1,270 @@
+#include "specula/core/generator.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <unordered_set>
+
+#include "specula/error.hpp"
+#include "specula/log.hpp"
+
+namespace specula::core {
+
+std::string_view stop_reason_name(StopReason r) {
+  switch (r) {
+    case StopReason::EndToken: return "end_token";
+    case StopReason::MaxTokens: return "max_tokens";
+    case StopReason::ContextFull: return "context_full";
+  }
+  return "";
+}
+
+namespace {
+
+// Length of the UTF-8 sequence a lead byte starts, 0 for a byte that cannot start one.
+size_t utf8_length(unsigned char c) {
+  if (c < 0x80) return 1;
+  if ((c & 0xE0) == 0xC0) return c >= 0xC2 ? 2 : 0;
+  if ((c & 0xF0) == 0xE0) return 3;
+  if ((c & 0xF8) == 0xF0) return c <= 0xF4 ? 4 : 0;
+  return 0;
+}
+
+bool continuation(unsigned char c) { return (c & 0xC0) == 0x80; }
+
+const std::string kReplacement = "\xEF\xBF\xBD";
+
+}  // namespace
+
+std::string Utf8Stream::push(std::string_view bytes) {
+  pending_.append(bytes);
+  std::string out;
+  size_t i = 0;
+  while (i < pending_.size()) {
+    unsigned char c = static_cast<unsigned char>(pending_[i]);
+    size_t len = utf8_length(c);
+    if (len == 0) {
+      out += kReplacement;
+      ++i;
+      continue;
+    }
+    if (i + len > pending_.size()) {
+      // Incomplete: hold it back unless what has arrived is already invalid.
+      bool ok = true;
+      for (size_t k = i + 1; k < pending_.size(); ++k) ok = ok && continuation(static_cast<unsigned char>(pending_[k]));
+      if (ok) break;
+      out += kReplacement;
+      ++i;
+      continue;
+    }
+    bool ok = true;
+    for (size_t k = 1; k < len; ++k) ok = ok && continuation(static_cast<unsigned char>(pending_[i + k]));
+    if (!ok) {
+      out += kReplacement;
+      ++i;
+      continue;
+    }
+    out.append(pending_, i, len);
+    i += len;
+  }
+  pending_.erase(0, i);
+  return out;
+}
+
+std::string Utf8Stream::finish() {
+  std::string out = pending_.empty() ? std::string() : kReplacement;
+  pending_.clear();
+  return out;
+}
+
+Generator::Generator(std::shared_ptr<Model> model, std::shared_ptr<Sampler> sampler, std::shared_ptr<Drafter> drafter)
+    : model_(std::move(model)), sampler_(std::move(sampler)), drafter_(std::move(drafter)) {
+  if (!model_) fail("Generator: no model");
+  if (!sampler_) fail("Generator: no sampler");
+}
+
+GenerationResult Generator::generate(std::span<const int32_t> prompt, const GenerationOptions& options,
+                                     const TokenCallback& on_token, int64_t context_length) {
+  ContextOptions co;
+  co.context_length = context_length;
+  auto context = model_->new_context(co);
+  if (!context) fail("model returned no context");
+  return generate(*context, prompt, options, on_token);
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Turns accepted tokens into visible text: through the chat format's AnswerFilter when the model has
+// one, else through the tokenizer's bytes (special tokens hidden), else nothing.
+class TextStream {
+ public:
+  TextStream(const Model& model, bool show_thoughts) {
+    if (auto cf = model.chat_format()) filter_ = cf->answer_filter(show_thoughts);
+    tokenizer_ = model.tokenizer();
+  }
+  std::string push(int32_t token) {
+    if (filter_) return filter_->push(token);
+    if (tokenizer_ && !tokenizer_->is_special(token)) return utf8_.push(tokenizer_->token_bytes(token));
+    return {};
+  }
+  std::string finish() {
+    if (filter_) return filter_->finish();
+    return utf8_.finish();
+  }
+
+ private:
+  std::unique_ptr<ChatFormat::AnswerFilter> filter_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  Utf8Stream utf8_;
+};
+
+}  // namespace
+
+GenerationResult Generator::generate(ModelContext& ctx, std::span<const int32_t> prompt,
+                                     const GenerationOptions& options, const TokenCallback& on_token) {
+  const ModelInfo& info = model_->info();
+  const int64_t vocab = info.vocab_size;
+  if (vocab <= 0) fail("model reports vocab_size {}; cannot sample", vocab);
+  if (prompt.empty()) fail("the prompt is empty: at least one token is needed to start generation");
+  if (options.max_tokens < 1) fail("max_tokens must be at least 1, got {}", options.max_tokens);
+  const int64_t start = ctx.position();
+  const int64_t capacity = ctx.capacity();
+  if (start + static_cast<int64_t>(prompt.size()) > capacity) {
+    fail("the prompt has {} tokens{} but the context holds {} tokens; shorten the prompt or raise "
+         "target.context_length", prompt.size(),
+         start ? fmt::format(" (after {} tokens already in the context)", start) : std::string(), capacity);
+  }
+
+  std::unordered_set<int32_t> stops(info.end_tokens.begin(), info.end_tokens.end());
+  if (auto cf = model_->chat_format()) {
+    for (int32_t t : cf->stop_tokens()) stops.insert(t);
+  }
+  stops.insert(options.stop_tokens.begin(), options.stop_tokens.end());
+
+  GenerationResult result;
+  auto& stats = result.stats;
+  stats.prompt_tokens = static_cast<int64_t>(prompt.size());
+  std::vector<int32_t> history(prompt.begin(), prompt.end());
+  TextStream text(*model_, options.show_thoughts);
+
+  auto sample_row = [&](std::span<const float> row) {
+    if (static_cast<int64_t>(row.size()) != vocab) {
+      fail("model returned {} logits per position, expected vocab_size {}", row.size(), vocab);
+    }
+    SamplingState state{history, static_cast<int32_t>(result.tokens.size()), info.end_tokens};
+    float u = sampler_->next_uniform();  // one uniform per sampled token, greedy or not, so speculative
+                                         // and plain decoding consume the same stream
+    int32_t t = sampler_->sample(row, state, u);
+    if (t < 0 || t >= vocab) fail("sampler returned token {} outside the vocabulary [0, {})", t, vocab);
+    return t;
+  };
+  bool done = false;
+  // Accepts one token; returns false when generation has ended.
+  auto emit = [&](int32_t t) {
+    if (stops.count(t)) {
+      result.stop_reason = StopReason::EndToken;
+      result.stop_token = t;
+      done = true;
+      return false;
+    }
+    result.tokens.push_back(t);
+    history.push_back(t);
+    std::string piece = text.push(t);
+    result.text += piece;
+    if (on_token) on_token(t, piece);
+    if (static_cast<int64_t>(result.tokens.size()) >= options.max_tokens) {
+      result.stop_reason = StopReason::MaxTokens;
+      done = true;
+      return false;
+    }
+    return true;
+  };
+
+  // Prefill.
+  auto t0 = Clock::now();
+  std::vector<float> logits;
+  {
+    const int64_t n = static_cast<int64_t>(prompt.size());
+    const int64_t chunk = options.prefill_chunk > 0 ? options.prefill_chunk : n;
+    for (int64_t at = 0; at < n; at += chunk) {
+      int64_t len = std::min(chunk, n - at);
+      logits = ctx.forward(prompt.subspan(at, len), 1);
+    }
+  }
+  stats.prefill_seconds = seconds_since(t0);
+  if (static_cast<int64_t>(logits.size()) != vocab) {
+    fail("model returned {} logits for the prompt, expected vocab_size {}", logits.size(), vocab);
+  }
+
+  auto t1 = Clock::now();
+  int32_t last = sample_row(logits);
+  emit(last);
+  while (!done) {
+    const int64_t room = capacity - ctx.position();  // positions the context can still take
+    if (room < 1) {
+      result.stop_reason = StopReason::ContextFull;
+      log_warn("generation stopped: the context of {} tokens is full", capacity);
+      break;
+    }
+    const int64_t remaining = options.max_tokens - static_cast<int64_t>(result.tokens.size());
+    int64_t n = drafter_ ? std::min<int64_t>({options.draft_tokens, room - 1, remaining - 1}) : 0;
+    std::vector<int32_t> drafts;
+    if (n > 0) {
+      auto td = Clock::now();
+      drafts = drafter_->draft(ctx.view(), last, static_cast<int>(n));
+      stats.draft_seconds += seconds_since(td);
+      if (static_cast<int64_t>(drafts.size()) > n) drafts.resize(n);
+      for (int32_t d : drafts) {
+        if (d < 0 || d >= vocab) fail("drafter proposed token {} outside the vocabulary [0, {})", d, vocab);
+      }
+    }
+    if (drafts.empty()) {
+      logits = ctx.forward(std::span<const int32_t>(&last, 1), 1);
+      last = sample_row(logits);
+      emit(last);
+      continue;
+    }
+
+    // Speculative step: verify [last, d1..dn] in one forward, n+1 logit rows.
+    n = static_cast<int64_t>(drafts.size());
+    std::vector<int32_t> input;
+    input.reserve(n + 1);
+    input.push_back(last);
+    input.insert(input.end(), drafts.begin(), drafts.end());
+    const int64_t base = ctx.position();
+    logits = ctx.forward(input, n + 1);
+    if (static_cast<int64_t>(logits.size()) != (n + 1) * vocab) {
+      fail("model returned {} logits for a verification of {} positions, expected {}", logits.size(), n + 1,
+           (n + 1) * vocab);
+    }
+    // The drafter's proposal is a point mass, so the standard rejection rule (accept d with probability
+    // min(1, p(d)/q(d)), else sample from norm(max(0, p - q))) is exactly: sample x ~ p with the sampler;
+    // accept when x == d, else x is the correction. Greedy is the special case p = one-hot.
+    int64_t accepted = 0;
+    for (int64_t i = 0; i <= n && !done; ++i) {
+      int32_t t = sample_row(std::span<const float>(logits).subspan(i * vocab, vocab));
+      last = t;
+      bool agrees = i < n && t == drafts[i];
+      if (agrees) ++accepted;
+      emit(t);
+      if (!agrees) break;
+    }
+    // Keep `last` of the step and the accepted drafts; forget the rejected ones.
+    ctx.truncate(base + 1 + accepted);
+    stats.speculative_steps += 1;
+    stats.drafted_tokens += n;
+    stats.accepted_tokens += accepted;
+  }
+  std::string rest = text.finish();
+  if (!rest.empty()) {
+    result.text += rest;
+    if (on_token) on_token(-1, rest);
+  }
+  stats.decode_seconds = seconds_since(t1);
+  stats.generated_tokens = static_cast<int64_t>(result.tokens.size());
+  return result;
+}
+
+}  // namespace specula::core

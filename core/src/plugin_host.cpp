@@ -1,0 +1,424 @@
+#include "specula/core/plugin_host.hpp"
+
+#include <algorithm>
+#include <cstdlib>
+#include <mutex>
+#include <set>
+#include <sstream>
+#include <system_error>
+
+#include <boost/dll/shared_library.hpp>
+
+#include "specula/core/version.hpp"
+#include "specula/error.hpp"
+#include "specula/log.hpp"
+
+namespace fs = std::filesystem;
+
+namespace specula::core {
+
+bool PluginInfo::has_kind(std::string_view kind) const {
+  return std::find(kinds.begin(), kinds.end(), kind) != kinds.end();
+}
+
+struct PluginHost::Library {
+  boost::dll::shared_library lib;
+};
+
+struct PluginHost::Entry {
+  PluginInfo info;
+  std::shared_ptr<Library> library;
+  const PluginFactories* factories = nullptr;
+};
+
+namespace {
+
+const std::vector<std::string_view> kKnownKinds = {"format", "backend", "model", "drafter", "sampler"};
+
+// Accepted libraries stay loaded for the life of the process even when every object and host is gone:
+// plugins may leave thread-locals, atexit handlers or objects created by plugin code (contexts,
+// tokenizers) behind, and dlclose under them crashes (the policy of ggml and ONNX Runtime as well).
+void keep_loaded_forever(std::shared_ptr<void> library) {
+  static std::mutex mutex;
+  static auto* keep = new std::vector<std::shared_ptr<void>>();  // intentionally never destroyed
+  std::lock_guard lock(mutex);
+  keep->push_back(std::move(library));
+}
+
+// The log sink lent to plugins: their messages go through the host's logging (and its sink).
+void host_log_sink(LogLevel level, const char* message) { log_message(level, message ? message : ""); }
+
+std::vector<std::string> split(std::string_view text, char sep) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find(sep, start);
+    if (end == std::string_view::npos) end = text.size();
+    std::string part(text.substr(start, end - start));
+    part.erase(0, part.find_first_not_of(" \t"));
+    part.erase(part.find_last_not_of(" \t") + 1);
+    if (!part.empty()) out.push_back(part);
+    start = end + 1;
+  }
+  return out;
+}
+
+// Boost.DLL folds dlerror() into its exception text; keep only the system's own message.
+std::string load_error_reason(const std::exception& e) {
+  std::string what = e.what();
+  const std::string marker = "(dlerror system message: ";
+  size_t at = what.find(marker);
+  if (at == std::string::npos) return what;
+  size_t start = at + marker.size();
+  size_t end = what.rfind(')');
+  if (end == std::string::npos || end < start) end = what.size();
+  return what.substr(start, end - start);
+}
+
+template <typename T>
+std::shared_ptr<T> pinned(std::unique_ptr<T> object, std::shared_ptr<void> library) {
+  // The deleter owns a reference to the library, so the plugin's code (the object's destructor)
+  // is still mapped when the object is destroyed.
+  T* raw = object.release();
+  return std::shared_ptr<T>(raw, [library = std::move(library)](T* p) { delete p; });
+}
+
+template <typename T>
+std::shared_ptr<T> pinned(std::shared_ptr<T> object, std::shared_ptr<void> library) {
+  struct Holder {
+    std::shared_ptr<void> library;  // destroyed last
+    std::shared_ptr<T> object;
+  };
+  auto holder = std::make_shared<Holder>(Holder{std::move(library), std::move(object)});
+  T* raw = holder->object.get();
+  return std::shared_ptr<T>(holder, raw);
+}
+
+// Model and drafter loaders hand out further plugin objects; these proxies pin the library to them too.
+class PinnedModelLoader final : public ModelLoader {
+ public:
+  PinnedModelLoader(std::shared_ptr<ModelLoader> inner, std::shared_ptr<void> library)
+      : inner_(std::move(inner)), library_(std::move(library)) {}
+  std::string architecture() const override { return inner_->architecture(); }
+  bool accepts(const ModelFile& file) const override { return inner_->accepts(file); }
+  std::shared_ptr<Model> load(std::shared_ptr<const ModelFile> file, std::shared_ptr<ComputeBackend> backend,
+                              const nlohmann::json& options) const override {
+    return pinned(inner_->load(std::move(file), std::move(backend), options), library_);
+  }
+
+ private:
+  std::shared_ptr<ModelLoader> inner_;
+  std::shared_ptr<void> library_;
+};
+
+class PinnedDrafterLoader final : public DrafterLoader {
+ public:
+  PinnedDrafterLoader(std::shared_ptr<DrafterLoader> inner, std::shared_ptr<void> library)
+      : inner_(std::move(inner)), library_(std::move(library)) {}
+  std::string architecture() const override { return inner_->architecture(); }
+  bool accepts(const ModelFile& file) const override { return inner_->accepts(file); }
+  std::shared_ptr<Drafter> load(std::shared_ptr<const ModelFile> file, std::shared_ptr<ComputeBackend> backend,
+                                const ModelInfo& target, const nlohmann::json& options) const override {
+    return pinned(inner_->load(std::move(file), std::move(backend), target, options), library_);
+  }
+
+ private:
+  std::shared_ptr<DrafterLoader> inner_;
+  std::shared_ptr<void> library_;
+};
+
+// A format plugin's ModelFile is pinned the same way.
+class PinnedFormat final : public ModelFormat {
+ public:
+  PinnedFormat(std::shared_ptr<ModelFormat> inner, std::shared_ptr<void> library)
+      : inner_(std::move(inner)), library_(std::move(library)) {}
+  std::string name() const override { return inner_->name(); }
+  bool can_open(const fs::path& path) const override { return inner_->can_open(path); }
+  std::unique_ptr<ModelFile> open(const fs::path& path) const override { return inner_->open(path); }
+  std::shared_ptr<ModelFile> open_pinned(const fs::path& path) const {
+    return pinned(std::shared_ptr<ModelFile>(inner_->open(path)), library_);
+  }
+
+ private:
+  std::shared_ptr<ModelFormat> inner_;
+  std::shared_ptr<void> library_;
+};
+
+std::string join(const std::vector<std::string>& parts, std::string_view sep) {
+  std::string out;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    if (i) out += sep;
+    out += parts[i];
+  }
+  return out;
+}
+
+}  // namespace
+
+std::vector<fs::path> plugin_search_path(const std::vector<fs::path>& first) {
+  std::vector<fs::path> dirs = first;
+  if (const char* env = std::getenv("SPECULA_PLUGIN_PATH")) {
+    for (const auto& d : split(env, ':')) dirs.emplace_back(d);
+  }
+  dirs.emplace_back(SPECULA_PLUGIN_BUILD_DIR);
+  dirs.emplace_back(SPECULA_PLUGIN_INSTALL_DIR);
+  return dirs;
+}
+
+PluginHost::PluginHost() = default;
+PluginHost::~PluginHost() = default;
+
+void PluginHost::discover(const std::vector<fs::path>& dirs) {
+  std::set<fs::path> seen_dirs;
+  for (const auto& dir : dirs) {
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) {
+      log_debug("plugin directory {} does not exist; skipped", dir.string());
+      continue;
+    }
+    fs::path canonical = fs::weakly_canonical(dir, ec);
+    if (!seen_dirs.insert(ec ? dir : canonical).second) continue;  // the same directory listed twice
+    std::vector<fs::path> files;
+    for (const auto& item : fs::directory_iterator(dir, ec)) {
+      if (item.path().extension() == ".so" && !item.is_directory()) files.push_back(item.path());
+    }
+    std::sort(files.begin(), files.end());
+    log_debug("scanning {} for plugins: {} candidate(s)", dir.string(), files.size());
+    for (const auto& f : files) add_library(f);
+  }
+}
+
+bool PluginHost::add_library(const fs::path& file) {
+  std::error_code ec;
+  fs::path canonical = fs::weakly_canonical(file, ec);
+  if (ec) canonical = file;
+  for (const auto& e : entries_) {
+    std::error_code ec2;
+    if (fs::equivalent(e.info.file, canonical, ec2)) return true;  // already loaded from this very file
+  }
+  auto reject = [&](std::string reason) {
+    log_debug("plugin rejected: {}", reason);
+    rejected_.push_back({canonical, std::move(reason)});
+    return false;
+  };
+  const std::string where = canonical.string();
+
+  auto library = std::make_shared<Library>();
+  try {
+    library->lib.load(boost::dll::fs::path(canonical.string()),
+                      boost::dll::load_mode::rtld_now | boost::dll::load_mode::rtld_local);
+  } catch (const std::exception& e) {
+    return reject(fmt::format("{}: cannot be loaded as a shared library: {}", where, load_error_reason(e)));
+  }
+  if (!library->lib.has(SPECULA_PLUGIN_ENTRY_SYMBOL)) {
+    return reject(fmt::format("{}: not a Specula plugin: it does not export the entry symbol '{}'", where,
+                              SPECULA_PLUGIN_ENTRY_SYMBOL));
+  }
+  using EntryFn = const SpeculaPluginDescriptor*();
+  const SpeculaPluginDescriptor* d = library->lib.get<EntryFn>(SPECULA_PLUGIN_ENTRY_SYMBOL)();
+  if (!d) return reject(fmt::format("{}: its entry symbol '{}' returned no descriptor", where, SPECULA_PLUGIN_ENTRY_SYMBOL));
+
+  // The two checks that must pass before any C++ object is touched.
+  if (d->abi_version != SPECULA_PLUGIN_ABI_VERSION) {
+    return reject(fmt::format(
+        "{}: built for plugin ABI version {}, but this specula {} uses plugin ABI version {}; rebuild the "
+        "plugin against the Specula {} SDK",
+        where, d->abi_version, core::version(), SPECULA_PLUGIN_ABI_VERSION, core::version()));
+  }
+  const std::string fingerprint = d->fingerprint ? d->fingerprint : "(none)";
+  if (fingerprint != SPECULA_ABI_FINGERPRINT) {
+    return reject(fmt::format(
+        "{}: built with ABI fingerprint '{}', but this specula was built with '{}' (compiler, standard "
+        "library and C++ standard must match); rebuild the plugin with the same toolchain",
+        where, fingerprint, SPECULA_ABI_FINGERPRINT));
+  }
+  if (!d->name || !*d->name) return reject(fmt::format("{}: its descriptor has an empty plugin name", where));
+  if (!d->kinds || !d->version || !d->attach || !d->factories) {
+    return reject(fmt::format("{}: its descriptor for plugin '{}' is incomplete (kinds, version, attach and "
+                              "factories are required)", where, d->name));
+  }
+
+  PluginInfo info;
+  info.name = d->name;
+  info.kinds = split(d->kinds, ',');
+  info.version = d->version;
+  info.description = d->description ? d->description : "";
+  info.file = canonical;
+  if (info.kinds.empty()) return reject(fmt::format("{}: plugin '{}' declares no kind", where, info.name));
+  for (const auto& k : info.kinds) {
+    if (std::find(kKnownKinds.begin(), kKnownKinds.end(), k) == kKnownKinds.end()) {
+      return reject(fmt::format("{}: plugin '{}' declares unknown kind '{}' (expected one of format, backend, "
+                                "model, drafter, sampler)", where, info.name, k));
+    }
+  }
+  if (const PluginInfo* first = find(info.name)) {
+    return reject(fmt::format("{}: plugin '{}' {} is shadowed by plugin '{}' {} from {}, found earlier in the "
+                              "search path", where, info.name, info.version, first->name, first->version,
+                              first->file.string()));
+  }
+
+  HostServices services;
+  services.log_sink = &host_log_sink;
+  services.log_level = log_level();
+  d->attach(&services);
+  const PluginFactories* factories = d->factories();
+  if (!factories) return reject(fmt::format("{}: plugin '{}' returned no factories", where, info.name));
+  auto provides = [&](const std::string& kind) {
+    if (kind == "format") return factories->format != nullptr;
+    if (kind == "backend") return factories->backend != nullptr;
+    if (kind == "model") return factories->model != nullptr;
+    if (kind == "drafter") return factories->drafter != nullptr;
+    return factories->sampler != nullptr;
+  };
+  for (const auto& k : info.kinds) {
+    if (!provides(k)) {
+      return reject(fmt::format("{}: plugin '{}' declares kind '{}' but has no {} factory", where, info.name, k, k));
+    }
+  }
+
+  log_debug("plugin '{}' {} ({}) loaded from {}", info.name, info.version, join(info.kinds, ","), where);
+  keep_loaded_forever(library);
+  plugins_.push_back(info);
+  entries_.push_back(Entry{std::move(info), std::move(library), factories});
+  return true;
+}
+
+const std::vector<PluginInfo>& PluginHost::plugins() const { return plugins_; }
+const std::vector<Rejection>& PluginHost::rejected() const { return rejected_; }
+
+const PluginInfo* PluginHost::find(std::string_view name) const {
+  for (const auto& p : plugins_) {
+    if (p.name == name) return &p;
+  }
+  return nullptr;
+}
+
+std::vector<const PluginInfo*> PluginHost::of_kind(std::string_view kind) const {
+  std::vector<const PluginInfo*> out;
+  for (const auto& p : plugins_) {
+    if (p.has_kind(kind)) out.push_back(&p);
+  }
+  return out;
+}
+
+const PluginHost::Entry& PluginHost::entry(std::string_view name, std::string_view kind) const {
+  std::vector<std::string> names;
+  for (const auto& e : entries_) {
+    if (e.info.has_kind(kind)) names.push_back(e.info.name);
+  }
+  std::string available = names.empty() ? std::string("none was found") : "found: " + join(names, ", ");
+  for (const auto& e : entries_) {
+    if (e.info.name != name) continue;
+    if (!e.info.has_kind(kind)) {
+      fail("plugin '{}' ({}) is not a {} plugin (it provides: {}); {} plugins {}", name, e.info.file.string(),
+           kind, join(e.info.kinds, ", "), kind, available);
+    }
+    return e;
+  }
+  std::string rejected_note;
+  for (const auto& r : rejected_) {
+    if (r.file.filename().string().find(std::string(name)) != std::string::npos) {
+      rejected_note += fmt::format("; a candidate was rejected: {}", r.reason);
+    }
+  }
+  fail("no {} plugin named '{}' ({} plugins {}){}; run `specula plugins` to see the search path and rejections",
+       kind, name, kind, available, rejected_note);
+}
+
+std::shared_ptr<ModelFormat> PluginHost::make_format(std::string_view name, const nlohmann::json& options) const {
+  const Entry& e = entry(name, "format");
+  auto inner = pinned(e.factories->format(options), e.library);
+  if (!inner) fail("format plugin '{}' returned no object", name);
+  return std::make_shared<PinnedFormat>(std::move(inner), e.library);
+}
+
+std::shared_ptr<ComputeBackend> PluginHost::make_backend(std::string_view name, const nlohmann::json& options) const {
+  const Entry& e = entry(name, "backend");
+  auto out = pinned(e.factories->backend(options), e.library);
+  if (!out) fail("backend plugin '{}' returned no object", name);
+  return out;
+}
+
+std::shared_ptr<ModelLoader> PluginHost::make_model_loader(std::string_view name,
+                                                           const nlohmann::json& options) const {
+  const Entry& e = entry(name, "model");
+  auto inner = pinned(e.factories->model(options), e.library);
+  if (!inner) fail("model plugin '{}' returned no object", name);
+  return std::make_shared<PinnedModelLoader>(std::move(inner), e.library);
+}
+
+std::shared_ptr<DrafterLoader> PluginHost::make_drafter_loader(std::string_view name,
+                                                               const nlohmann::json& options) const {
+  const Entry& e = entry(name, "drafter");
+  auto inner = pinned(e.factories->drafter(options), e.library);
+  if (!inner) fail("drafter plugin '{}' returned no object", name);
+  return std::make_shared<PinnedDrafterLoader>(std::move(inner), e.library);
+}
+
+std::shared_ptr<Sampler> PluginHost::make_sampler(std::string_view name, const SamplingParams& params,
+                                                  const nlohmann::json& options) const {
+  const Entry& e = entry(name, "sampler");
+  auto out = pinned(e.factories->sampler(params, options), e.library);
+  if (!out) fail("sampler plugin '{}' returned no object", name);
+  return out;
+}
+
+std::shared_ptr<const ModelFile> PluginHost::open_model(const fs::path& path, std::string_view format) const {
+  std::error_code ec;
+  if (!fs::exists(path, ec)) fail("model file {} does not exist", path.string());
+  if (!format.empty()) {
+    auto f = std::static_pointer_cast<PinnedFormat>(make_format(format));
+    return f->open_pinned(path);
+  }
+  std::vector<std::string> tried;
+  for (const auto& e : entries_) {
+    if (!e.info.has_kind("format")) continue;
+    auto f = std::static_pointer_cast<PinnedFormat>(make_format(e.info.name));
+    tried.push_back(e.info.name);
+    if (f->can_open(path)) {
+      log_debug("opening {} with format plugin '{}'", path.string(), e.info.name);
+      return f->open_pinned(path);
+    }
+  }
+  fail("no format plugin can open {} (tried: {}); run `specula plugins` to see which plugins were found",
+       path.string(), tried.empty() ? std::string("no format plugin was found") : join(tried, ", "));
+}
+
+std::string declared_architecture(const ModelFile& file) {
+  const auto& m = file.metadata();
+  if (!m.is_object()) return {};
+  if (auto it = m.find("general.architecture"); it != m.end() && it->is_string()) return it->get<std::string>();
+  if (auto c = m.find("config"); c != m.end() && c->is_object()) {
+    if (auto t = c->find("model_type"); t != c->end() && t->is_string()) return t->get<std::string>();
+  }
+  return {};
+}
+
+std::shared_ptr<ModelLoader> PluginHost::find_model_loader(const ModelFile& file, const nlohmann::json& options) const {
+  std::vector<std::string> tried;
+  for (const auto& e : entries_) {
+    if (!e.info.has_kind("model")) continue;
+    auto loader = make_model_loader(e.info.name, options);
+    tried.push_back(fmt::format("{} ({})", e.info.name, loader->architecture()));
+    if (loader->accepts(file)) return loader;
+  }
+  std::string arch = declared_architecture(file);
+  fail("no model plugin accepts {} (its architecture: '{}'; model plugins tried: {})", file.path().string(),
+       arch.empty() ? "not declared" : arch, tried.empty() ? std::string("none was found") : join(tried, ", "));
+}
+
+std::shared_ptr<DrafterLoader> PluginHost::find_drafter_loader(const ModelFile& file,
+                                                               const nlohmann::json& options) const {
+  std::vector<std::string> tried;
+  for (const auto& e : entries_) {
+    if (!e.info.has_kind("drafter")) continue;
+    auto loader = make_drafter_loader(e.info.name, options);
+    tried.push_back(fmt::format("{} ({})", e.info.name, loader->architecture()));
+    if (loader->accepts(file)) return loader;
+  }
+  std::string arch = declared_architecture(file);
+  fail("no drafter plugin accepts {} (its architecture: '{}'; drafter plugins tried: {})", file.path().string(),
+       arch.empty() ? "not declared" : arch, tried.empty() ? std::string("none was found") : join(tried, ", "));
+}
+
+}  // namespace specula::core
