@@ -9,6 +9,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "specula/dtype.hpp"
@@ -28,39 +29,55 @@ class BackendTensor {
 };
 using BackendTensorPtr = std::shared_ptr<BackendTensor>;
 
+// Operand and result types: "float" operands may be stored as F32, F16, BF16 or any quantized type
+// (the backend converts); results are F32 unless stated. Every op's operands are src[0..4] in the
+// order listed.
 enum class Op : uint32_t {
-  Input,       // host data set before each run (token ids, positions)
+  Input,       // host data set before each run (token ids, positions); any plain dtype
   Constant,    // a BackendTensor (weight, cache)
-  GetRows,     // src0 table [R, C] (any dtype), src1 ids I32 [N] -> F32 [N, C]
+  GetRows,     // src0 table [R, C] (any dtype), src1 ids I32 [...] -> F32 [..., C]; ids must be in [0, R)
   MatMul,      // src0 weight [O, I] (any dtype), src1 x F32 [..., I] -> F32 [..., O]   (x @ W^T)
   MatMulId,    // src0 experts [E, O, I], src1 x [N, K, I] or [N, 1, I], src2 ids I32 [N, K] -> [N, K, O]
-  Add,         // a + b, b broadcast over leading axes of a
+               // row (n, k) = x[n, k or 0] @ experts[ids[n, k]]^T
+  Add,         // a + b -> shape of a. b is right-aligned against a (numpy broadcasting restricted to b):
+               // each axis of b equals a's or is 1, so b [C], [1], [N, K, 1] against a [N, K, C] all work
   Mul,         // a * b, same broadcast
   Scale,       // a * f[0]
-  RmsNorm,     // rms-normalise over the last axis with eps f[0]; src1 optional weight (multiplied as is)
+  RmsNorm,     // x * (mean(x^2) + f[0])^-0.5 over the last axis; src1 optional weight [C] (multiplied as
+               // is, no 1 + w)
   GeluTanh,    // 0.5 x (1 + tanh(sqrt(2/pi)(x + 0.044715 x^3)))
   Softcap,     // f[0] * tanh(x / f[0])
-  Rope,        // src0 x [T, H, D], src1 positions I32 [T]; NeoX halves; i[0] = rotated pairs,
-               // f[0] = theta, f[1] = exponent divisor (inv_freq_k = theta^(-2k/f[1])), f[2] = freq scale
+  Rope,        // src0 x [T, H, D], src1 positions I32 [T]; NeoX halves: pair k is (x[k], x[k + D/2]).
+               // Pairs k < i[0] rotate by angle pos * f[2] * f[0]^(-2k / f[1]); the others pass through.
+               // (f[0] = theta, f[1] = exponent divisor, f[2] = frequency scale = 1 / rope "factor")
   Attention,   // src0 q [T, Hq, D], src1 K [S, Hkv, D], src2 V [S, Hkv, Dv], src3 key positions I32 [S]
                // (-1 = empty slot), src4 query positions I32 [T]; f[0] = scale; i[0] = sliding window
-               // (0 = none), i[1] = 1 for causal, 0 for bidirectional; -> F32 [T, Hq * Dv]
+               // (0 = none), i[1] = 1 for causal, 0 for bidirectional; -> F32 [T, Hq * Dv].
+               // Query t sees slot s iff kp = key_pos[s] >= 0, and kp <= qp when causal, and
+               // |qp - kp| < window when windowed (causal: 0 <= qp - kp < window). Query head j reads
+               // KV head j / (Hq / Hkv). Scores and softmax in F32; a query that sees no slot gives 0.
+               // K and V are F32, F16 or BF16 (a cache); slots may be in any order (a ring buffer).
   Softmax,     // over the last axis
-  TopK,        // i[0] = k over the last axis -> I32 indices, highest first (ties: lower index)
-  Argmax,      // over the last axis -> I32 (ties: lower index)
-  Reshape,     // same data, new shape (i[] holds the shape; product must match)
-  Slice,       // along the last axis: i[0] = start, i[1] = length
-  Concat,      // along the last axis
-  WriteRows,   // copy src1 [N, ...] into rows of persistent src0 at row indices src2 I32 [N]; -> src0
-  Copy,        // convert src0 to dtype of the node (e.g. F32 -> F16 for a cache)
+  TopK,        // i[0] = k over the last axis -> I32 [..., k] indices, highest first (ties: lower index)
+  Argmax,      // over the last axis -> I32 [..., 1] (ties: lower index)
+  Reshape,     // same data, new shape (also in i[]; product must match); keeps the dtype
+  Slice,       // along the last axis: i[0] = start, i[1] = length (F32 or I32)
+  Concat,      // along the last axis (both F32 or both I32)
+  WriteRows,   // copy src1 rows [N, ...] into rows of persistent src0 [R, ...] at row indices src2 I32 [N],
+               // converting to src0's dtype (F32, F16, BF16; I32 rows into I32); -> src0 (use this
+               // value, not the Constant, to read the tensor after the write). Ids must be in [0, R).
+  Copy,        // convert src0 to dtype of the node: F32, F16 or BF16 (e.g. F32 -> F16 for a cache)
 };
+
+// "MatMul", "RmsNorm", ... for errors and profiles.
+std::string_view op_name(Op op);
 
 // A node of a Graph. Parameters are small and fixed-size so a graph is plain data a backend can cache.
 struct Node {
   Op op = Op::Input;
   DType type = DType::F32;
   Shape shape;
-  std::array<int32_t, 4> src{-1, -1, -1, -1};  // indices of earlier nodes, -1 = unused
+  std::array<int32_t, 5> src{-1, -1, -1, -1, -1};  // indices of earlier nodes, -1 = unused
   std::array<int64_t, 8> i{};
   std::array<float, 4> f{};
   BackendTensorPtr tensor;  // Constant and WriteRows destination
@@ -100,6 +117,9 @@ class Graph {
   Value concat(Value a, Value b);
   Value write_rows(const BackendTensorPtr& dst, Value rows, Value row_ids);
   Value copy(Value x, DType type);
+
+  // Gives a node a name for errors and profiles ("blk.3.attn_q"); returns v.
+  Value named(Value v, std::string name);
 
   // Marks a value whose data the caller reads after the run.
   void mark_output(Value v);

@@ -1,0 +1,552 @@
+#include "cpu_backend.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <limits>
+#include <span>
+#include <thread>
+
+#include "convert.hpp"
+#include "kernels.hpp"
+#include "specula/error.hpp"
+#include "specula/log.hpp"
+
+namespace specula::cpu {
+
+void AlignedFree::operator()(std::byte* p) const { std::free(p); }
+
+AlignedBytes aligned_alloc_bytes(size_t bytes) {
+  const size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
+  auto* p = static_cast<std::byte*>(std::aligned_alloc(64, rounded));
+  if (!p) fail("CPU backend: out of memory allocating {} bytes", rounded);
+  std::memset(p, 0, rounded);
+  return AlignedBytes(p);
+}
+
+int64_t elements(const Shape& s) {
+  int64_t n = 1;
+  for (int64_t d : s) n *= d;
+  return n;
+}
+
+const float* CpuTensor::as_f32() {
+  std::call_once(f32_once_, [&] {
+    const int64_t cols = shape_.back(), rows = elements(shape_) / cols;
+    const size_t row_bytes = *dtype_row_bytes(type_, static_cast<uint64_t>(cols));
+    f32_.resize(static_cast<size_t>(rows * cols));
+    for (int64_t r = 0; r < rows; ++r)
+      decode_row(type_, data + static_cast<size_t>(r) * row_bytes, cols, f32_.data() + r * cols, &quant, r);
+  });
+  return f32_.data();
+}
+
+namespace {
+
+std::string shape_str(const Shape& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+size_t plain_size(DType t) {
+  const DTypeTraits* tr = dtype_traits(t);
+  return tr && !tr->quantized ? tr->block_bytes : 0;
+}
+
+// Intermediate buffers, reused across nodes and runs (best fit by capacity).
+class BufferPool {
+ public:
+  int acquire(size_t bytes) {
+    int best = -1;
+    for (size_t i = 0; i < buffers_.size(); ++i) {
+      const Buffer& b = buffers_[i];
+      if (!b.busy && b.capacity >= bytes &&
+          (best < 0 || b.capacity < buffers_[static_cast<size_t>(best)].capacity))
+        best = static_cast<int>(i);
+    }
+    if (best < 0) {
+      const size_t cap = std::max<size_t>(4096, (bytes + 4095) / 4096 * 4096);
+      buffers_.push_back({aligned_alloc_bytes(cap), cap, false});
+      best = static_cast<int>(buffers_.size() - 1);
+    }
+    buffers_[static_cast<size_t>(best)].busy = true;
+    return best;
+  }
+  void release(int i) { buffers_[static_cast<size_t>(i)].busy = false; }
+  void release_all() {
+    for (auto& b : buffers_) b.busy = false;
+  }
+  std::byte* data(int i) { return buffers_[static_cast<size_t>(i)].data.get(); }
+
+ private:
+  struct Buffer {
+    AlignedBytes data;
+    size_t capacity;
+    bool busy;
+  };
+  std::vector<Buffer> buffers_;
+};
+
+class CpuBackend final : public ComputeBackend {
+ public:
+  explicit CpuBackend(int threads) : pool_(threads) {}
+
+  std::string name() const override { return "onednn"; }
+
+  DeviceInfo device() const override {
+    DeviceInfo d;
+    d.name = fmt::format("CPU ({} threads, AVX2{})", pool_.size(),
+#ifdef __AVX512F__
+                         "/AVX-512"
+#else
+                         ""
+#endif
+    );
+    d.memory_bytes = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
+    d.unified_memory = true;
+    return d;
+  }
+
+  Support supports(Op op, DType type) const override {
+    const DTypeTraits* tr = dtype_traits(type);
+    if (!tr) return Support::no(fmt::format("unknown dtype {}", static_cast<uint32_t>(type)));
+    const bool plain_float = type == DType::F32 || type == DType::F16 || type == DType::BF16;
+    switch (op) {
+      case Op::Input:
+        if (tr->quantized) return Support::no(fmt::format("inputs hold plain values, not {}", tr->name));
+        return Support::yes();
+      case Op::Constant:
+        return Support::yes();
+      case Op::Argmax:
+      case Op::TopK:
+      case Op::Slice:
+      case Op::Concat:
+      case Op::Reshape:
+        if (type == DType::F32 || type == DType::I32 || (op == Op::Reshape && can_decode(type)))
+          return Support::yes();
+        if (op == Op::Argmax || op == Op::TopK) break;
+        return Support::no(fmt::format("{} takes F32 or I32 values on the CPU backend, not {}",
+                                       op_name(op), tr->name));
+      case Op::Attention:
+        if (plain_float) return Support::yes();
+        return Support::no(fmt::format("the CPU backend keeps K/V caches as F32, F16 or BF16, not {}", tr->name));
+      case Op::WriteRows:
+        if (plain_float || type == DType::I32) return Support::yes();
+        return Support::no(fmt::format("the CPU backend writes rows into F32, F16, BF16 or I32 tensors, not {}", tr->name));
+      case Op::Copy:
+        if (plain_float) return Support::yes();
+        return Support::no(fmt::format("Copy converts to F32, F16 or BF16 only, not {}", tr->name));
+      default:
+        break;
+    }
+    if (can_decode(type)) return Support::yes();
+    return Support::no(fmt::format("the CPU backend has no decoder for {} values ({} on {})", tr->name,
+                                   op_name(op), tr->name));
+  }
+
+  BackendTensorPtr load_weight(const TensorInfo& info) override {
+    const DTypeTraits* tr = dtype_traits(info.type);
+    if (!tr) fail("CPU backend: weight '{}' has unknown dtype {}", info.name, static_cast<uint32_t>(info.type));
+    if (info.shape.empty())
+      fail("CPU backend: weight '{}' has no shape", info.name);
+    for (int64_t d : info.shape)
+      if (d <= 0) fail("CPU backend: weight '{}' has shape {}; every axis must be positive", info.name, shape_str(info.shape));
+    const int64_t cols = info.shape.back(), rows = elements(info.shape) / cols;
+    const auto row_bytes = dtype_row_bytes(info.type, static_cast<uint64_t>(cols));
+    if (!row_bytes)
+      fail("CPU backend: weight '{}' {} {}: rows of {} values are not whole {}-value blocks", info.name,
+           tr->name, shape_str(info.shape), cols, tr->block_elems);
+    if (info.data.size() != *row_bytes * static_cast<uint64_t>(rows))
+      fail("CPU backend: weight '{}' {} {} needs {} bytes but has {}", info.name, tr->name,
+           shape_str(info.shape), *row_bytes * static_cast<uint64_t>(rows), info.data.size());
+    auto t = std::make_shared<CpuTensor>(info.name, info.type, info.shape);
+    t->data = info.data.data();  // zero-copy: the caller keeps the ModelFile (and its mapping) alive
+    t->bytes = info.data.size();
+    t->quant = info.quant;
+    return t;
+  }
+
+  BackendTensorPtr allocate(const std::string& name, DType type, const Shape& shape) override {
+    const size_t es = plain_size(type);
+    if (es == 0)
+      fail("CPU backend: cannot allocate '{}' as {}; persistent tensors hold plain values", name, dtype_name(type));
+    if (shape.empty()) fail("CPU backend: tensor '{}' needs a shape", name);
+    for (int64_t d : shape)
+      if (d <= 0) fail("CPU backend: tensor '{}' has shape {}; every axis must be positive", name, shape_str(shape));
+    auto t = std::make_shared<CpuTensor>(name, type, shape);
+    t->bytes = static_cast<size_t>(elements(shape)) * es;
+    t->owned = aligned_alloc_bytes(t->bytes);
+    t->data = t->owned.get();
+    t->mutable_data = t->owned.get();
+    return t;
+  }
+
+  void run(const Graph& graph, const RunInputs& inputs) override;
+  void read(const Graph& graph, Value output, std::span<std::byte> dst) override;
+  void read(const BackendTensor& tensor, std::span<std::byte> dst) override;
+  void write(BackendTensor& tensor, std::span<const std::byte> src) override;
+
+ private:
+  struct Slot {
+    const std::byte* data = nullptr;
+    std::byte* mut = nullptr;
+    int buffer = -1;
+    CpuTensor* tensor = nullptr;  // the persistent tensor this value is (Constant, WriteRows, reshapes of them)
+  };
+
+  const float* floats(const Graph& g, int32_t id);
+  Matrix matrix(const Graph& g, int32_t id, int64_t rows, int64_t cols);
+  std::byte* output(const Node& n, int32_t id);
+  void execute(const Graph& g, int32_t id);
+
+  ThreadPool pool_;
+  BufferPool buffers_;
+  std::vector<Slot> slots_;
+  std::vector<std::vector<float>> scratch_;  // conversions for the node being executed
+  const Graph* last_graph_ = nullptr;
+  size_t last_size_ = 0;
+};
+
+CpuTensor& cpu_tensor(const BackendTensor& t) {
+  auto* c = dynamic_cast<const CpuTensor*>(&t);
+  if (!c) fail("CPU backend: tensor '{}' belongs to another backend", t.name());
+  return const_cast<CpuTensor&>(*c);
+}
+
+const float* CpuBackend::floats(const Graph& g, int32_t id) {
+  const Node& n = g.nodes()[static_cast<size_t>(id)];
+  const Slot& s = slots_[static_cast<size_t>(id)];
+  if (n.type == DType::F32) return reinterpret_cast<const float*>(s.data);
+  // Read-only weights keep their decoded form; anything mutable is decoded afresh.
+  if (s.tensor && !s.tensor->mutable_data) return s.tensor->as_f32();
+  const int64_t cols = n.shape.back(), rows = elements(n.shape) / cols;
+  const size_t row_bytes = *dtype_row_bytes(n.type, static_cast<uint64_t>(cols));
+  auto& buf = scratch_.emplace_back(static_cast<size_t>(rows * cols));
+  pool_.parallel_for(rows, 16, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      decode_row(n.type, s.data + static_cast<size_t>(r) * row_bytes, cols, buf.data() + r * cols,
+                 s.tensor ? &s.tensor->quant : nullptr, r);
+  });
+  return buf.data();
+}
+
+Matrix CpuBackend::matrix(const Graph& g, int32_t id, int64_t rows, int64_t cols) {
+  const Node& n = g.nodes()[static_cast<size_t>(id)];
+  const Slot& s = slots_[static_cast<size_t>(id)];
+  Matrix m;
+  m.type = n.type;
+  m.data = s.data;
+  m.rows = rows;
+  m.cols = cols;
+  m.row_bytes = *dtype_row_bytes(n.type, static_cast<uint64_t>(cols));
+  m.quant = s.tensor ? &s.tensor->quant : nullptr;
+  m.key = (s.tensor && !s.tensor->mutable_data) ? s.data : nullptr;
+  return m;
+}
+
+std::byte* CpuBackend::output(const Node& n, int32_t id) {
+  Slot& s = slots_[static_cast<size_t>(id)];
+  s.buffer = buffers_.acquire(static_cast<size_t>(elements(n.shape)) * plain_size(n.type));
+  s.mut = buffers_.data(s.buffer);
+  s.data = s.mut;
+  return s.mut;
+}
+
+void CpuBackend::run(const Graph& graph, const RunInputs& inputs) {
+  const auto& nodes = graph.nodes();
+  const int32_t count = static_cast<int32_t>(nodes.size());
+  last_graph_ = nullptr;
+  buffers_.release_all();
+  slots_.assign(nodes.size(), Slot{});
+
+  // Host inputs: each Input node given exactly once, with the right size.
+  for (const auto& [value, bytes] : inputs.inputs) {
+    const Node& n = graph.node(value);
+    if (n.op != Op::Input) fail("CPU backend: run: node '{}' is a {}, not an Input", n.name, op_name(n.op));
+    const size_t want = static_cast<size_t>(elements(n.shape)) * plain_size(n.type);
+    if (bytes.size() != want)
+      fail("CPU backend: input '{}' {} {} needs {} bytes but was given {}", n.name, dtype_name(n.type),
+           shape_str(n.shape), want, bytes.size());
+    Slot& s = slots_[static_cast<size_t>(value.id)];
+    if (s.data) fail("CPU backend: input '{}' was given twice", n.name);
+    s.data = bytes.data();
+    if (!s.data) s.data = reinterpret_cast<const std::byte*>("");  // zero-size spans still count as given
+  }
+
+  // Liveness: a buffer is released after the last node that reads it (through reshapes).
+  std::vector<int32_t> root(nodes.size()), last_use(nodes.size());
+  for (int32_t i = 0; i < count; ++i) {
+    const Node& n = nodes[static_cast<size_t>(i)];
+    if (n.op == Op::Input && !slots_[static_cast<size_t>(i)].data)
+      fail("CPU backend: input '{}' {} {} was not given to run()", n.name, dtype_name(n.type), shape_str(n.shape));
+    root[static_cast<size_t>(i)] = n.op == Op::Reshape ? root[static_cast<size_t>(n.src[0])] : i;
+    last_use[static_cast<size_t>(i)] = i;
+    for (int32_t s : n.src)
+      if (s >= 0) last_use[static_cast<size_t>(root[static_cast<size_t>(s)])] = i;
+  }
+  for (int32_t o : graph.outputs()) last_use[static_cast<size_t>(root[static_cast<size_t>(o)])] = count;
+
+  for (int32_t i = 0; i < count; ++i) {
+    execute(graph, i);
+    scratch_.clear();
+    const Node& n = nodes[static_cast<size_t>(i)];
+    auto release = [&](int32_t v) {
+      const int32_t r = root[static_cast<size_t>(v)];
+      Slot& s = slots_[static_cast<size_t>(r)];
+      if (last_use[static_cast<size_t>(r)] == i && s.buffer >= 0) {
+        buffers_.release(s.buffer);
+        s.buffer = -1;
+      }
+    };
+    for (int32_t s : n.src)
+      if (s >= 0) release(s);
+    release(i);
+  }
+  last_graph_ = &graph;
+  last_size_ = nodes.size();
+}
+
+void CpuBackend::execute(const Graph& g, int32_t id) {
+  const Node& n = g.nodes()[static_cast<size_t>(id)];
+  Slot& slot = slots_[static_cast<size_t>(id)];
+  auto src = [&](int k) -> const Node& { return g.nodes()[static_cast<size_t>(n.src[static_cast<size_t>(k)])]; };
+  auto ints = [&](int k) { return reinterpret_cast<const int32_t*>(slots_[static_cast<size_t>(n.src[static_cast<size_t>(k)])].data); };
+  auto fsrc = [&](int k) { return floats(g, n.src[static_cast<size_t>(k)]); };
+  switch (n.op) {
+    case Op::Input:
+      return;
+    case Op::Constant: {
+      CpuTensor& t = cpu_tensor(*n.tensor);
+      slot.data = t.data;
+      slot.mut = t.mutable_data;
+      slot.tensor = &t;
+      return;
+    }
+    case Op::Reshape: {
+      const Slot& s = slots_[static_cast<size_t>(n.src[0])];
+      slot.data = s.data;
+      slot.mut = s.mut;
+      slot.tensor = s.tensor;
+      return;
+    }
+    case Op::GetRows: {
+      const Node& t = src(0);
+      get_rows(pool_, matrix(g, n.src[0], t.shape[0], t.shape[1]), ints(1), elements(src(1).shape),
+               reinterpret_cast<float*>(output(n, id)), n.name);
+      return;
+    }
+    case Op::MatMul: {
+      const Node& w = src(0);
+      const float* x = fsrc(1);
+      const int64_t I = w.shape[1];
+      matmul(pool_, matrix(g, n.src[0], w.shape[0], I), x, elements(src(1).shape) / I,
+             reinterpret_cast<float*>(output(n, id)));
+      return;
+    }
+    case Op::MatMulId: {
+      const Node& e = src(0);
+      const Node& x = src(1);
+      const int64_t E = e.shape[0], O = e.shape[1], I = e.shape[2];
+      matmul_id(pool_, matrix(g, n.src[0], E * O, I), E, fsrc(1), x.shape[1] == 1 && n.shape[1] != 1,
+                ints(2), n.shape[0], n.shape[1], reinterpret_cast<float*>(output(n, id)), n.name);
+      return;
+    }
+    case Op::Add:
+    case Op::Mul: {
+      const float* a = fsrc(0);
+      const float* b = fsrc(1);
+      binary(pool_, n.op, a, src(0).shape, b, src(1).shape, reinterpret_cast<float*>(output(n, id)));
+      return;
+    }
+    case Op::Scale:
+      scale(pool_, fsrc(0), elements(n.shape), n.f[0], reinterpret_cast<float*>(output(n, id)));
+      return;
+    case Op::RmsNorm: {
+      const float* x = fsrc(0);
+      const float* w = n.src[1] >= 0 ? fsrc(1) : nullptr;
+      const int64_t cols = n.shape.back();
+      rms_norm(pool_, x, w, elements(n.shape) / cols, cols, n.f[0], reinterpret_cast<float*>(output(n, id)));
+      return;
+    }
+    case Op::GeluTanh:
+      gelu_tanh(pool_, fsrc(0), elements(n.shape), reinterpret_cast<float*>(output(n, id)));
+      return;
+    case Op::Softcap:
+      softcap(pool_, fsrc(0), elements(n.shape), n.f[0], reinterpret_cast<float*>(output(n, id)));
+      return;
+    case Op::Rope:
+      rope(pool_, fsrc(0), ints(1), n.shape[0], n.shape[1], n.shape[2], n.i[0], n.f[0], n.f[1], n.f[2],
+           reinterpret_cast<float*>(output(n, id)));
+      return;
+    case Op::Attention: {
+      const Node& q = src(0);
+      const Node& k = src(1);
+      const Node& v = src(2);
+      AttentionArgs a{};
+      a.q = fsrc(0);
+      a.k = fsrc(1);
+      a.v = fsrc(2);
+      a.key_pos = ints(3);
+      a.query_pos = ints(4);
+      a.T = q.shape[0];
+      a.Hq = q.shape[1];
+      a.D = q.shape[2];
+      a.S = k.shape[0];
+      a.Hkv = k.shape[1];
+      a.Dv = v.shape[2];
+      a.scale = n.f[0];
+      a.window = n.i[0];
+      a.causal = n.i[1] != 0;
+      attention(pool_, a, reinterpret_cast<float*>(output(n, id)));
+      return;
+    }
+    case Op::Softmax: {
+      const int64_t cols = n.shape.back();
+      softmax(pool_, fsrc(0), elements(n.shape) / cols, cols, reinterpret_cast<float*>(output(n, id)));
+      return;
+    }
+    case Op::TopK:
+    case Op::Argmax: {
+      const int64_t cols = src(0).shape.back();
+      const int64_t k = n.op == Op::TopK ? n.i[0] : 1;
+      top_k(fsrc(0), elements(n.shape) / k, cols, k, reinterpret_cast<int32_t*>(output(n, id)));
+      return;
+    }
+    case Op::Slice: {
+      const Node& x = src(0);
+      const auto* in = reinterpret_cast<const uint32_t*>(slots_[static_cast<size_t>(n.src[0])].data);
+      auto* out = reinterpret_cast<uint32_t*>(output(n, id));
+      const int64_t cols = x.shape.back(), len = n.i[1], rows = elements(x.shape) / cols;
+      for (int64_t r = 0; r < rows; ++r)
+        std::memcpy(out + r * len, in + r * cols + n.i[0], static_cast<size_t>(len) * 4);
+      return;
+    }
+    case Op::Concat: {
+      const auto* a = reinterpret_cast<const uint32_t*>(slots_[static_cast<size_t>(n.src[0])].data);
+      const auto* b = reinterpret_cast<const uint32_t*>(slots_[static_cast<size_t>(n.src[1])].data);
+      auto* out = reinterpret_cast<uint32_t*>(output(n, id));
+      const int64_t ca = src(0).shape.back(), cb = src(1).shape.back(), rows = elements(n.shape) / (ca + cb);
+      for (int64_t r = 0; r < rows; ++r) {
+        std::memcpy(out + r * (ca + cb), a + r * ca, static_cast<size_t>(ca) * 4);
+        std::memcpy(out + r * (ca + cb) + ca, b + r * cb, static_cast<size_t>(cb) * 4);
+      }
+      return;
+    }
+    case Op::WriteRows: {
+      CpuTensor& t = cpu_tensor(*n.tensor);
+      if (!t.mutable_data)
+        fail("CPU backend: WriteRows '{}': '{}' is a read-only weight; write into a tensor from allocate()", n.name, t.name());
+      const int64_t R = t.shape()[0], cols = elements(t.shape()) / R;
+      const int64_t N = src(2).shape[0];
+      const int32_t* ids = ints(2);
+      for (int64_t r = 0; r < N; ++r)
+        if (ids[r] < 0 || ids[r] >= R)
+          fail("CPU backend: WriteRows '{}': row id {} at index {} is outside '{}' rows [0, {})", n.name, ids[r], r, t.name(), R);
+      const size_t row_bytes = static_cast<size_t>(cols) * plain_size(t.type());
+      if (t.type() == DType::I32) {
+        const auto* in = slots_[static_cast<size_t>(n.src[1])].data;
+        for (int64_t r = 0; r < N; ++r)
+          std::memcpy(t.mutable_data + static_cast<size_t>(ids[r]) * row_bytes, in + static_cast<size_t>(r * cols) * 4, static_cast<size_t>(cols) * 4);
+      } else {
+        const float* in = fsrc(1);
+        for (int64_t r = 0; r < N; ++r)
+          encode_row(t.type(), in + r * cols, cols, t.mutable_data + static_cast<size_t>(ids[r]) * row_bytes);
+      }
+      slot.data = t.data;
+      slot.mut = t.mutable_data;
+      slot.tensor = &t;
+      return;
+    }
+    case Op::Copy: {
+      const float* x = fsrc(0);
+      const int64_t cols = n.shape.back(), rows = elements(n.shape) / cols;
+      std::byte* out = output(n, id);
+      const size_t row_bytes = static_cast<size_t>(cols) * plain_size(n.type);
+      pool_.parallel_for(rows, 16, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) encode_row(n.type, x + r * cols, cols, out + static_cast<size_t>(r) * row_bytes);
+      });
+      return;
+    }
+  }
+  fail("CPU backend: node '{}' has unknown op {}", n.name, static_cast<uint32_t>(n.op));
+}
+
+void CpuBackend::read(const Graph& graph, Value output, std::span<std::byte> dst) {
+  if (last_graph_ != &graph || last_size_ != graph.nodes().size())
+    fail("CPU backend: read: this graph was not the last one run");
+  const Node& n = graph.node(output);
+  const auto& outs = graph.outputs();
+  const Slot& s = slots_[static_cast<size_t>(output.id)];
+  const bool persistent = s.tensor != nullptr || n.op == Op::Input;
+  if (!persistent && std::find(outs.begin(), outs.end(), output.id) == outs.end())
+    fail("CPU backend: read: '{}' was not marked as an output of the graph (Graph::mark_output)", n.name);
+  const size_t want = static_cast<size_t>(elements(n.shape)) * 4;
+  if (dst.size() != want)
+    fail("CPU backend: read: '{}' {} {} needs {} bytes ({} as {}) but the destination has {}", n.name,
+         dtype_name(n.type), shape_str(n.shape), want, elements(n.shape), n.type == DType::I32 ? "I32" : "F32", dst.size());
+  if (n.type == DType::F32 || n.type == DType::I32) {
+    std::memcpy(dst.data(), s.data, want);
+    return;
+  }
+  const int64_t cols = n.shape.back(), rows = elements(n.shape) / cols;
+  const size_t row_bytes = *dtype_row_bytes(n.type, static_cast<uint64_t>(cols));
+  for (int64_t r = 0; r < rows; ++r)
+    decode_row(n.type, s.data + static_cast<size_t>(r) * row_bytes, cols,
+               reinterpret_cast<float*>(dst.data()) + r * cols, s.tensor ? &s.tensor->quant : nullptr, r);
+}
+
+void CpuBackend::read(const BackendTensor& tensor, std::span<std::byte> dst) {
+  CpuTensor& t = cpu_tensor(tensor);
+  const int64_t cols = t.shape().back(), rows = elements(t.shape()) / cols;
+  const size_t want = static_cast<size_t>(rows * cols) * 4;
+  if (dst.size() != want)
+    fail("CPU backend: read: tensor '{}' {} {} needs {} bytes but the destination has {}", t.name(),
+         dtype_name(t.type()), shape_str(t.shape()), want, dst.size());
+  if (t.type() == DType::I32 || t.type() == DType::F32 || t.type() == DType::U32) {
+    std::memcpy(dst.data(), t.data, want);
+    return;
+  }
+  if (!can_decode(t.type()))
+    fail("CPU backend: read: tensor '{}' is {}, which the CPU backend cannot decode", t.name(), dtype_name(t.type()));
+  const size_t row_bytes = *dtype_row_bytes(t.type(), static_cast<uint64_t>(cols));
+  for (int64_t r = 0; r < rows; ++r)
+    decode_row(t.type(), t.data + static_cast<size_t>(r) * row_bytes, cols,
+               reinterpret_cast<float*>(dst.data()) + r * cols, &t.quant, r);
+}
+
+void CpuBackend::write(BackendTensor& tensor, std::span<const std::byte> src) {
+  CpuTensor& t = cpu_tensor(tensor);
+  if (!t.mutable_data) fail("CPU backend: write: '{}' is a read-only weight", t.name());
+  if (src.size() == t.bytes) {
+    std::memcpy(t.mutable_data, src.data(), src.size());
+    return;
+  }
+  const int64_t n = elements(t.shape());
+  const bool is_float = t.type() == DType::F16 || t.type() == DType::BF16;
+  if (is_float && src.size() == static_cast<size_t>(n) * 4) {
+    encode_row(t.type(), reinterpret_cast<const float*>(src.data()), n, t.mutable_data);
+    return;
+  }
+  fail("CPU backend: write: '{}' {} {} takes {} bytes ({}){} but was given {}", t.name(), dtype_name(t.type()),
+       shape_str(t.shape()), t.bytes, dtype_name(t.type()),
+       is_float ? fmt::format(" or {} bytes (F32)", n * 4) : std::string(), src.size());
+}
+
+}  // namespace
+
+std::unique_ptr<ComputeBackend> make_cpu_backend(const nlohmann::json& options) {
+  int threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  if (options.is_object() && options.contains("threads")) {
+    const auto& v = options["threads"];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > 1024)
+      fail("onednn backend: option 'threads' = {} must be an integer in [0, 1024] (0 = all cores)", v.dump());
+    if (v.get<int>() > 0) threads = v.get<int>();
+  }
+  log_debug("onednn backend: {} threads", threads);
+  return std::make_unique<CpuBackend>(threads);
+}
+
+}  // namespace specula::cpu

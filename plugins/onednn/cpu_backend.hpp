@@ -1,0 +1,51 @@
+// The CPU compute backend (plugin "onednn"): weights stay in the checkpoint's memory map, graphs run
+// op by op on a thread pool, with quantized matrix-vector kernels and oneDNN for large float GEMMs.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "specula/compute.hpp"
+#include "thread_pool.hpp"
+
+namespace specula::cpu {
+
+struct AlignedFree {
+  void operator()(std::byte* p) const;
+};
+using AlignedBytes = std::unique_ptr<std::byte[], AlignedFree>;
+AlignedBytes aligned_alloc_bytes(size_t bytes);  // zeroed, 64-byte aligned
+
+class CpuTensor final : public BackendTensor {
+ public:
+  CpuTensor(std::string name, DType type, Shape shape) : name_(std::move(name)), type_(type), shape_(std::move(shape)) {}
+  DType type() const override { return type_; }
+  const Shape& shape() const override { return shape_; }
+  const std::string& name() const override { return name_; }
+
+  const std::byte* data = nullptr;   // first byte (mapped weight or owned storage)
+  std::byte* mutable_data = nullptr;  // null for read-only (mapped) weights
+  size_t bytes = 0;
+  QuantParams quant;                  // MLX_AFFINE only
+  AlignedBytes owned;
+
+  // The tensor decoded to F32, built on first use by elementwise ops (norm weights, scales).
+  const float* as_f32();
+
+ private:
+  std::string name_;
+  DType type_;
+  Shape shape_;
+  std::once_flag f32_once_;
+  std::vector<float> f32_;
+};
+
+int64_t elements(const Shape& s);
+
+std::unique_ptr<ComputeBackend> make_cpu_backend(const nlohmann::json& options);
+
+}  // namespace specula::cpu

@@ -1,0 +1,274 @@
+#include "kernels.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include <immintrin.h>
+
+#include "convert.hpp"
+#include "specula/error.hpp"
+
+namespace specula::cpu {
+
+namespace {
+inline float hsum(__m256 v) {
+  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
+  lo = _mm_add_ps(lo, hi);
+  lo = _mm_hadd_ps(lo, lo);
+  lo = _mm_hadd_ps(lo, lo);
+  return _mm_cvtss_f32(lo);
+}
+}  // namespace
+
+float dot_f32(const float* a, const float* b, int64_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+  }
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+  float s = hsum(_mm256_add_ps(s0, s1));
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+void matmul_generic(ThreadPool& pool, const Matrix& w, const float* x, int64_t n, float* y) {
+  const int64_t O = w.rows, I = w.cols;
+  pool.parallel_for(O, 16, [&](int64_t o0, int64_t o1) {
+    std::vector<float> row(static_cast<size_t>(I));
+    for (int64_t o = o0; o < o1; ++o) {
+      decode_row(w.type, w.row(o), I, row.data(), w.quant, w.row_offset + o);
+      for (int64_t r = 0; r < n; ++r) y[r * O + o] = dot_f32(x + r * I, row.data(), I);
+    }
+  });
+}
+
+void matmul_id(ThreadPool& pool, const Matrix& experts, int64_t num_experts, const float* x,
+               bool x_shared, const int32_t* ids, int64_t n, int64_t k, float* y,
+               const std::string& node_name) {
+  const int64_t O = experts.rows / num_experts, I = experts.cols;
+  // Group the (token, slot) pairs by expert so each expert's weights are streamed once.
+  std::vector<std::vector<int64_t>> by_expert(static_cast<size_t>(num_experts));
+  for (int64_t p = 0; p < n * k; ++p) {
+    int32_t e = ids[p];
+    if (e < 0 || e >= num_experts)
+      fail("CPU backend: MatMulId '{}': expert id {} at [{}, {}] is outside [0, {})", node_name, e,
+           p / k, p % k, num_experts);
+    by_expert[static_cast<size_t>(e)].push_back(p);
+  }
+  std::vector<float> xs, ys;
+  for (int64_t e = 0; e < num_experts; ++e) {
+    const auto& pairs = by_expert[static_cast<size_t>(e)];
+    if (pairs.empty()) continue;
+    const int64_t m = static_cast<int64_t>(pairs.size());
+    xs.resize(static_cast<size_t>(m * I));
+    ys.resize(static_cast<size_t>(m * O));
+    for (int64_t j = 0; j < m; ++j) {
+      const int64_t p = pairs[static_cast<size_t>(j)];
+      const float* src = x + (x_shared ? p / k : p) * I;
+      std::copy(src, src + I, xs.begin() + j * I);
+    }
+    Matrix w = experts;
+    w.data = experts.row(e * O);
+    w.rows = O;
+    w.row_offset = experts.row_offset + e * O;
+    w.key = nullptr;
+    matmul(pool, w, xs.data(), m, ys.data());
+    for (int64_t j = 0; j < m; ++j)
+      std::copy(ys.begin() + j * O, ys.begin() + (j + 1) * O, y + pairs[static_cast<size_t>(j)] * O);
+  }
+}
+
+void get_rows(ThreadPool& pool, const Matrix& table, const int32_t* ids, int64_t n, float* out,
+              const std::string& node_name) {
+  for (int64_t r = 0; r < n; ++r)
+    if (ids[r] < 0 || ids[r] >= table.rows)
+      fail("CPU backend: GetRows '{}': id {} at index {} is outside the table's {} rows", node_name,
+           ids[r], r, table.rows);
+  pool.parallel_for(n, 4, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r)
+      decode_row(table.type, table.row(ids[r]), table.cols, out + r * table.cols, table.quant,
+                 table.row_offset + ids[r]);
+  });
+}
+
+void attention(ThreadPool& pool, const AttentionArgs& a, float* out) {
+  const int64_t group = a.Hq / a.Hkv;
+  pool.parallel_for(a.T * a.Hq, 1, [&](int64_t b0, int64_t b1) {
+    std::vector<float> p(static_cast<size_t>(a.S));
+    std::vector<float> acc(static_cast<size_t>(a.Dv));
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t t = b / a.Hq, h = b % a.Hq, hk = h / group;
+      const int32_t qp = a.query_pos[t];
+      const float* q = a.q + (t * a.Hq + h) * a.D;
+      float max = -std::numeric_limits<float>::infinity();
+      for (int64_t s = 0; s < a.S; ++s) {
+        const int32_t kp = a.key_pos[s];
+        bool visible = kp >= 0;
+        if (visible && a.causal) visible = kp <= qp;
+        if (visible && a.window > 0) visible = std::abs(int64_t{qp} - kp) < a.window;
+        if (!visible) {
+          p[static_cast<size_t>(s)] = -std::numeric_limits<float>::infinity();
+          continue;
+        }
+        const float score = a.scale * dot_f32(q, a.k + (s * a.Hkv + hk) * a.D, a.D);
+        p[static_cast<size_t>(s)] = score;
+        max = std::max(max, score);
+      }
+      float* o = out + t * a.Hq * a.Dv + h * a.Dv;
+      std::fill(acc.begin(), acc.end(), 0.0f);
+      if (max == -std::numeric_limits<float>::infinity()) {
+        std::copy(acc.begin(), acc.end(), o);
+        continue;
+      }
+      float sum = 0.0f;
+      for (int64_t s = 0; s < a.S; ++s) {
+        float& ps = p[static_cast<size_t>(s)];
+        if (ps == -std::numeric_limits<float>::infinity()) continue;
+        ps = std::exp(ps - max);
+        sum += ps;
+        const float* v = a.v + (s * a.Hkv + hk) * a.Dv;
+        for (int64_t d = 0; d < a.Dv; ++d) acc[static_cast<size_t>(d)] += ps * v[d];
+      }
+      const float inv = 1.0f / sum;
+      for (int64_t d = 0; d < a.Dv; ++d) o[d] = acc[static_cast<size_t>(d)] * inv;
+    }
+  });
+}
+
+void rope(ThreadPool& pool, const float* x, const int32_t* pos, int64_t T, int64_t H, int64_t D,
+          int64_t pairs, float theta, float divisor, float freq_scale, float* out) {
+  // inv_freq in F32 as transformers computes it: 1 / theta^(2k / divisor), then the frequency scale.
+  std::vector<float> inv_freq(static_cast<size_t>(pairs));
+  for (int64_t k = 0; k < pairs; ++k)
+    inv_freq[static_cast<size_t>(k)] =
+        (1.0f / std::pow(theta, static_cast<float>(2 * k) / divisor)) * freq_scale;
+  const int64_t half = D / 2;
+  pool.parallel_for(T, 1, [&](int64_t t0, int64_t t1) {
+    std::vector<float> c(static_cast<size_t>(pairs)), s(static_cast<size_t>(pairs));
+    for (int64_t t = t0; t < t1; ++t) {
+      for (int64_t k = 0; k < pairs; ++k) {
+        const float angle = static_cast<float>(pos[t]) * inv_freq[static_cast<size_t>(k)];
+        c[static_cast<size_t>(k)] = static_cast<float>(std::cos(static_cast<double>(angle)));
+        s[static_cast<size_t>(k)] = static_cast<float>(std::sin(static_cast<double>(angle)));
+      }
+      for (int64_t h = 0; h < H; ++h) {
+        const float* xi = x + (t * H + h) * D;
+        float* yo = out + (t * H + h) * D;
+        if (yo != xi) std::copy(xi, xi + D, yo);
+        for (int64_t k = 0; k < pairs; ++k) {
+          const float x0 = xi[k], x1 = xi[k + half];
+          const float ck = c[static_cast<size_t>(k)], sk = s[static_cast<size_t>(k)];
+          yo[k] = x0 * ck - x1 * sk;
+          yo[k + half] = x1 * ck + x0 * sk;
+        }
+      }
+    }
+  });
+}
+
+void rms_norm(ThreadPool& pool, const float* x, const float* w, int64_t rows, int64_t cols, float eps,
+              float* out) {
+  pool.parallel_for(rows, 4, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xi = x + r * cols;
+      float* yo = out + r * cols;
+      const float ms = dot_f32(xi, xi, cols) / static_cast<float>(cols);
+      const float inv = 1.0f / std::sqrt(ms + eps);
+      if (w)
+        for (int64_t c = 0; c < cols; ++c) yo[c] = xi[c] * inv * w[c];
+      else
+        for (int64_t c = 0; c < cols; ++c) yo[c] = xi[c] * inv;
+    }
+  });
+}
+
+void binary(ThreadPool& pool, Op op, const float* a, const Shape& as, const float* b, const Shape& bs,
+            float* out) {
+  const size_t rank = as.size();
+  // b's shape left-padded with 1s, and its strides with 0 on broadcast axes.
+  std::vector<int64_t> bdim(rank, 1), bstride(rank, 0);
+  for (size_t k = 0; k < bs.size(); ++k) bdim[rank - bs.size() + k] = bs[k];
+  int64_t stride = 1;
+  for (size_t k = rank; k-- > 0;) {
+    bstride[k] = bdim[k] == 1 ? 0 : stride;
+    stride *= bdim[k];
+  }
+  const int64_t cols = as.back();
+  int64_t rows = 1;
+  for (size_t k = 0; k + 1 < rank; ++k) rows *= as[k];
+  const bool row_b = bdim.back() == cols;  // b varies along the last axis
+  pool.parallel_for(rows, 64, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      int64_t boff = 0, rem = r;
+      for (size_t k = rank - 1; k-- > 0;) {
+        boff += (rem % as[k]) * bstride[k];
+        rem /= as[k];
+      }
+      const float* ar = a + r * cols;
+      const float* br = b + boff;
+      float* o = out + r * cols;
+      if (op == Op::Add) {
+        if (row_b) for (int64_t c = 0; c < cols; ++c) o[c] = ar[c] + br[c];
+        else for (int64_t c = 0; c < cols; ++c) o[c] = ar[c] + br[0];
+      } else {
+        if (row_b) for (int64_t c = 0; c < cols; ++c) o[c] = ar[c] * br[c];
+        else for (int64_t c = 0; c < cols; ++c) o[c] = ar[c] * br[0];
+      }
+    }
+  });
+}
+
+void gelu_tanh(ThreadPool& pool, const float* x, int64_t n, float* out) {
+  pool.parallel_for(n, 4096, [&](int64_t i0, int64_t i1) {
+    const float k = 0.7978845608028654f;  // sqrt(2 / pi)
+    for (int64_t i = i0; i < i1; ++i) {
+      const float v = x[i];
+      out[i] = 0.5f * v * (1.0f + std::tanh(k * (v + 0.044715f * v * v * v)));
+    }
+  });
+}
+
+void softcap(ThreadPool& pool, const float* x, int64_t n, float cap, float* out) {
+  pool.parallel_for(n, 4096, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) out[i] = cap * std::tanh(x[i] / cap);
+  });
+}
+
+void scale(ThreadPool& pool, const float* x, int64_t n, float s, float* out) {
+  pool.parallel_for(n, 4096, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i) out[i] = x[i] * s;
+  });
+}
+
+void softmax(ThreadPool& pool, const float* x, int64_t rows, int64_t cols, float* out) {
+  pool.parallel_for(rows, 1, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) {
+      const float* xi = x + r * cols;
+      float* yo = out + r * cols;
+      const float m = *std::max_element(xi, xi + cols);
+      float sum = 0.0f;
+      for (int64_t c = 0; c < cols; ++c) sum += (yo[c] = std::exp(xi[c] - m));
+      const float inv = 1.0f / sum;
+      for (int64_t c = 0; c < cols; ++c) yo[c] *= inv;
+    }
+  });
+}
+
+void top_k(const float* x, int64_t rows, int64_t cols, int64_t k, int32_t* out) {
+  std::vector<int32_t> idx(static_cast<size_t>(cols));
+  for (int64_t r = 0; r < rows; ++r) {
+    const float* xi = x + r * cols;
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), [&](int32_t a, int32_t b) {
+      return xi[a] > xi[b] || (xi[a] == xi[b] && a < b);
+    });
+    std::copy(idx.begin(), idx.begin() + k, out + r * k);
+  }
+}
+
+}  // namespace specula::cpu

@@ -1,0 +1,72 @@
+// Op kernels of the CPU backend. Each takes plain pointers and sizes, runs on the thread pool, and
+// checks nothing the graph builder already checked; index operands (ids, positions) are checked here
+// because their values are only known at run time.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "specula/compute.hpp"
+#include "thread_pool.hpp"
+
+namespace specula::cpu {
+
+// A row-major matrix of any storage type: `rows` rows of `cols` values, `row_bytes` apart.
+struct Matrix {
+  DType type = DType::F32;
+  const std::byte* data = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  size_t row_bytes = 0;
+  const QuantParams* quant = nullptr;  // MLX_AFFINE
+  int64_t row_offset = 0;              // index of row 0 in the whole tensor (MLX scales)
+  const void* key = nullptr;           // identity of the weight for cached packed forms (null: none)
+
+  const std::byte* row(int64_t r) const { return data + static_cast<size_t>(r) * row_bytes; }
+};
+
+float dot_f32(const float* a, const float* b, int64_t n);
+
+// y[N, O] = x[N, I] @ W[O, I]^T.
+void matmul(ThreadPool& pool, const Matrix& w, const float* x, int64_t n, float* y);
+// The reference path of matmul: decode each weight row, dot in F32. Used for types without a kernel.
+void matmul_generic(ThreadPool& pool, const Matrix& w, const float* x, int64_t n, float* y);
+
+// out[N*K, O]: row (i, k) = x[i, k or 0] @ experts[ids[i, k]]^T; experts = E stacked [O, I] matrices.
+void matmul_id(ThreadPool& pool, const Matrix& experts, int64_t num_experts, const float* x,
+               bool x_shared, const int32_t* ids, int64_t n, int64_t k, float* y,
+               const std::string& node_name);
+
+void get_rows(ThreadPool& pool, const Matrix& table, const int32_t* ids, int64_t n, float* out,
+              const std::string& node_name);
+
+struct AttentionArgs {
+  const float* q;  // [T, Hq, D]
+  const float* k;  // [S, Hkv, D]
+  const float* v;  // [S, Hkv, Dv]
+  const int32_t* key_pos;
+  const int32_t* query_pos;
+  int64_t T, S, Hq, Hkv, D, Dv;
+  float scale;
+  int64_t window;
+  bool causal;
+};
+void attention(ThreadPool& pool, const AttentionArgs& a, float* out);
+
+void rope(ThreadPool& pool, const float* x, const int32_t* pos, int64_t T, int64_t H, int64_t D,
+          int64_t pairs, float theta, float divisor, float freq_scale, float* out);
+
+void rms_norm(ThreadPool& pool, const float* x, const float* w, int64_t rows, int64_t cols, float eps,
+              float* out);
+
+// out = a (op) b with b broadcast (right-aligned, axes equal or 1) against a.
+void binary(ThreadPool& pool, Op op, const float* a, const Shape& as, const float* b, const Shape& bs,
+            float* out);
+
+void gelu_tanh(ThreadPool& pool, const float* x, int64_t n, float* out);
+void softcap(ThreadPool& pool, const float* x, int64_t n, float cap, float* out);
+void scale(ThreadPool& pool, const float* x, int64_t n, float s, float* out);
+void softmax(ThreadPool& pool, const float* x, int64_t rows, int64_t cols, float* out);
+void top_k(const float* x, int64_t rows, int64_t cols, int64_t k, int32_t* out);
+
+}  // namespace specula::cpu

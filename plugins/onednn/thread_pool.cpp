@@ -1,0 +1,71 @@
+#include "thread_pool.hpp"
+
+#include <chrono>
+#include <exception>
+
+#include <immintrin.h>
+
+namespace specula::cpu {
+
+ThreadPool::ThreadPool(int threads) {
+  for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { worker(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_.store(true);
+  }
+  wake_.notify_all();
+  for (auto& w : workers_) w.join();
+}
+
+void ThreadPool::run(const std::function<void(int, int)>& fn) {
+  if (workers_.empty()) {
+    fn(0, 1);
+    return;
+  }
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    job_ = &fn;
+    pending_.store(static_cast<int>(workers_.size()));
+    generation_.fetch_add(1, std::memory_order_release);
+  }
+  wake_.notify_all();
+  // An exception in the caller's share must not leave workers running a dangling job.
+  std::exception_ptr error;
+  try {
+    fn(0, size());
+  } catch (...) {
+    error = std::current_exception();
+  }
+  while (pending_.load(std::memory_order_acquire) != 0) _mm_pause();
+  if (error) std::rethrow_exception(error);
+}
+
+void ThreadPool::worker(int index) {
+  uint64_t seen = 0;
+  for (;;) {
+    // Spin a little (about 100 us) for the next job, then sleep.
+    auto spin_until = std::chrono::steady_clock::now() + std::chrono::microseconds(100);
+    int polls = 0;
+    while (generation_.load(std::memory_order_acquire) == seen && !stop_.load()) {
+      _mm_pause();
+      if (++polls % 256 == 0 && std::chrono::steady_clock::now() > spin_until) {
+        std::unique_lock<std::mutex> lock(mutex_);
+        wake_.wait(lock, [&] { return generation_.load() != seen || stop_.load(); });
+      }
+    }
+    if (stop_.load()) return;
+    seen = generation_.load(std::memory_order_acquire);
+    const auto* job = job_;
+    try {
+      (*job)(index, size());
+    } catch (...) {
+      // Kernels validate before forking; an exception here would be a bug. Keep the pool alive.
+    }
+    pending_.fetch_sub(1, std::memory_order_acq_rel);
+  }
+}
+
+}  // namespace specula::cpu

@@ -1,0 +1,57 @@
+// A small fork-join pool for the CPU backend. Graph ops are short (a decode step runs hundreds of them
+// in milliseconds), so idle workers spin briefly before sleeping: waking a sleeping thread costs tens of
+// microseconds, which would dominate small ops.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+namespace specula::cpu {
+
+class ThreadPool {
+ public:
+  explicit ThreadPool(int threads);
+  ~ThreadPool();
+  ThreadPool(const ThreadPool&) = delete;
+  ThreadPool& operator=(const ThreadPool&) = delete;
+
+  int size() const { return static_cast<int>(workers_.size()) + 1; }
+
+  // Calls fn(thread_index, thread_count) on every thread (the caller is thread 0) and waits.
+  void run(const std::function<void(int, int)>& fn);
+
+  // Splits [0, n) into contiguous chunks, at least `grain` long, one per thread; calls fn(begin, end).
+  template <typename F>
+  void parallel_for(int64_t n, int64_t grain, F&& fn) {
+    if (n <= 0) return;
+    const int64_t max_chunks = grain > 0 ? (n + grain - 1) / grain : n;
+    const int threads = static_cast<int>(std::min<int64_t>(size(), max_chunks));
+    if (threads <= 1) {
+      fn(int64_t{0}, n);
+      return;
+    }
+    run([&](int t, int) {
+      if (t >= threads) return;
+      const int64_t begin = n * t / threads, end = n * (t + 1) / threads;
+      if (begin < end) fn(begin, end);
+    });
+  }
+
+ private:
+  void worker(int index);
+
+  std::vector<std::thread> workers_;
+  const std::function<void(int, int)>* job_ = nullptr;
+  std::atomic<uint64_t> generation_{0};
+  std::atomic<int> pending_{0};
+  std::atomic<bool> stop_{false};
+  std::mutex mutex_;
+  std::condition_variable wake_;
+};
+
+}  // namespace specula::cpu
