@@ -1,0 +1,106 @@
+// GGUF v3 (llama.cpp's container; gemma4-formats-spec §1): a validating zero-copy reader, split-file
+// support and a writer that reproduces gguf-py's layout. The `gguf` format plugin wraps these.
+#pragma once
+
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <span>
+#include <string>
+#include <string_view>
+#include <utility>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "specula/model_file.hpp"
+
+namespace specula::gguf {
+
+inline constexpr uint32_t kMagic = 0x46554747;  // "GGUF" read as a little-endian u32
+inline constexpr uint32_t kDefaultAlignment = 32;
+
+enum class ValueType : uint32_t {
+  UINT8 = 0,
+  INT8 = 1,
+  UINT16 = 2,
+  INT16 = 3,
+  UINT32 = 4,
+  INT32 = 5,
+  FLOAT32 = 6,
+  BOOL = 7,
+  STRING = 8,
+  ARRAY = 9,
+  UINT64 = 10,
+  INT64 = 11,
+  FLOAT64 = 12,
+};
+std::string_view value_type_name(ValueType t);
+
+// The declared type of one key: `elem` is meaningful only when `type` is ARRAY.
+struct KeyType {
+  ValueType type = ValueType::UINT8;
+  ValueType elem = ValueType::UINT8;
+};
+
+// One parsed GGUF file. Tensor `data` spans point into the bytes given to parse().
+struct File {
+  uint32_t version = 3;
+  uint64_t alignment = kDefaultAlignment;
+  uint64_t data_offset = 0;                              // start of the data section, from file start
+  nlohmann::json metadata = nlohmann::json::object();    // key -> value (arrays as JSON arrays)
+  std::vector<std::pair<std::string, KeyType>> keys;     // file order, with declared types
+  std::vector<TensorInfo> tensors;                       // file order; shapes outermost-first
+};
+
+// Parses and validates a GGUF image held in memory (every count, length, type, offset and size is
+// checked against the buffer before use). `name` (normally the file path) starts every error message.
+File parse(std::span<const std::byte> bytes, const std::string& name);
+
+// True when the file starts with the GGUF magic.
+bool has_magic(const std::filesystem::path& path);
+
+// Opens a GGUF file as a ModelFile (format "gguf"). A shard named `<stem>-0000i-of-0000N.gguf` opens all
+// N shards as one model: metadata of the first shard, tensors of all.
+std::unique_ptr<ModelFile> open(const std::filesystem::path& path);
+
+// Writes GGUF v3 files laid out as gguf-py does (§1.3): header, KV records in insertion order, tensor
+// infos with offsets = running sum of sizes padded to `alignment`, zero padding, tensor data.
+class Writer {
+ public:
+  explicit Writer(uint32_t alignment = kDefaultAlignment);
+
+  // Sets (or replaces) a key. `value` must fit `type`; for ARRAY pass a JSON array and `elem`.
+  void set(const std::string& key, ValueType type, nlohmann::json value, ValueType elem = ValueType::UINT8);
+  void set_string(const std::string& key, const std::string& v) { set(key, ValueType::STRING, v); }
+  void set_u32(const std::string& key, uint32_t v) { set(key, ValueType::UINT32, v); }
+  void set_i32(const std::string& key, int32_t v) { set(key, ValueType::INT32, v); }
+  void set_f32(const std::string& key, float v) { set(key, ValueType::FLOAT32, v); }
+  void set_bool(const std::string& key, bool v) { set(key, ValueType::BOOL, v); }
+  void set_array(const std::string& key, ValueType elem, nlohmann::json values) {
+    set(key, ValueType::ARRAY, std::move(values), elem);
+  }
+  // Copies every key of a parsed file with its declared type.
+  void copy_metadata(const File& f);
+
+  // `shape` is outermost-first (it is written reversed as GGUF ne); `data` is copied and must have
+  // exactly the byte size of `type` x `shape`.
+  void add_tensor(const std::string& name, DType type, const std::vector<int64_t>& shape,
+                  std::span<const std::byte> data);
+
+  std::vector<std::byte> serialize() const;
+  void write(const std::filesystem::path& path) const;
+
+ private:
+  struct Tensor {
+    std::string name;
+    DType type;
+    std::vector<int64_t> shape;
+    std::vector<std::byte> data;
+  };
+  uint32_t alignment_;
+  std::vector<std::pair<std::string, std::pair<KeyType, nlohmann::json>>> kv_;
+  std::vector<Tensor> tensors_;
+};
+
+}  // namespace specula::gguf

@@ -1,0 +1,152 @@
+// GGUF v3 writer with gguf-py's layout (gemma4-formats-spec §1.3).
+#include <cstring>
+#include <fstream>
+
+#include "specula/error.hpp"
+#include "specula/gguf.hpp"
+
+namespace specula::gguf {
+namespace {
+
+uint64_t align_up(uint64_t v, uint64_t a) { return (v + a - 1) / a * a; }
+
+class Out {
+ public:
+  std::vector<std::byte> bytes;
+  template <typename T>
+  void put(T v) {
+    const size_t at = bytes.size();
+    bytes.resize(at + sizeof(T));
+    std::memcpy(bytes.data() + at, &v, sizeof(T));
+  }
+  void put_string(const std::string& s) {
+    put<uint64_t>(s.size());
+    const auto* p = reinterpret_cast<const std::byte*>(s.data());
+    bytes.insert(bytes.end(), p, p + s.size());
+  }
+  void pad_to(uint64_t alignment) { bytes.resize(static_cast<size_t>(align_up(bytes.size(), alignment))); }
+};
+
+void put_scalar(Out& o, ValueType t, const nlohmann::json& v) {
+  switch (t) {
+    case ValueType::UINT8: o.put(v.get<uint8_t>()); return;
+    case ValueType::INT8: o.put(v.get<int8_t>()); return;
+    case ValueType::UINT16: o.put(v.get<uint16_t>()); return;
+    case ValueType::INT16: o.put(v.get<int16_t>()); return;
+    case ValueType::UINT32: o.put(v.get<uint32_t>()); return;
+    case ValueType::INT32: o.put(v.get<int32_t>()); return;
+    case ValueType::FLOAT32: o.put(v.get<float>()); return;
+    case ValueType::BOOL: o.put<uint8_t>(v.get<bool>() ? 1 : 0); return;
+    case ValueType::STRING: o.put_string(v.get<std::string>()); return;
+    case ValueType::UINT64: o.put(v.get<uint64_t>()); return;
+    case ValueType::INT64: o.put(v.get<int64_t>()); return;
+    case ValueType::FLOAT64: o.put(v.get<double>()); return;
+    case ValueType::ARRAY: break;
+  }
+  fail("gguf writer: nested arrays are not supported");
+}
+
+// Checks that a JSON value has the kind the GGUF type needs (so serialize() cannot fail later).
+bool json_fits(ValueType t, const nlohmann::json& v) {
+  switch (t) {
+    case ValueType::STRING: return v.is_string();
+    case ValueType::BOOL: return v.is_boolean();
+    case ValueType::FLOAT32: case ValueType::FLOAT64: return v.is_number();
+    case ValueType::ARRAY: return false;
+    default: return v.is_number_integer();
+  }
+}
+
+}  // namespace
+
+Writer::Writer(uint32_t alignment) : alignment_(alignment) {
+  if (alignment == 0 || (alignment & (alignment - 1)) != 0)
+    fail("gguf writer: alignment {} is not a power of two", alignment);
+  if (alignment != kDefaultAlignment) set_u32("general.alignment", alignment);
+}
+
+void Writer::set(const std::string& key, ValueType type, nlohmann::json value, ValueType elem) {
+  if (key.empty()) fail("gguf writer: empty key");
+  if (type == ValueType::ARRAY) {
+    if (!value.is_array()) fail("gguf writer: key '{}': ARRAY needs a JSON array, got {}", key, value.type_name());
+    for (const auto& v : value)
+      if (!json_fits(elem, v))
+        fail("gguf writer: key '{}': array element {} does not fit {}", key, v.dump(), value_type_name(elem));
+  } else if (!json_fits(type, value)) {
+    fail("gguf writer: key '{}': value {} does not fit {}", key, value.dump(), value_type_name(type));
+  }
+  KeyType kt{type, type == ValueType::ARRAY ? elem : ValueType::UINT8};
+  for (auto& kv : kv_)
+    if (kv.first == key) {
+      kv.second = {kt, std::move(value)};
+      return;
+    }
+  kv_.emplace_back(key, std::make_pair(kt, std::move(value)));
+}
+
+void Writer::copy_metadata(const File& f) {
+  for (const auto& [key, kt] : f.keys) set(key, kt.type, f.metadata.at(key), kt.elem);
+}
+
+void Writer::add_tensor(const std::string& name, DType type, const std::vector<int64_t>& shape,
+                        std::span<const std::byte> data) {
+  const DTypeTraits* tr = dtype_traits(type);
+  if (!tr || static_cast<uint32_t>(type) >= 1000)
+    fail("gguf writer: tensor '{}': dtype {} has no GGUF type id", name, dtype_name(type));
+  if (shape.empty() || shape.size() > 4) fail("gguf writer: tensor '{}': needs 1..4 dimensions", name);
+  for (const auto& t : tensors_)
+    if (t.name == name) fail("gguf writer: duplicate tensor '{}'", name);
+  uint64_t rows = 1;
+  for (size_t d = 0; d + 1 < shape.size(); ++d) rows *= static_cast<uint64_t>(shape[d]);
+  const auto row = dtype_row_bytes(type, static_cast<uint64_t>(shape.back()));
+  if (!row) fail("gguf writer: tensor '{}': row of {} is not whole {} blocks", name, shape.back(), tr->name);
+  if (data.size() != *row * rows)
+    fail("gguf writer: tensor '{}': {} data bytes, {} {} needs {}", name, data.size(), tr->name,
+         nlohmann::json(shape).dump(), *row * rows);
+  tensors_.push_back({name, type, shape, std::vector<std::byte>(data.begin(), data.end())});
+}
+
+std::vector<std::byte> Writer::serialize() const {
+  Out o;
+  o.put<uint32_t>(kMagic);
+  o.put<uint32_t>(3);
+  o.put<uint64_t>(tensors_.size());
+  o.put<uint64_t>(kv_.size());
+  for (const auto& [key, tv] : kv_) {
+    const auto& [kt, value] = tv;
+    o.put_string(key);
+    o.put<uint32_t>(static_cast<uint32_t>(kt.type));
+    if (kt.type == ValueType::ARRAY) {
+      o.put<uint32_t>(static_cast<uint32_t>(kt.elem));
+      o.put<uint64_t>(value.size());
+      for (const auto& v : value) put_scalar(o, kt.elem, v);
+    } else {
+      put_scalar(o, kt.type, value);
+    }
+  }
+  uint64_t offset = 0;
+  for (const auto& t : tensors_) {
+    o.put_string(t.name);
+    o.put<uint32_t>(static_cast<uint32_t>(t.shape.size()));
+    for (size_t d = t.shape.size(); d-- > 0;) o.put<uint64_t>(static_cast<uint64_t>(t.shape[d]));
+    o.put<uint32_t>(static_cast<uint32_t>(t.type));
+    o.put<uint64_t>(offset);
+    offset += align_up(t.data.size(), alignment_);
+  }
+  o.pad_to(alignment_);
+  for (const auto& t : tensors_) {
+    o.bytes.insert(o.bytes.end(), t.data.begin(), t.data.end());
+    o.pad_to(alignment_);
+  }
+  return std::move(o.bytes);
+}
+
+void Writer::write(const std::filesystem::path& path) const {
+  const auto bytes = serialize();
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) fail("{}: cannot create file", path.string());
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  if (!out) fail("{}: write failed", path.string());
+}
+
+}  // namespace specula::gguf
