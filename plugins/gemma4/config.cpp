@@ -1,0 +1,331 @@
+#include "config.hpp"
+
+#include <cmath>
+#include <cstring>
+
+#include "specula/error.hpp"
+
+namespace specula::gemma4 {
+namespace {
+
+using json = nlohmann::json;
+
+std::string where_of(const ModelFile& file) { return file.path().string(); }
+
+// GGUF keys -------------------------------------------------------------------------------------
+struct GgufKeys {
+  const json& md;
+  std::string file;
+  std::string arch;
+
+  const json* find(const std::string& key) const {
+    auto it = md.find(arch + "." + key);
+    return it == md.end() ? nullptr : &*it;
+  }
+  int64_t integer(const json& v, const std::string& key) const {
+    if (!v.is_number_integer() && !v.is_number_unsigned())
+      fail("{}: metadata key '{}.{}' is {}, expected an integer", file, arch, key, v.dump().substr(0, 60));
+    return v.get<int64_t>();
+  }
+  int64_t req_int(const std::string& key) const {
+    const json* v = find(key);
+    if (!v) fail("{}: metadata key '{}.{}' is missing; a gemma4 GGUF must have it", file, arch, key);
+    return integer(*v, key);
+  }
+  int64_t opt_int(const std::string& key, int64_t fallback) const {
+    const json* v = find(key);
+    return v ? integer(*v, key) : fallback;
+  }
+  float opt_float(const std::string& key, float fallback) const {
+    const json* v = find(key);
+    if (!v) return fallback;
+    if (!v->is_number()) fail("{}: metadata key '{}.{}' is {}, expected a number", file, arch, key, v->dump());
+    return v->get<float>();
+  }
+  // A scalar for every layer, or an array with one entry per layer (llama.cpp's "key or array").
+  std::vector<int64_t> per_layer(const std::string& key, size_t n, bool required, int64_t fallback) const {
+    const json* v = find(key);
+    if (!v) {
+      if (required) fail("{}: metadata key '{}.{}' is missing", file, arch, key);
+      return std::vector<int64_t>(n, fallback);
+    }
+    if (!v->is_array()) return std::vector<int64_t>(n, integer(*v, key));
+    if (v->size() != n)
+      fail("{}: metadata key '{}.{}' has {} entries, expected one per layer ({})", file, arch, key, v->size(), n);
+    std::vector<int64_t> out;
+    for (const json& e : *v) out.push_back(integer(e, key));
+    return out;
+  }
+};
+
+int64_t positive(int64_t v, const std::string& what, const std::string& where) {
+  if (v <= 0) fail("{}: {} is {}, expected a positive number", where, what, v);
+  return v;
+}
+
+// HF config -------------------------------------------------------------------------------------
+struct HfKeys {
+  const json& tc;
+  std::string file;
+
+  template <typename T>
+  T get(const char* key, T fallback) const {
+    auto it = tc.find(key);
+    if (it == tc.end() || it->is_null()) return fallback;
+    try {
+      return it->get<T>();
+    } catch (const json::exception&) {
+      fail("{}: config.json text_config.{} is {}, which is not the expected type", file, key, it->dump());
+    }
+  }
+};
+
+}  // namespace
+
+void finish_layers(Config& c, const std::string& where) {
+  const int64_t L = static_cast<int64_t>(c.layers.size());
+  if (L == 0) fail("{}: the model has no layers", where);
+  if (!c.layers.back().full)
+    fail("{}: the last layer ({}) is sliding; Gemma 4 always ends with a full-attention layer", where, L - 1);
+  if (c.shared_kv_layers < 0 || c.shared_kv_layers >= L)
+    fail("{}: {} KV-shared layers for {} layers; expected 0 <= shared < layers", where, c.shared_kv_layers, L);
+  if (c.heads <= 0) fail("{}: attention head count is {}", where, c.heads);
+  for (int64_t l = 0; l < L; ++l) {
+    LayerConfig& lc = c.layers[l];
+    positive(lc.head_dim, fmt::format("head dim of layer {}", l), where);
+    positive(lc.kv_heads, fmt::format("KV heads of layer {}", l), where);
+    positive(lc.ffn, fmt::format("feed-forward width of layer {}", l), where);
+    if (c.heads % lc.kv_heads != 0)
+      fail("{}: layer {} has {} query heads, not a multiple of its {} KV heads", where, l, c.heads, lc.kv_heads);
+    lc.producer = -1;
+    if (c.shared_kv_layers > 0 && l >= c.first_shared()) {
+      // The last earlier non-shared layer of the same attention type (transformers' rule).
+      for (int64_t p = c.first_shared() - 1; p >= 0; --p)
+        if (c.layers[p].full == lc.full) {
+          lc.producer = static_cast<int>(p);
+          break;
+        }
+      if (lc.producer < 0)
+        fail("{}: KV-shared layer {} ({}) has no earlier non-shared layer of its type to read from", where, l,
+             lc.full ? "full" : "sliding");
+      const LayerConfig& p = c.layers[lc.producer];
+      if (p.head_dim != lc.head_dim || p.kv_heads != lc.kv_heads)
+        fail("{}: KV-shared layer {} and its producer {} disagree on head dim or KV heads", where, l, lc.producer);
+    }
+  }
+  if (c.window <= 0) fail("{}: sliding window is {}, expected > 0", where, c.window);
+  if (c.vocab <= 0 || c.hidden <= 0) fail("{}: vocab {} / hidden {} must be positive", where, c.vocab, c.hidden);
+  if (c.experts > 0 && (c.experts_used <= 0 || c.experts_used > c.experts || c.expert_ffn <= 0))
+    fail("{}: MoE with {} experts, {} used per token and expert width {} is inconsistent", where, c.experts,
+         c.experts_used, c.expert_ffn);
+}
+
+Config config_from_gguf(const ModelFile& file) {
+  const std::string where = where_of(file);
+  const json& md = file.metadata();
+  auto arch_it = md.find("general.architecture");
+  if (arch_it == md.end() || !arch_it->is_string())
+    fail("{}: metadata key 'general.architecture' is missing", where);
+  GgufKeys k{md, where, arch_it->get<std::string>()};
+
+  Config c;
+  const int64_t L = positive(k.req_int("block_count"), "block_count", where);
+  c.hidden = positive(k.req_int("embedding_length"), "embedding_length", where);
+  c.context = positive(k.req_int("context_length"), "context_length", where);
+  c.heads = positive(k.req_int("attention.head_count"), "attention.head_count", where);
+  c.head_dim_full = positive(k.req_int("attention.key_length"), "attention.key_length", where);
+  c.head_dim_sliding = positive(k.req_int("attention.key_length_swa"), "attention.key_length_swa", where);
+  if (k.opt_int("attention.value_length", c.head_dim_full) != c.head_dim_full ||
+      k.opt_int("attention.value_length_swa", c.head_dim_sliding) != c.head_dim_sliding)
+    fail("{}: attention.value_length(_swa) differs from key_length(_swa); Gemma 4 uses equal K and V head dims",
+         where);
+  c.window = k.req_int("attention.sliding_window");
+  c.eps = k.opt_float("attention.layer_norm_rms_epsilon", 1e-6f);
+  c.ple = k.req_int("embedding_length_per_layer_input");
+  c.shared_kv_layers = k.opt_int("attention.shared_kv_layers", 0);
+  c.softcap = k.opt_float("final_logit_softcapping", 0.0f);
+  c.experts = k.opt_int("expert_count", 0);
+  c.experts_used = k.opt_int("expert_used_count", 0);
+  c.expert_ffn = k.opt_int("expert_feed_forward_length", 0);
+
+  const auto ffn = k.per_layer("feed_forward_length", L, true, 0);
+  const auto kv = k.per_layer("attention.head_count_kv", L, false, c.heads);
+  const json* pattern = k.find("attention.sliding_window_pattern");
+  if (!pattern) fail("{}: metadata key '{}.attention.sliding_window_pattern' is missing", where, k.arch);
+  c.layers.resize(L);
+  for (int64_t l = 0; l < L; ++l) {
+    bool sliding;
+    if (pattern->is_array()) {
+      if (pattern->size() != static_cast<size_t>(L))
+        fail("{}: attention.sliding_window_pattern has {} entries for {} layers", where, pattern->size(), L);
+      const json& e = (*pattern)[l];
+      sliding = e.is_boolean() ? e.get<bool>() : e.get<int64_t>() != 0;
+    } else {
+      const int64_t period = k.integer(*pattern, "attention.sliding_window_pattern");
+      sliding = period <= 0 || (l + 1) % period != 0;
+    }
+    LayerConfig& lc = c.layers[l];
+    lc.full = !sliding;
+    lc.head_dim = lc.full ? c.head_dim_full : c.head_dim_sliding;
+    lc.kv_heads = kv[l];
+    lc.ffn = ffn[l];
+  }
+
+  // Token count from the embedding table (GGUF has no vocab_size key).
+  const TensorInfo* embd = file.find("token_embd.weight");
+  if (!embd || embd->shape.size() != 2) fail("{}: tensor 'token_embd.weight' is missing or not 2-D", where);
+  c.vocab = embd->shape[0];
+
+  // Sliding layers: plain NeoX RoPE. Full layers: proportional RoPE, encoded by llama.cpp's converter
+  // as rope_freqs = 1.0 for the rotated pairs and 1e30 (no rotation) for the rest.
+  const int64_t dims_swa = k.opt_int("rope.dimension_count_swa", c.head_dim_sliding);
+  const int64_t dims = k.opt_int("rope.dimension_count", c.head_dim_full);
+  c.rope_sliding = {k.opt_float("rope.freq_base_swa", k.opt_float("rope.freq_base", 10000.0f)), dims_swa / 2,
+                    static_cast<float>(dims_swa), 1.0f};
+  c.rope_full = {k.opt_float("rope.freq_base", 10000.0f), dims / 2, static_cast<float>(dims), 1.0f};
+  if (const TensorInfo* rf = file.find("rope_freqs.weight")) {
+    if (rf->type != DType::F32 || rf->elements() != dims / 2)
+      fail("{}: tensor 'rope_freqs.weight' is {} with {} values; expected F32 with rope.dimension_count/2 = {}",
+           where, dtype_name(rf->type), rf->elements(), dims / 2);
+    int64_t rotated = 0;
+    for (int64_t i = 0; i < dims / 2; ++i) {
+      float f;
+      std::memcpy(&f, rf->data.data() + 4 * i, 4);
+      const bool rotate = f == 1.0f, frozen = f >= 1e20f;
+      if (!(rotate || frozen) || (rotate && rotated != i))
+        fail("{}: rope_freqs.weight[{}] = {}; only 1.0 for a leading block of pairs then >= 1e20 "
+             "(Gemma 4 proportional RoPE) is supported", where, i, f);
+      if (rotate) ++rotated;
+    }
+    c.rope_full.rotated_pairs = rotated;
+  }
+  if (c.rope_sliding.rotated_pairs > c.head_dim_sliding / 2 || c.rope_full.rotated_pairs > c.head_dim_full / 2)
+    fail("{}: rope.dimension_count(_swa) exceeds the head dims", where);
+
+  if (auto it = md.find("tokenizer.ggml.eos_token_id"); it != md.end() && it->is_number())
+    c.eos.push_back(it->get<int32_t>());
+  if (auto it = md.find("tokenizer.ggml.tokens"); it != md.end() && it->is_array()) {
+    // llama.cpp's end-of-generation set for gemma4: <eos>, <turn|>, <|tool_response>.
+    for (size_t i = 0; i < it->size(); ++i) {
+      const json& t = (*it)[i];
+      if (t.is_string() && (t == "<turn|>" || t == "<|tool_response>" || t == "<eos>")) {
+        const int32_t id = static_cast<int32_t>(i);
+        if (std::find(c.eos.begin(), c.eos.end(), id) == c.eos.end()) c.eos.push_back(id);
+      }
+    }
+  }
+  finish_layers(c, where);
+  return c;
+}
+
+Config config_from_hf(const ModelFile& file) {
+  const std::string where = where_of(file) + "/config.json";
+  const json& md = file.metadata();
+  auto cit = md.find("config");
+  if (cit == md.end() || !cit->is_object()) fail("{}: missing or not a JSON object", where);
+  const json& root = *cit;
+  const json& tc = root.contains("text_config") && root["text_config"].is_object() ? root["text_config"] : root;
+  HfKeys k{tc, where};
+
+  Config c;
+  c.vocab = k.get<int64_t>("vocab_size", 262144);
+  c.hidden = k.get<int64_t>("hidden_size", 2304);
+  const int64_t ffn = k.get<int64_t>("intermediate_size", 9216);
+  const int64_t L = positive(k.get<int64_t>("num_hidden_layers", 30), "num_hidden_layers", where);
+  c.heads = k.get<int64_t>("num_attention_heads", 8);
+  const int64_t kv = k.get<int64_t>("num_key_value_heads", 4);
+  c.head_dim_sliding = k.get<int64_t>("head_dim", 256);
+  c.head_dim_full = k.get<int64_t>("global_head_dim", 512);
+  c.k_eq_v = k.get<bool>("attention_k_eq_v", false);
+  const int64_t kv_global = c.k_eq_v ? k.get<int64_t>("num_global_key_value_heads", kv) : kv;
+  c.eps = k.get<float>("rms_norm_eps", 1e-6f);
+  c.window = k.get<int64_t>("sliding_window", 512);
+  if (k.get<std::string>("use_bidirectional_attention", "") == "all") c.window = c.window / 2 + 1;
+  c.context = k.get<int64_t>("max_position_embeddings", 131072);
+  c.softcap = k.get<float>("final_logit_softcapping", 0.0f);
+  c.ple = k.get<int64_t>("hidden_size_per_layer_input", 256);  // the default is 256, not 0
+  c.shared_kv_layers = k.get<int64_t>("num_kv_shared_layers", 0);
+  const bool double_wide = k.get<bool>("use_double_wide_mlp", false);
+  if (k.get<bool>("enable_moe_block", false)) {
+    c.experts = k.get<int64_t>("num_experts", 0);
+    c.experts_used = k.get<int64_t>("top_k_experts", 0);
+    c.expert_ffn = k.get<int64_t>("moe_intermediate_size", 0);
+  }
+  if (const std::string act = k.get<std::string>("hidden_activation", "gelu_pytorch_tanh");
+      act != "gelu_pytorch_tanh")
+    fail("{}: hidden_activation '{}' is not supported; Gemma 4 uses gelu_pytorch_tanh", where, act);
+
+  std::vector<std::string> types;
+  if (auto it = tc.find("layer_types"); it != tc.end() && !it->is_null()) {
+    types = it->get<std::vector<std::string>>();
+    if (types.size() != static_cast<size_t>(L))
+      fail("{}: layer_types has {} entries for num_hidden_layers = {}", where, types.size(), L);
+  } else {
+    for (int64_t l = 0; l < L; ++l) types.push_back((l + 1) % 6 == 0 ? "full_attention" : "sliding_attention");
+  }
+  types.back() = "full_attention";  // transformers forces the last layer to full attention
+  c.layers.resize(L);
+  for (int64_t l = 0; l < L; ++l) {
+    if (types[l] != "full_attention" && types[l] != "sliding_attention")
+      fail("{}: layer_types[{}] is '{}', expected full_attention or sliding_attention", where, l, types[l]);
+    LayerConfig& lc = c.layers[l];
+    lc.full = types[l] == "full_attention";
+    lc.head_dim = lc.full ? c.head_dim_full : c.head_dim_sliding;
+    lc.kv_heads = lc.full ? kv_global : kv;
+    lc.ffn = (double_wide && c.shared_kv_layers > 0 && l >= L - c.shared_kv_layers) ? 2 * ffn : ffn;
+  }
+
+  // RoPE per attention type (modeling_rope_utils: "default" and "proportional").
+  json rope = tc.value("rope_parameters", json());
+  if (rope.is_null())
+    rope = json::parse(R"({"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0}})");
+  auto rope_for = [&](const char* type, int64_t head_dim) {
+    if (!rope.contains(type) || !rope[type].is_object())
+      fail("{}: rope_parameters.{} is missing", where, type);
+    const json& r = rope[type];
+    const std::string kind = r.value("rope_type", "default");
+    const float prf = r.value("partial_rotary_factor", 1.0f);
+    const float factor = r.value("factor", 1.0f);
+    RopeConfig out{r.value("rope_theta", 10000.0f), head_dim / 2, static_cast<float>(head_dim), 1.0f / factor};
+    if (kind == "proportional") {
+      out.rotated_pairs = static_cast<int64_t>(prf * static_cast<float>(head_dim)) / 2;
+    } else if (kind != "default" || prf != 1.0f) {
+      fail("{}: rope_parameters.{} has rope_type '{}' with partial_rotary_factor {}; only 'default' (full "
+           "rotation) and 'proportional' are supported", where, type, kind, prf);
+    }
+    return out;
+  };
+  c.rope_sliding = rope_for("sliding_attention", c.head_dim_sliding);
+  c.rope_full = rope_for("full_attention", c.head_dim_full);
+
+  auto add_eos = [&](const json& v) {
+    if (v.is_number_integer()) c.eos.push_back(v.get<int32_t>());
+    if (v.is_array())
+      for (const json& e : v)
+        if (e.is_number_integer()) c.eos.push_back(e.get<int32_t>());
+  };
+  if (auto g = md.find("generation_config"); g != md.end() && g->is_object() && g->contains("eos_token_id"))
+    add_eos((*g)["eos_token_id"]);
+  else if (root.contains("eos_token_id"))
+    add_eos(root["eos_token_id"]);
+  else
+    add_eos(tc.value("eos_token_id", json(1)));
+  finish_layers(c, where);
+  return c;
+}
+
+nlohmann::json Config::to_json() const {
+  json layers_json = json::array();
+  for (const LayerConfig& l : layers)
+    layers_json.push_back({{"type", l.full ? "full" : "sliding"}, {"head_dim", l.head_dim},
+                           {"kv_heads", l.kv_heads}, {"ffn", l.ffn}, {"kv_from", l.producer}});
+  return {{"hidden", hidden}, {"heads", heads}, {"vocab", vocab}, {"window", window}, {"context", context},
+          {"per_layer_input", ple}, {"shared_kv_layers", shared_kv_layers}, {"experts", experts},
+          {"experts_used", experts_used}, {"expert_ffn", expert_ffn}, {"final_logit_softcap", softcap},
+          {"rope_sliding", {{"theta", rope_sliding.theta}, {"rotated_pairs", rope_sliding.rotated_pairs}}},
+          {"rope_full", {{"theta", rope_full.theta}, {"rotated_pairs", rope_full.rotated_pairs}}},
+          {"layers", layers_json}};
+}
+
+}  // namespace specula::gemma4

@@ -1,0 +1,424 @@
+#include "model.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <map>
+
+#include "specula/error.hpp"
+#include "specula/log.hpp"
+#include "specula/tokenizer.hpp"
+
+namespace specula::gemma4 {
+namespace {
+
+template <typename T>
+std::span<const std::byte> bytes_of(const std::vector<T>& v) {
+  return std::as_bytes(std::span<const T>(v));
+}
+
+// Rounds to `significant` bits of mantissa, ties to even (bf16: 8, f16: 11).
+float round_mantissa(float x, int significant) {
+  int e = 0;
+  const double m = std::frexp(static_cast<double>(x), &e);
+  return static_cast<float>(std::ldexp(std::nearbyint(std::ldexp(m, significant)), e - significant));
+}
+
+class Gemma4Model;
+
+// One producer layer's cache: K [S, Hkv, D], V [S, Hkv, D] and the absolute position of each slot.
+struct Cache {
+  BackendTensorPtr k, v, pos;
+  int64_t slots = 0;
+  bool ring = false;  // sliding layers: slot = position % slots
+};
+
+// A graph for one (tokens, logits) shape, reused by every forward of that shape.
+struct Built {
+  Graph graph;
+  Value ids, pos, ring_slot, zero, logits;
+};
+
+class Gemma4Context final : public ModelContext, public TargetView {
+ public:
+  Gemma4Context(std::shared_ptr<const Gemma4Model> model, int64_t capacity);
+
+  std::vector<float> forward(std::span<const int32_t> tokens, int64_t n_logits) override;
+  int64_t position() const override { return position_; }
+  int64_t capacity() const override { return capacity_; }
+  void truncate(int64_t pos) override;
+  const TargetView& view() const override { return *this; }
+
+  KvView kv(const std::string& attention_type) const override;
+  BackendTensorPtr last_hidden() const override { return last_hidden_; }
+
+ private:
+  std::vector<float> run_chunk(std::span<const int32_t> tokens, int64_t n_logits);
+  Built& graph_for(int64_t T, int64_t n_logits);
+  int64_t ring_slots() const;
+
+  std::shared_ptr<const Gemma4Model> m_;
+  int64_t capacity_;
+  int64_t position_ = 0;
+  std::vector<Cache> caches_;  // by layer; empty for KV-shared layers
+  BackendTensorPtr last_hidden_;
+  std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Built>> graphs_;
+};
+
+class Gemma4Model final : public Model, public std::enable_shared_from_this<Gemma4Model> {
+ public:
+  Gemma4Model(std::shared_ptr<const ModelFile> file, std::shared_ptr<ComputeBackend> backend,
+              const nlohmann::json& options)
+      : file_(std::move(file)), backend_(std::move(backend)) {
+    const bool gguf = file_->format() == "gguf";
+    cfg_ = gguf ? config_from_gguf(*file_) : config_from_hf(*file_);
+    w_ = load_weights(*file_, cfg_, *backend_);
+    chunk_ = options.value("prefill_chunk", int64_t{256});
+    if (chunk_ < 1) fail("gemma4: option prefill_chunk = {} must be >= 1", chunk_);
+    const std::string cache_type = options.value("kv_cache_type", std::string("F32"));
+    auto ct = dtype_from_name(cache_type);
+    if (!ct || (*ct != DType::F32 && *ct != DType::F16 && *ct != DType::BF16))
+      fail("gemma4: option kv_cache_type = '{}'; expected F32, F16 or BF16", cache_type);
+    cache_type_ = *ct;
+    std::string mode = options.value("embedding_scale", std::string("auto"));
+    if (mode == "auto") mode = gguf ? "exact" : "dtype";
+    if (mode != "exact" && mode != "bf16" && mode != "dtype")
+      fail("gemma4: option embedding_scale = '{}'; expected auto, exact or bf16", mode);
+    embed_scale_ = embedding_scale(cfg_.hidden, w_.embed_type, mode);
+    ple_scale_ = cfg_.ple > 0 ? embedding_scale(cfg_.ple, w_.embed_type, mode) : 1.0f;
+
+    if (cfg_.experts > 0) {
+      // One-hot rows [E, 1, E]: MatMulId with them picks the router logits of the chosen experts.
+      const int64_t E = cfg_.experts;
+      onehot_ = backend_->allocate("gemma4.expert_onehot", DType::F32, {E, 1, E});
+      std::vector<float> eye(E * E, 0.0f);
+      for (int64_t e = 0; e < E; ++e) eye[e * E + e] = 1.0f;
+      backend_->write(*onehot_, bytes_of(eye));
+    }
+
+    info_.architecture = "gemma4";
+    info_.vocab_size = cfg_.vocab;
+    info_.hidden_size = cfg_.hidden;
+    info_.context_length = cfg_.context;
+    info_.end_tokens = cfg_.eos;
+    info_.details = cfg_.to_json();
+    info_.details["format"] = file_->format();
+    info_.details["embedding_scale"] = embed_scale_;
+    try {
+      tokenizer_ = make_tokenizer(*file_);
+    } catch (const Error& e) {
+      log_warn("gemma4: {}: no tokenizer ({}); token ids only", file_->path().string(), e.what());
+    }
+    log_info("gemma4: {} layers, hidden {}, vocab {}, window {}, {}{}{} ({})", cfg_.layers.size(), cfg_.hidden,
+             cfg_.vocab, cfg_.window, cfg_.ple > 0 ? "per-layer embeddings, " : "",
+             cfg_.shared_kv_layers > 0 ? fmt::format("{} KV-shared layers, ", cfg_.shared_kv_layers) : "",
+             cfg_.experts > 0 ? fmt::format("{} experts (top {})", cfg_.experts, cfg_.experts_used) : "dense",
+             file_->format());
+  }
+
+  const ModelInfo& info() const override { return info_; }
+  std::shared_ptr<const Tokenizer> tokenizer() const override { return tokenizer_; }
+  std::shared_ptr<const ChatFormat> chat_format() const override { return chat_; }
+  std::unique_ptr<ModelContext> new_context(const ContextOptions& options) override {
+    int64_t cap = options.context_length > 0 ? options.context_length : cfg_.context;
+    if (cap > cfg_.context)
+      fail("gemma4: context length {} exceeds the model's {} ({})", cap, cfg_.context, file_->path().string());
+    return std::make_unique<Gemma4Context>(shared_from_this(), cap);
+  }
+
+  // Records the whole forward pass for T tokens, logits for the last n_logits of them.
+  void build(Built& b, int64_t T, int64_t n_logits, const std::vector<Cache>& caches,
+             const BackendTensorPtr& last_hidden) const;
+
+  const Config& cfg() const { return cfg_; }
+  ComputeBackend& backend() const { return *backend_; }
+  int64_t chunk() const { return chunk_; }
+  DType cache_type() const { return cache_type_; }
+
+ private:
+  Value mlp(Graph& g, const LayerWeights& lw, Value x) const {
+    Value gate = g.gelu_tanh(g.matmul(g.constant(lw.gate), x));
+    Value up = g.matmul(g.constant(lw.up), x);
+    return g.matmul(g.constant(lw.down), g.mul(gate, up));
+  }
+  Value moe(Graph& g, const LayerWeights& lw, Value r, int64_t T) const;
+
+  std::shared_ptr<const ModelFile> file_;
+  std::shared_ptr<ComputeBackend> backend_;
+  Config cfg_;
+  Weights w_;
+  ModelInfo info_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  std::shared_ptr<const ChatFormat> chat_;
+  BackendTensorPtr onehot_;
+  float embed_scale_ = 1.0f, ple_scale_ = 1.0f;
+  int64_t chunk_ = 256;
+  DType cache_type_ = DType::F32;
+};
+
+// The MoE block of 26B-A4B on the post-attention residual r [T, H] (spec 3.8).
+Value Gemma4Model::moe(Graph& g, const LayerWeights& lw, Value r, int64_t T) const {
+  const int64_t H = cfg_.hidden, E = cfg_.experts, K = cfg_.experts_used, Im = cfg_.expert_ffn;
+  Value z = g.rms_norm(r, Value{}, cfg_.eps);
+  z = g.scale(g.mul(z, g.constant(lw.router_scale)), 1.0f / std::sqrt(static_cast<float>(H)));
+  Value logits = g.matmul(g.constant(lw.router), z);  // [T, E]
+  Value idx = g.top_k(logits, K);                     // same order as top-k of the softmax
+  // softmax over all experts, top-k, renormalise == softmax over the chosen logits.
+  Value chosen = g.matmul_id(g.constant(onehot_), g.reshape(logits, {T, 1, E}), idx);  // [T, K, 1]
+  Value wts = g.reshape(g.softmax(g.reshape(chosen, {T, K})), {T, K, 1});
+  wts = g.mul(wts, g.get_rows(g.reshape(g.constant(lw.expert_scale), {E, 1}), idx));  // per_expert_scale
+  Value xe = g.reshape(g.rms_norm(r, g.constant(lw.pre_ffw_norm_2), cfg_.eps), {T, 1, H});
+  Value gate, up;
+  if (lw.gate_up_exps) {
+    Value gu = g.matmul_id(g.constant(lw.gate_up_exps), xe, idx);  // [T, K, 2 Im]: gate rows, then up rows
+    gate = g.slice(gu, 0, Im);
+    up = g.slice(gu, Im, Im);
+  } else {
+    gate = g.matmul_id(g.constant(lw.gate_exps), xe, idx);
+    up = g.matmul_id(g.constant(lw.up_exps), xe, idx);
+  }
+  Value y = g.matmul_id(g.constant(lw.down_exps), g.mul(g.gelu_tanh(gate), up), idx);  // [T, K, H]
+  y = g.reshape(g.mul(y, wts), {T, K * H});
+  Value sum = g.slice(y, 0, H);
+  for (int64_t j = 1; j < K; ++j) sum = g.add(sum, g.slice(y, j * H, H));
+  return sum;
+}
+
+void Gemma4Model::build(Built& b, int64_t T, int64_t n_logits, const std::vector<Cache>& caches,
+                        const BackendTensorPtr& last_hidden) const {
+  Graph& g = b.graph;
+  const Config& c = cfg_;
+  const int64_t H = c.hidden, L = static_cast<int64_t>(c.layers.size()), P = c.ple;
+  b.ids = g.input(DType::I32, {T}, "tokens");
+  b.pos = g.input(DType::I32, {T}, "positions");
+  b.ring_slot = g.input(DType::I32, {T}, "ring_slots");
+  b.zero = g.input(DType::I32, {1}, "zero");
+
+  Value h = g.scale(g.get_rows(g.constant(w_.embed), b.ids), embed_scale_);
+  Value ple;
+  if (P > 0) {
+    // Per-layer inputs: token part (x sqrt(P)) plus the normed projection of the scaled embedding.
+    Value tok = g.scale(g.get_rows(g.constant(w_.ple_embed), b.ids), ple_scale_);
+    Value proj = g.scale(g.matmul(g.constant(w_.ple_model_proj), h), 1.0f / std::sqrt(static_cast<float>(H)));
+    proj = g.rms_norm(g.reshape(proj, {T, L, P}), g.constant(w_.ple_proj_norm), c.eps);
+    ple = g.scale(g.add(g.reshape(proj, {T, L * P}), tok), 1.0f / std::sqrt(2.0f));
+  }
+
+  struct Kv {
+    Value k, v, pos;
+  };
+  std::vector<Kv> kv(L);
+  for (int64_t l = 0; l < L; ++l) {
+    const LayerConfig& lc = c.layers[l];
+    const LayerWeights& lw = w_.layers[l];
+    const RopeConfig& rope = lc.full ? c.rope_full : c.rope_sliding;
+    const int64_t D = lc.head_dim, KVH = lc.kv_heads;
+    auto name = [&](Value v, const char* what) { return g.named(v, fmt::format("blk.{}.{}", l, what)); };
+
+    Value x = g.rms_norm(h, g.constant(lw.attn_norm), c.eps);
+    Value q = g.reshape(g.matmul(g.constant(lw.q), x), {T, c.heads, D});
+    q = g.rms_norm(q, g.constant(lw.q_norm), c.eps);
+    q = g.rope(q, b.pos, rope.rotated_pairs, rope.theta, rope.exponent_divisor, rope.freq_scale);
+    if (lc.producer < 0) {
+      Value kraw = g.reshape(g.matmul(g.constant(lw.k), x), {T, KVH, D});
+      // k_eq_v: V is the raw K projection, before k_norm and RoPE.
+      Value v = lw.v ? g.reshape(g.matmul(g.constant(lw.v), x), {T, KVH, D}) : kraw;
+      Value k = g.rms_norm(kraw, g.constant(lw.k_norm), c.eps);
+      k = g.rope(k, b.pos, rope.rotated_pairs, rope.theta, rope.exponent_divisor, rope.freq_scale);
+      v = g.rms_norm(v, Value{}, c.eps);
+      const Cache& cache = caches[l];
+      Value slot = cache.ring ? b.ring_slot : b.pos;
+      kv[l] = {g.write_rows(cache.k, k, slot), g.write_rows(cache.v, v, slot), g.write_rows(cache.pos, b.pos, slot)};
+      // Cache writes must run even when nothing downstream is read (a prefill without logits).
+      g.mark_output(kv[l].k);
+      g.mark_output(kv[l].v);
+      g.mark_output(kv[l].pos);
+    } else {
+      kv[l] = kv[lc.producer];
+    }
+    Value a = g.attention(q, kv[l].k, kv[l].v, kv[l].pos, b.pos, 1.0f, lc.full ? 0 : c.window, true);
+    a = g.rms_norm(g.matmul(g.constant(lw.o), a), g.constant(lw.post_attn_norm), c.eps);
+    h = name(g.add(h, a), "attn_out");
+
+    Value m = mlp(g, lw, g.rms_norm(h, g.constant(lw.ffn_norm), c.eps));
+    if (c.experts > 0) {
+      m = g.rms_norm(m, g.constant(lw.post_ffw_norm_1), c.eps);
+      Value e = g.rms_norm(moe(g, lw, h, T), g.constant(lw.post_ffw_norm_2), c.eps);
+      m = g.add(m, e);
+    }
+    h = g.add(h, g.rms_norm(m, g.constant(lw.post_ffw_norm), c.eps));
+
+    if (P > 0) {
+      Value gate = g.gelu_tanh(g.matmul(g.constant(lw.ple_gate), h));
+      gate = g.mul(gate, g.slice(ple, l * P, P));
+      Value p = g.rms_norm(g.matmul(g.constant(lw.ple_proj), gate), g.constant(lw.ple_post_norm), c.eps);
+      h = g.add(h, p);
+    }
+    if (lw.layer_scalar) h = g.mul(h, g.constant(lw.layer_scalar));
+    h = name(h, "out");
+  }
+
+  // The last position's hidden state, for drafters (before the final norm).
+  Value flat = g.reshape(h, {1, T * H});
+  g.mark_output(g.write_rows(last_hidden, g.slice(flat, (T - 1) * H, H), b.zero));
+  if (n_logits > 0) {
+    Value rows = T == n_logits ? h : g.reshape(g.slice(flat, (T - n_logits) * H, n_logits * H), {n_logits, H});
+    Value logits = g.matmul(g.constant(w_.embed), g.rms_norm(rows, g.constant(w_.output_norm), c.eps));
+    if (c.softcap > 0.0f) logits = g.softcap(logits, c.softcap);
+    b.logits = g.named(logits, "logits");
+    g.mark_output(b.logits);
+  }
+}
+
+// ---------------------------------------------------------------------------------------- context
+Gemma4Context::Gemma4Context(std::shared_ptr<const Gemma4Model> model, int64_t capacity)
+    : m_(std::move(model)), capacity_(capacity) {
+  const Config& c = m_->cfg();
+  ComputeBackend& be = m_->backend();
+  caches_.resize(c.layers.size());
+  for (size_t l = 0; l < c.layers.size(); ++l) {
+    const LayerConfig& lc = c.layers[l];
+    if (lc.producer >= 0) continue;  // reads its producer's cache
+    Cache& cache = caches_[l];
+    cache.ring = !lc.full && ring_slots() < capacity_;
+    cache.slots = lc.full ? capacity_ : std::min(ring_slots(), capacity_);
+    const std::string base = fmt::format("gemma4.cache.{}", l);
+    cache.k = be.allocate(base + ".k", m_->cache_type(), {cache.slots, lc.kv_heads, lc.head_dim});
+    cache.v = be.allocate(base + ".v", m_->cache_type(), {cache.slots, lc.kv_heads, lc.head_dim});
+    cache.pos = be.allocate(base + ".pos", DType::I32, {cache.slots});
+    be.write(*cache.pos, bytes_of(std::vector<int32_t>(cache.slots, -1)));  // every slot empty
+  }
+  last_hidden_ = be.allocate("gemma4.last_hidden", DType::F32, {1, c.hidden});
+}
+
+// A sliding layer needs the window - 1 previous keys plus the chunk being processed.
+int64_t Gemma4Context::ring_slots() const { return m_->cfg().window - 1 + m_->chunk(); }
+
+Built& Gemma4Context::graph_for(int64_t T, int64_t n_logits) {
+  auto& slot = graphs_[{T, n_logits}];
+  if (!slot) {
+    auto b = std::make_unique<Built>();
+    m_->build(*b, T, n_logits, caches_, last_hidden_);
+    slot = std::move(b);
+  }
+  return *slot;
+}
+
+std::vector<float> Gemma4Context::forward(std::span<const int32_t> tokens, int64_t n_logits) {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const Config& c = m_->cfg();
+  if (n == 0) fail("gemma4: forward() called with no tokens");
+  if (n_logits < 0 || n_logits > n) fail("gemma4: forward() asked for {} logits of {} tokens", n_logits, n);
+  if (position_ + n > capacity_)
+    fail("gemma4: context overflow: {} tokens at position {} exceed the context length {}", n, position_,
+         capacity_);
+  for (int64_t i = 0; i < n; ++i)
+    if (tokens[i] < 0 || tokens[i] >= c.vocab)
+      fail("gemma4: token id {} at index {} is outside the vocabulary [0, {})", tokens[i], i, c.vocab);
+  std::vector<float> out;
+  out.reserve(static_cast<size_t>(n_logits * c.vocab));
+  for (int64_t start = 0; start < n; start += m_->chunk()) {
+    const int64_t len = std::min(m_->chunk(), n - start);
+    const int64_t want = std::clamp<int64_t>(n_logits - (n - start - len), 0, len);
+    std::vector<float> part = run_chunk(tokens.subspan(start, len), want);
+    out.insert(out.end(), part.begin(), part.end());
+  }
+  return out;
+}
+
+std::vector<float> Gemma4Context::run_chunk(std::span<const int32_t> tokens, int64_t n_logits) {
+  const int64_t T = static_cast<int64_t>(tokens.size());
+  Built& b = graph_for(T, n_logits);
+  std::vector<int32_t> ids(tokens.begin(), tokens.end()), pos(T), ring(T), zero{0};
+  const int64_t slots = ring_slots();
+  for (int64_t t = 0; t < T; ++t) {
+    pos[t] = static_cast<int32_t>(position_ + t);
+    ring[t] = static_cast<int32_t>((position_ + t) % slots);
+  }
+  RunInputs in;
+  in.inputs = {{b.ids, bytes_of(ids)}, {b.pos, bytes_of(pos)}, {b.ring_slot, bytes_of(ring)}, {b.zero, bytes_of(zero)}};
+  ComputeBackend& be = m_->backend();
+  be.run(b.graph, in);
+  position_ += T;
+  std::vector<float> logits;
+  if (n_logits > 0) {
+    logits.resize(static_cast<size_t>(n_logits * m_->cfg().vocab));
+    be.read(b.graph, b.logits, std::as_writable_bytes(std::span<float>(logits)));
+  }
+  return logits;
+}
+
+void Gemma4Context::truncate(int64_t pos) {
+  if (pos < 0 || pos > position_) fail("gemma4: truncate({}) outside [0, {}]", pos, position_);
+  if (pos == position_) return;
+  const int64_t depth = position_ - pos;
+  ComputeBackend& be = m_->backend();
+  for (const Cache& cache : caches_) {
+    if (!cache.pos) continue;
+    // A ring has overwritten keys older than its window; only a rollback shallower than the chunk
+    // leaves every key the next token needs in place.
+    if (cache.ring && depth > m_->chunk())
+      fail("gemma4: cannot roll back {} tokens: the sliding-window cache keeps only {} (option prefill_chunk)",
+           depth, m_->chunk());
+    std::vector<int32_t> p(cache.slots);
+    be.read(*cache.pos, std::as_writable_bytes(std::span<int32_t>(p)));
+    for (int32_t& v : p)
+      if (v >= pos) v = -1;
+    be.write(*cache.pos, bytes_of(p));
+  }
+  position_ = pos;
+}
+
+KvView Gemma4Context::kv(const std::string& attention_type) const {
+  if (attention_type != "full" && attention_type != "sliding")
+    fail("gemma4: kv('{}'): expected 'full' or 'sliding'", attention_type);
+  const Config& c = m_->cfg();
+  const bool full = attention_type == "full";
+  for (int64_t l = static_cast<int64_t>(c.layers.size()) - 1; l >= 0; --l) {
+    if (c.layers[l].full != full) continue;
+    const int src = c.layers[l].producer >= 0 ? c.layers[l].producer : static_cast<int>(l);
+    const Cache& cache = caches_[src];
+    return {cache.k, cache.v, cache.pos, full ? 0 : c.window};
+  }
+  fail("gemma4: the model has no {} attention layer", attention_type);
+}
+
+}  // namespace
+
+float embedding_scale(int64_t n, DType type, const std::string& mode) {
+  const float exact = std::sqrt(static_cast<float>(n));
+  if (mode == "exact") return exact;
+  if (mode == "bf16") return round_mantissa(exact, 8);
+  // "dtype": transformers casts the scale to the table's dtype.
+  switch (type) {
+    case DType::BF16: return round_mantissa(exact, 8);
+    case DType::F16: return round_mantissa(exact, 11);
+    case DType::MLX_AFFINE: return round_mantissa(exact, 8);  // MLX exports of Gemma 4 compute in bf16
+    default: return exact;
+  }
+}
+
+bool is_gemma4(const ModelFile& file) {
+  const nlohmann::json& md = file.metadata();
+  if (file.format() == "gguf") {
+    auto it = md.find("general.architecture");
+    return it != md.end() && it->is_string() && *it == "gemma4";
+  }
+  auto cfg = md.find("config");
+  if (cfg == md.end() || !cfg->is_object()) return false;
+  auto type_of = [](const nlohmann::json& j) { return j.is_object() ? j.value("model_type", std::string()) : ""; };
+  const std::string t = type_of(*cfg), tt = type_of(cfg->value("text_config", nlohmann::json()));
+  return t == "gemma4" || t == "gemma4_text" || t == "gemma4_unified" || t == "gemma4_unified_text" ||
+         tt == "gemma4_text" || tt == "gemma4_unified_text";
+}
+
+std::shared_ptr<Model> load_model(std::shared_ptr<const ModelFile> file, std::shared_ptr<ComputeBackend> backend,
+                                  const nlohmann::json& options) {
+  if (!file || !backend) fail("gemma4: load() needs a file and a backend");
+  if (!is_gemma4(*file))
+    fail("gemma4: {} is not a Gemma 4 text model (GGUF general.architecture 'gemma4' or config.json "
+         "model_type 'gemma4' / 'gemma4_text')", file->path().string());
+  return std::make_shared<Gemma4Model>(std::move(file), std::move(backend), options.is_object() ? options : nlohmann::json::object());
+}
+
+}  // namespace specula::gemma4

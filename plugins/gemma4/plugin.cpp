@@ -1,0 +1,32 @@
+// Plugin entry: the gemma4 model loader.
+#include "model.hpp"
+#include "specula/plugin.hpp"
+
+namespace {
+
+class Gemma4Loader final : public specula::ModelLoader {
+ public:
+  std::string architecture() const override { return "gemma4"; }
+  bool accepts(const specula::ModelFile& file) const override { return specula::gemma4::is_gemma4(file); }
+  std::shared_ptr<specula::Model> load(std::shared_ptr<const specula::ModelFile> file,
+                                       std::shared_ptr<specula::ComputeBackend> backend,
+                                       const nlohmann::json& options) const override {
+    return specula::gemma4::load_model(std::move(file), std::move(backend), options);
+  }
+};
+
+const specula::PluginFactories* factories() {
+  static const specula::PluginFactories f = [] {
+    specula::PluginFactories x;
+    x.model = [](const nlohmann::json&) -> std::unique_ptr<specula::ModelLoader> {
+      return std::make_unique<Gemma4Loader>();
+    };
+    return x;
+  }();
+  return &f;
+}
+
+}  // namespace
+
+SPECULA_PLUGIN("gemma4", "model", "0.1.0", "Gemma 4 text models from GGUF, Hugging Face safetensors and MLX",
+               factories)

@@ -1,0 +1,212 @@
+#include "weights.hpp"
+
+#include <map>
+
+#include "specula/error.hpp"
+#include "specula/log.hpp"
+
+namespace specula::gemma4 {
+namespace {
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+// GGUF per-layer names and their Hugging Face names (MLX uses the HF names too, except the experts,
+// which mlx-vlm splits into switch_glu.{gate,up,down}_proj).
+const std::map<std::string, std::vector<std::string>>& layer_names() {
+  static const std::map<std::string, std::vector<std::string>> m = {
+      {"attn_norm.weight", {"input_layernorm.weight"}},
+      {"attn_q.weight", {"self_attn.q_proj.weight"}},
+      {"attn_k.weight", {"self_attn.k_proj.weight"}},
+      {"attn_v.weight", {"self_attn.v_proj.weight"}},
+      {"attn_output.weight", {"self_attn.o_proj.weight"}},
+      {"attn_q_norm.weight", {"self_attn.q_norm.weight"}},
+      {"attn_k_norm.weight", {"self_attn.k_norm.weight"}},
+      {"post_attention_norm.weight", {"post_attention_layernorm.weight"}},
+      {"ffn_norm.weight", {"pre_feedforward_layernorm.weight"}},
+      {"ffn_gate.weight", {"mlp.gate_proj.weight"}},
+      {"ffn_up.weight", {"mlp.up_proj.weight"}},
+      {"ffn_down.weight", {"mlp.down_proj.weight"}},
+      {"post_ffw_norm.weight", {"post_feedforward_layernorm.weight"}},
+      {"layer_output_scale.weight", {"layer_scalar"}},
+      {"inp_gate.weight", {"per_layer_input_gate.weight"}},
+      {"proj.weight", {"per_layer_projection.weight"}},
+      {"post_norm.weight", {"post_per_layer_input_norm.weight"}},
+      {"ffn_gate_inp.weight", {"router.proj.weight"}},
+      {"ffn_gate_inp.scale", {"router.scale"}},
+      {"ffn_down_exps.scale", {"router.per_expert_scale"}},
+      {"ffn_gate_up_exps.weight", {"experts.gate_up_proj"}},
+      {"ffn_gate_exps.weight", {"experts.switch_glu.gate_proj.weight", "experts.gate_proj"}},
+      {"ffn_up_exps.weight", {"experts.switch_glu.up_proj.weight", "experts.up_proj"}},
+      {"ffn_down_exps.weight", {"experts.down_proj", "experts.switch_glu.down_proj.weight"}},
+      {"pre_ffw_norm_2.weight", {"pre_feedforward_layernorm_2.weight"}},
+      {"post_ffw_norm_1.weight", {"post_feedforward_layernorm_1.weight"}},
+      {"post_ffw_norm_2.weight", {"post_feedforward_layernorm_2.weight"}},
+  };
+  return m;
+}
+
+const std::map<std::string, std::string>& global_names() {
+  static const std::map<std::string, std::string> m = {
+      {"token_embd.weight", "embed_tokens.weight"},
+      {"output_norm.weight", "norm.weight"},
+      {"per_layer_token_embd.weight", "embed_tokens_per_layer.weight"},
+      {"per_layer_model_proj.weight", "per_layer_model_projection.weight"},
+      {"per_layer_proj_norm.weight", "per_layer_projection_norm.weight"},
+  };
+  return m;
+}
+
+class Loader {
+ public:
+  Loader(const ModelFile& file, ComputeBackend& backend) : file_(file), backend_(backend) {
+    gguf_ = file.format() == "gguf";
+    if (!gguf_) {
+      // The text tower's prefix: multimodal HF, MLX (mlx-lm / mlx-vlm) or text-only exports.
+      for (const char* p : {"model.language_model.", "language_model.model.", "model.", ""})
+        if (file.find(std::string(p) + "embed_tokens.weight")) {
+          prefix_ = p;
+          break;
+        }
+    }
+  }
+
+  // The file's tensor for a GGUF-style name, or nullptr; `shown` receives the name as the file spells it.
+  const TensorInfo* find(const std::string& gguf_name, std::string* shown = nullptr) const {
+    for (const std::string& n : candidates(gguf_name)) {
+      if (const TensorInfo* t = file_.find(n)) {
+        if (shown) *shown = n;
+        return t;
+      }
+    }
+    if (shown) *shown = candidates(gguf_name).front();
+    return nullptr;
+  }
+
+  BackendTensorPtr need(const std::string& gguf_name, const std::vector<int64_t>& shape) {
+    std::string shown;
+    const TensorInfo* t = find(gguf_name, &shown);
+    if (!t)
+      fail("{}: tensor '{}' is missing; the model's configuration needs it with shape {}", file_.path().string(),
+           shown, shape_str(shape));
+    return load(*t, shape);
+  }
+
+  BackendTensorPtr optional(const std::string& gguf_name, const std::vector<int64_t>& shape) {
+    const TensorInfo* t = find(gguf_name);
+    return t ? load(*t, shape) : nullptr;
+  }
+
+  const TensorInfo* info(const std::string& gguf_name) const { return find(gguf_name); }
+
+ private:
+  std::vector<std::string> candidates(const std::string& gguf_name) const {
+    if (gguf_) return {gguf_name};
+    if (auto it = global_names().find(gguf_name); it != global_names().end()) return {prefix_ + it->second};
+    // blk.N.suffix -> layers.N.<hf suffix>
+    const size_t dot1 = gguf_name.find('.'), dot2 = gguf_name.find('.', dot1 + 1);
+    const std::string layer = gguf_name.substr(dot1 + 1, dot2 - dot1 - 1), suffix = gguf_name.substr(dot2 + 1);
+    std::vector<std::string> out;
+    auto it = layer_names().find(suffix);
+    if (it == layer_names().end()) return {gguf_name};
+    for (const std::string& n : it->second) out.push_back(prefix_ + "layers." + layer + "." + n);
+    return out;
+  }
+
+  BackendTensorPtr load(const TensorInfo& t, const std::vector<int64_t>& shape) {
+    if (t.shape != shape)
+      fail("{}: tensor '{}' has shape {}, but the model's configuration needs {}", file_.path().string(), t.name,
+           shape_str(t.shape), shape_str(shape));
+    return backend_.load_weight(t);
+  }
+
+  const ModelFile& file_;
+  ComputeBackend& backend_;
+  bool gguf_ = false;
+  std::string prefix_;
+};
+
+}  // namespace
+
+Weights load_weights(const ModelFile& file, const Config& c, ComputeBackend& backend) {
+  Loader ld(file, backend);
+  Weights w;
+  const int64_t H = c.hidden, L = static_cast<int64_t>(c.layers.size()), P = c.ple;
+  w.embed = ld.need("token_embd.weight", {c.vocab, H});
+  w.embed_type = ld.info("token_embd.weight")->type;
+  if (ld.info("output.weight"))
+    log_warn("{}: has an untied 'output.weight'; Gemma 4 ties the LM head to token_embd, which is used",
+             file.path().string());
+  w.output_norm = ld.need("output_norm.weight", {H});
+  if (P > 0) {
+    const TensorInfo* t = ld.info("per_layer_token_embd.weight");
+    // Some ports keep more PLE rows than the vocabulary; ids never reach them.
+    const int64_t rows = t && t->shape.size() == 2 && t->shape[0] >= c.vocab ? t->shape[0] : c.vocab;
+    w.ple_embed = ld.need("per_layer_token_embd.weight", {rows, L * P});
+    w.ple_model_proj = ld.need("per_layer_model_proj.weight", {L * P, H});
+    w.ple_proj_norm = ld.need("per_layer_proj_norm.weight", {P});
+  }
+  w.layers.resize(L);
+  for (int64_t l = 0; l < L; ++l) {
+    const LayerConfig& lc = c.layers[l];
+    LayerWeights& lw = w.layers[l];
+    auto n = [&](const char* s) { return fmt::format("blk.{}.{}", l, s); };
+    const int64_t D = lc.head_dim, KV = lc.kv_heads, I = lc.ffn;
+    lw.attn_norm = ld.need(n("attn_norm.weight"), {H});
+    lw.q = ld.need(n("attn_q.weight"), {c.heads * D, H});
+    lw.q_norm = ld.need(n("attn_q_norm.weight"), {D});
+    lw.o = ld.need(n("attn_output.weight"), {H, c.heads * D});
+    if (lc.producer < 0) {
+      lw.k = ld.need(n("attn_k.weight"), {KV * D, H});
+      lw.k_norm = ld.need(n("attn_k_norm.weight"), {D});
+      lw.v = ld.optional(n("attn_v.weight"), {KV * D, H});
+      if (!lw.v && !(lc.full && (c.k_eq_v || file.format() == "gguf"))) {
+        std::string shown;
+        ld.find(n("attn_v.weight"), &shown);
+        fail("{}: tensor '{}' is missing; only full-attention layers of attention_k_eq_v models may omit V",
+             file.path().string(), shown);
+      }
+    } else {
+      for (const char* s : {"attn_k.weight", "attn_v.weight", "attn_k_norm.weight"})
+        if (std::string shown; ld.find(n(s), &shown))
+          log_debug("{}: ignoring '{}': layer {} reads the K/V of layer {}", file.path().string(), shown, l,
+                    lc.producer);
+    }
+    lw.post_attn_norm = ld.need(n("post_attention_norm.weight"), {H});
+    lw.ffn_norm = ld.need(n("ffn_norm.weight"), {H});
+    lw.gate = ld.need(n("ffn_gate.weight"), {I, H});
+    lw.up = ld.need(n("ffn_up.weight"), {I, H});
+    lw.down = ld.need(n("ffn_down.weight"), {H, I});
+    lw.post_ffw_norm = ld.need(n("post_ffw_norm.weight"), {H});
+    lw.layer_scalar = ld.optional(n("layer_output_scale.weight"), {1});
+    if (P > 0) {
+      lw.ple_gate = ld.need(n("inp_gate.weight"), {P, H});
+      lw.ple_proj = ld.need(n("proj.weight"), {H, P});
+      lw.ple_post_norm = ld.need(n("post_norm.weight"), {H});
+    }
+    if (c.experts > 0) {
+      const int64_t E = c.experts, Im = c.expert_ffn;
+      lw.router = ld.need(n("ffn_gate_inp.weight"), {E, H});
+      lw.router_scale = ld.need(n("ffn_gate_inp.scale"), {H});
+      lw.expert_scale = ld.need(n("ffn_down_exps.scale"), {E});
+      if (ld.info(n("ffn_gate_up_exps.weight"))) {
+        lw.gate_up_exps = ld.need(n("ffn_gate_up_exps.weight"), {E, 2 * Im, H});
+      } else {
+        lw.gate_exps = ld.need(n("ffn_gate_exps.weight"), {E, Im, H});
+        lw.up_exps = ld.need(n("ffn_up_exps.weight"), {E, Im, H});
+      }
+      lw.down_exps = ld.need(n("ffn_down_exps.weight"), {E, H, Im});
+      lw.pre_ffw_norm_2 = ld.need(n("pre_ffw_norm_2.weight"), {H});
+      lw.post_ffw_norm_1 = ld.need(n("post_ffw_norm_1.weight"), {H});
+      lw.post_ffw_norm_2 = ld.need(n("post_ffw_norm_2.weight"), {H});
+    } else if (ld.info(n("ffn_gate_inp.weight"))) {
+      fail("{}: layer {} has MoE router weights but the configuration has no experts", file.path().string(), l);
+    }
+  }
+  return w;
+}
+
+}  // namespace specula::gemma4

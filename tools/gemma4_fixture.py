@@ -1,0 +1,527 @@
+#!/usr/bin/env python3
+"""Deterministic random-weight Gemma 4 text checkpoints for tests and benchmarks.
+
+Writes one model in the layouts real downloads use:
+  model-f32.gguf, model-f16.gguf, model-q8_0.gguf   (llama.cpp converter layout, gemma4 arch)
+  hf/            config.json (nested text_config) + model.safetensors (BF16, model.language_model.*)
+  mlx4/, mlx8/   mlx-vlm layout (language_model.model.*, affine 4/8-bit, router at 8 bit)
+  mlx4-ref-f32.gguf, mlx8-ref-f32.gguf   the MLX weights dequantized, as F32 GGUF: the llama.cpp
+                 reference for the MLX files (so MLX is checked exactly, not "within quantization")
+
+Every weight is rounded to bfloat16 first, so F32 GGUF, F16 GGUF and BF16 safetensors hold the very
+same numbers. The tokenizer metadata (full 262144-token Gemma 4 vocab) is copied from the vocab GGUF
+in shared/, because llama.cpp refuses a gemma4 file without it; the embedding tables therefore have
+262144 rows, and the tiny hidden sizes keep the files small (tens of MB).
+
+Output is bit-for-bit reproducible (seeded numpy Generator), so committed goldens stay valid.
+A stamp file lets repeated calls return at once.
+
+usage: gemma4_fixture.py --variant e2b --out DIR [--formats f32,f16,q8_0,hf,mlx4,mlx8] [--vocab GGUF]
+       gemma4_fixture.py --list
+"""
+import argparse
+import hashlib
+import json
+import math
+import os
+import struct
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+DEFAULT_VOCAB = os.path.join(HERE, "..", "..", "shared", "gemma4-vocab", "ggml-vocab-gemma-4.gguf")
+
+S, F = "sliding_attention", "full_attention"
+
+# Tiny shapes of each published variant: the same features, a window (8/16) that a 40-token sequence
+# crosses, and KV-sharing tails whose producers are (sliding, full) as in E2B/E4B.
+VARIANTS = {
+    "e2b": dict(hidden=64, layers=[S, S, F, S, S, F], heads=2, kv=1, kv_global=None, k_eq_v=False,
+                ffn=64, double_wide=True, shared=3, ple=8, window=8, moe=None, seed=2),
+    "e4b": dict(hidden=64, layers=[S, S, S, F, S, S, S, F], heads=4, kv=2, kv_global=None, k_eq_v=False,
+                ffn=96, double_wide=False, shared=4, ple=8, window=8, moe=None, seed=4),
+    "31b": dict(hidden=64, layers=[S, S, F, S, S, F], heads=4, kv=2, kv_global=1, k_eq_v=True,
+                ffn=128, double_wide=False, shared=0, ple=0, window=16, moe=None, seed=31),
+    "26b": dict(hidden=64, layers=[S, S, F, S, S, F], heads=4, kv=2, kv_global=1, k_eq_v=True,
+                ffn=48, double_wide=False, shared=0, ple=0, window=16,
+                moe=dict(experts=8, top_k=2, ffn=32), seed=26),
+    # Real E2B shapes for benchmarks (about 10 GB as F32: never used by tests).
+    "e2b-real": dict(hidden=1536, layers=([S] * 4 + [F]) * 7, heads=8, kv=1, kv_global=None, k_eq_v=False,
+                     ffn=6144, double_wide=True, shared=20, ple=256, window=512, moe=None, seed=7),
+}
+HEAD_DIM, GLOBAL_HEAD_DIM = 32, 64
+REAL_HEAD_DIM, REAL_GLOBAL_HEAD_DIM = 256, 512
+VOCAB = 262144
+CONTEXT = 256
+EPS = 1e-6
+SOFTCAP = 30.0
+ROPE_THETA, ROPE_THETA_SWA, PARTIAL_ROTARY = 1e6, 1e4, 0.25
+
+
+def bf16_round(a):
+    """Round float32 to the nearest bfloat16 (ties to even), returned as float32."""
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    u = a.view(np.uint32).astype(np.uint64)
+    u = (u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000
+    return u.astype(np.uint32).view(np.float32)
+
+
+def bf16_bytes(a):
+    return (bf16_round(a).view(np.uint32) >> 16).astype(np.uint16).tobytes()
+
+
+# ------------------------------------------------------------------------------------------ model
+class Spec:
+    def __init__(self, name, v):
+        self.name = name
+        self.__dict__.update(v)
+        real = name.endswith("-real")
+        self.hd_s = REAL_HEAD_DIM if real else HEAD_DIM
+        self.hd_f = REAL_GLOBAL_HEAD_DIM if real else GLOBAL_HEAD_DIM
+        self.L = len(self.layers)
+        self.first_shared = self.L - self.shared
+
+    def is_full(self, l):
+        return self.layers[l] == F
+
+    def hd(self, l):
+        return self.hd_f if self.is_full(l) else self.hd_s
+
+    def nkv(self, l):
+        return self.kv_global if (self.is_full(l) and self.k_eq_v) else self.kv
+
+    def has_v(self, l):
+        return not (self.is_full(l) and self.k_eq_v)
+
+    def ffn_width(self, l):
+        return self.ffn * 2 if (self.double_wide and l >= self.first_shared) else self.ffn
+
+
+def make_weights(spec):
+    """HF-named (prefix-free) float32 arrays holding bfloat16-exact values."""
+    rng = np.random.default_rng(spec.seed)
+    H, P, L = spec.hidden, spec.ple, spec.L
+    w = {}
+
+    def lin(name, out, inp, gain=1.0):
+        w[name] = bf16_round(rng.standard_normal((out, inp), dtype=np.float32) * (gain / math.sqrt(inp)))
+
+    def norm(name, n, spread=0.2):
+        w[name] = bf16_round(1.0 + spread * rng.standard_normal(n, dtype=np.float32))
+
+    w["embed_tokens.weight"] = bf16_round(rng.standard_normal((VOCAB, H), dtype=np.float32) * 0.5)
+    if P:
+        w["embed_tokens_per_layer.weight"] = bf16_round(
+            rng.standard_normal((VOCAB, L * P), dtype=np.float32) * 0.5)
+        lin("per_layer_model_projection.weight", L * P, H)
+        norm("per_layer_projection_norm.weight", P)
+    for l in range(L):
+        p = f"layers.{l}."
+        hd, nkv = spec.hd(l), spec.nkv(l)
+        for n in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                  "post_feedforward_layernorm"):
+            norm(p + n + ".weight", H)
+        lin(p + "self_attn.q_proj.weight", spec.heads * hd, H)
+        # KV-shared layers carry K/V weights in real checkpoints too; the model must ignore them.
+        lin(p + "self_attn.k_proj.weight", nkv * hd, H)
+        if spec.has_v(l):
+            lin(p + "self_attn.v_proj.weight", nkv * hd, H)
+        lin(p + "self_attn.o_proj.weight", H, spec.heads * hd)
+        norm(p + "self_attn.q_norm.weight", hd)
+        norm(p + "self_attn.k_norm.weight", hd)
+        I = spec.ffn_width(l)
+        lin(p + "mlp.gate_proj.weight", I, H, 2.0)
+        lin(p + "mlp.up_proj.weight", I, H)
+        lin(p + "mlp.down_proj.weight", H, I)
+        w[p + "layer_scalar"] = bf16_round(rng.uniform(0.6, 1.2, size=1).astype(np.float32))
+        if P:
+            lin(p + "per_layer_input_gate.weight", P, H, 2.0)
+            lin(p + "per_layer_projection.weight", H, P)
+            norm(p + "post_per_layer_input_norm.weight", H)
+        if spec.moe:
+            E, Im = spec.moe["experts"], spec.moe["ffn"]
+            lin(p + "router.proj.weight", E, H, 4.0)
+            norm(p + "router.scale", H)
+            w[p + "router.per_expert_scale"] = bf16_round(rng.uniform(0.5, 1.5, size=E).astype(np.float32))
+            w[p + "experts.gate_up_proj"] = bf16_round(
+                rng.standard_normal((E, 2 * Im, H), dtype=np.float32) * (1.5 / math.sqrt(H)))
+            w[p + "experts.down_proj"] = bf16_round(
+                rng.standard_normal((E, H, Im), dtype=np.float32) * (1.0 / math.sqrt(Im)))
+            for n in ("pre_feedforward_layernorm_2", "post_feedforward_layernorm_1",
+                      "post_feedforward_layernorm_2"):
+                norm(p + n + ".weight", H)
+    norm("norm.weight", H)
+    return w
+
+
+def hf_config(spec):
+    text = {
+        "model_type": "gemma4_text",
+        "vocab_size": VOCAB, "hidden_size": spec.hidden, "intermediate_size": spec.ffn,
+        "num_hidden_layers": spec.L, "num_attention_heads": spec.heads,
+        "num_key_value_heads": spec.kv, "head_dim": spec.hd_s, "global_head_dim": spec.hd_f,
+        "num_global_key_value_heads": spec.kv_global, "attention_k_eq_v": spec.k_eq_v,
+        "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": CONTEXT,
+        "rms_norm_eps": EPS, "sliding_window": spec.window, "layer_types": spec.layers,
+        "final_logit_softcapping": SOFTCAP, "tie_word_embeddings": True,
+        "hidden_size_per_layer_input": spec.ple, "vocab_size_per_layer_input": VOCAB,
+        "num_kv_shared_layers": spec.shared, "use_double_wide_mlp": spec.double_wide,
+        "enable_moe_block": bool(spec.moe),
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": ROPE_THETA_SWA},
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": PARTIAL_ROTARY,
+                               "rope_theta": ROPE_THETA}},
+        "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0,
+    }
+    if spec.moe:
+        text.update(num_experts=spec.moe["experts"], top_k_experts=spec.moe["top_k"],
+                    moe_intermediate_size=spec.moe["ffn"])
+    # transformers may omit default-valued keys: drop two to exercise the loader's defaults.
+    for k in ("attention_bias", "hidden_activation"):
+        text.pop(k, None)
+    return {"architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4",
+            "tie_word_embeddings": True, "dtype": "bfloat16", "text_config": text,
+            "vision_config": {"model_type": "gemma4_vision", "hidden_size": 16},
+            "eos_token_id": [1, 106], "image_token_id": 258880}
+
+
+# ------------------------------------------------------------------------------------------- GGUF
+T_U8, T_I8, T_U16, T_I16, T_U32, T_I32, T_F32, T_BOOL, T_STR, T_ARR = range(10)
+G_F32, G_F16, G_Q8_0 = 0, 1, 8
+
+
+def gguf_str(s):
+    b = s.encode("utf-8")
+    return struct.pack("<Q", len(b)) + b
+
+
+def gguf_kv(key, vtype, value):
+    out = gguf_str(key) + struct.pack("<I", vtype)
+    scalar = {T_U32: "<I", T_I32: "<i", T_F32: "<f", T_BOOL: "<?"}
+    if vtype == T_STR:
+        return out + gguf_str(value)
+    if vtype == T_ARR:
+        etype, items = value
+        out += struct.pack("<IQ", etype, len(items))
+        return out + b"".join(struct.pack(scalar[etype], x) for x in items)
+    return out + struct.pack(scalar[vtype], value)
+
+
+def read_tokenizer_kvs(path):
+    """Raw KV records of the tokenizer.* keys of a GGUF file, in file order."""
+    with open(path, "rb") as fh:
+        data = fh.read()
+    if data[:4] != b"GGUF":
+        sys.exit(f"{path}: not a GGUF file")
+    _, _, n_kv = struct.unpack_from("<IQQ", data, 4)
+    off = 24
+    sizes = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
+
+    def skip(t, o):
+        if t == T_STR:
+            (n,) = struct.unpack_from("<Q", data, o)
+            return o + 8 + n
+        if t == T_ARR:
+            et, n = struct.unpack_from("<IQ", data, o)
+            o += 12
+            if et in sizes:
+                return o + sizes[et] * n
+            for _ in range(n):
+                o = skip(et, o)
+            return o
+        return o + sizes[t]
+
+    records = []
+    for _ in range(n_kv):
+        start = off
+        (klen,) = struct.unpack_from("<Q", data, off)
+        key = data[off + 8: off + 8 + klen].decode()
+        off += 8 + klen
+        (t,) = struct.unpack_from("<I", data, off)
+        off = skip(t, off + 4)
+        if key.startswith("tokenizer."):
+            records.append(data[start:off])
+    return records
+
+
+def q8_0(a):
+    """llama.cpp's reference Q8_0 quantizer (quantize_row_q8_0_ref)."""
+    rows = a.reshape(-1, 32)
+    amax = np.abs(rows).max(axis=1)
+    d = amax / 127.0
+    inv = np.where(d > 0, 1.0 / np.where(d > 0, d, 1), 0).astype(np.float32)
+    q = np.trunc(rows * inv[:, None] + np.copysign(0.5, rows * inv[:, None])).astype(np.int8)
+    blocks = np.zeros((rows.shape[0], 34), dtype=np.uint8)
+    blocks[:, 0:2] = d.astype(np.float16).view(np.uint8).reshape(-1, 2)
+    blocks[:, 2:] = q.view(np.uint8)
+    return blocks.tobytes()
+
+
+def gguf_tensor_plan(spec, w):
+    """(gguf name, HF array, quantizable) in converter order."""
+    plan = [("token_embd.weight", w["embed_tokens.weight"], True)]
+    n_rot = int(spec.hd_f * PARTIAL_ROTARY) // 2
+    rope_freqs = np.array([1.0] * n_rot + [1e30] * (spec.hd_f // 2 - n_rot), dtype=np.float32)
+    plan.append(("rope_freqs.weight", rope_freqs, False))
+    if spec.ple:
+        plan += [("per_layer_token_embd.weight", w["embed_tokens_per_layer.weight"], True),
+                 ("per_layer_model_proj.weight", w["per_layer_model_projection.weight"], False),
+                 ("per_layer_proj_norm.weight", w["per_layer_projection_norm.weight"], False)]
+    names = [
+        ("attn_norm.weight", "input_layernorm.weight"), ("attn_q.weight", "self_attn.q_proj.weight"),
+        ("attn_k.weight", "self_attn.k_proj.weight"), ("attn_v.weight", "self_attn.v_proj.weight"),
+        ("attn_output.weight", "self_attn.o_proj.weight"), ("attn_q_norm.weight", "self_attn.q_norm.weight"),
+        ("attn_k_norm.weight", "self_attn.k_norm.weight"),
+        ("post_attention_norm.weight", "post_attention_layernorm.weight"),
+        ("ffn_norm.weight", "pre_feedforward_layernorm.weight"), ("ffn_gate.weight", "mlp.gate_proj.weight"),
+        ("ffn_up.weight", "mlp.up_proj.weight"), ("ffn_down.weight", "mlp.down_proj.weight"),
+        ("post_ffw_norm.weight", "post_feedforward_layernorm.weight"),
+        ("layer_output_scale.weight", "layer_scalar"),
+        ("inp_gate.weight", "per_layer_input_gate.weight"), ("proj.weight", "per_layer_projection.weight"),
+        ("post_norm.weight", "post_per_layer_input_norm.weight"),
+        ("ffn_gate_inp.weight", "router.proj.weight"), ("ffn_gate_inp.scale", "router.scale"),
+        ("ffn_gate_up_exps.weight", "experts.gate_up_proj"), ("ffn_down_exps.weight", "experts.down_proj"),
+        ("ffn_down_exps.scale", "router.per_expert_scale"),
+        ("pre_ffw_norm_2.weight", "pre_feedforward_layernorm_2.weight"),
+        ("post_ffw_norm_1.weight", "post_feedforward_layernorm_1.weight"),
+        ("post_ffw_norm_2.weight", "post_feedforward_layernorm_2.weight"),
+    ]
+    for l in range(spec.L):
+        for g, h in names:
+            a = w.get(f"layers.{l}.{h}")
+            if a is None:
+                continue
+            quantizable = a.ndim >= 2 and g.endswith(".weight") and g != "ffn_gate_inp.weight"
+            plan.append((f"blk.{l}.{g}", a, quantizable))
+    plan.append(("output_norm.weight", w["norm.weight"], False))
+    return plan
+
+
+def write_gguf(path, spec, w, wtype, vocab_path, tensors=None):
+    A = "gemma4."
+    L = spec.L
+    kvs = [gguf_kv("general.architecture", T_STR, "gemma4"), gguf_kv("general.type", T_STR, "model"),
+           gguf_kv("general.name", T_STR, f"specula-fixture-{spec.name}"),
+           gguf_kv(A + "block_count", T_U32, L), gguf_kv(A + "context_length", T_U32, CONTEXT),
+           gguf_kv(A + "embedding_length", T_U32, spec.hidden)]
+    if spec.double_wide:
+        kvs.append(gguf_kv(A + "feed_forward_length", T_ARR, (T_I32, [spec.ffn_width(l) for l in range(L)])))
+    else:
+        kvs.append(gguf_kv(A + "feed_forward_length", T_U32, spec.ffn))
+    kvs.append(gguf_kv(A + "attention.head_count", T_U32, spec.heads))
+    if spec.kv_global is not None and spec.k_eq_v:
+        kvs.append(gguf_kv(A + "attention.head_count_kv", T_ARR, (T_I32, [spec.nkv(l) for l in range(L)])))
+    else:
+        kvs.append(gguf_kv(A + "attention.head_count_kv", T_U32, spec.kv))
+    kvs += [gguf_kv(A + "rope.freq_base", T_F32, ROPE_THETA), gguf_kv(A + "rope.freq_base_swa", T_F32, ROPE_THETA_SWA),
+            gguf_kv(A + "attention.layer_norm_rms_epsilon", T_F32, EPS),
+            gguf_kv(A + "attention.key_length", T_U32, spec.hd_f), gguf_kv(A + "attention.value_length", T_U32, spec.hd_f),
+            gguf_kv("general.file_type", T_U32, {G_F32: 0, G_F16: 1, G_Q8_0: 7}[wtype]),
+            gguf_kv(A + "final_logit_softcapping", T_F32, SOFTCAP),
+            gguf_kv(A + "attention.sliding_window", T_U32, spec.window),
+            gguf_kv(A + "attention.shared_kv_layers", T_U32, spec.shared),
+            gguf_kv(A + "embedding_length_per_layer_input", T_U32, spec.ple),
+            gguf_kv(A + "attention.sliding_window_pattern", T_ARR, (T_BOOL, [t == S for t in spec.layers])),
+            gguf_kv(A + "attention.key_length_swa", T_U32, spec.hd_s),
+            gguf_kv(A + "attention.value_length_swa", T_U32, spec.hd_s),
+            gguf_kv(A + "rope.dimension_count", T_U32, spec.hd_f),
+            gguf_kv(A + "rope.dimension_count_swa", T_U32, spec.hd_s)]
+    if spec.moe:
+        kvs += [gguf_kv(A + "expert_count", T_U32, spec.moe["experts"]),
+                gguf_kv(A + "expert_used_count", T_U32, spec.moe["top_k"]),
+                gguf_kv(A + "expert_feed_forward_length", T_U32, spec.moe["ffn"])]
+    kvs.append(gguf_kv("general.quantization_version", T_U32, 2))
+    kvs += read_tokenizer_kvs(vocab_path)
+
+    infos, blobs, offset = [], [], 0
+    for name, a, quantizable in tensors if tensors is not None else gguf_tensor_plan(spec, w):
+        t = wtype if quantizable else G_F32
+        if t == G_Q8_0 and a.shape[-1] % 32:
+            t = G_F16
+        if t == G_F32:
+            blob = np.ascontiguousarray(a, dtype=np.float32).tobytes()
+        elif t == G_F16:
+            blob = a.astype(np.float16).tobytes()
+        else:
+            blob = q8_0(np.ascontiguousarray(a, dtype=np.float32))
+        ne = list(reversed(a.shape))
+        infos.append(gguf_str(name) + struct.pack("<I", len(ne)) + struct.pack(f"<{len(ne)}Q", *ne)
+                     + struct.pack("<IQ", t, offset))
+        pad = (-len(blob)) % 32
+        blobs.append(blob + b"\0" * pad)
+        offset += len(blob) + pad
+    head = b"GGUF" + struct.pack("<IQQ", 3, len(infos), len(kvs)) + b"".join(kvs) + b"".join(infos)
+    head += b"\0" * ((-len(head)) % 32)
+    with open(path + ".tmp", "wb") as fh:
+        fh.write(head)
+        for b in blobs:
+            fh.write(b)
+    os.replace(path + ".tmp", path)
+
+
+# ------------------------------------------------------------------------------------ safetensors
+def write_safetensors(path, tensors, metadata, pad_header=True):
+    """tensors: list of (name, dtype string, bytes, shape)."""
+    header, offset = {}, 0
+    if metadata:
+        header["__metadata__"] = metadata
+    for name, dt, blob, shape in tensors:
+        header[name] = {"dtype": dt, "shape": list(shape), "data_offsets": [offset, offset + len(blob)]}
+        offset += len(blob)
+    h = json.dumps(header, separators=(",", ":")).encode()
+    if pad_header:
+        h += b" " * ((-len(h)) % 8)
+    with open(path + ".tmp", "wb") as fh:
+        fh.write(struct.pack("<Q", len(h)) + h)
+        for _, _, blob, _ in tensors:
+            fh.write(blob)
+    os.replace(path + ".tmp", path)
+
+
+def write_hf(outdir, spec, w):
+    os.makedirs(outdir, exist_ok=True)
+    tensors = [(f"model.language_model.{k}", "BF16", bf16_bytes(a), a.shape) for k, a in sorted(w.items())]
+    # Vision-tower decoys a text loader must skip.
+    decoy = np.ones((4, 4), dtype=np.float32)
+    tensors.append(("model.vision_tower.encoder.layers.0.mlp.fc1.weight", "BF16", bf16_bytes(decoy), decoy.shape))
+    write_safetensors(os.path.join(outdir, "model.safetensors"), tensors, {"format": "pt"})
+    with open(os.path.join(outdir, "config.json"), "w") as fh:
+        json.dump(hf_config(spec), fh, indent=2)
+    with open(os.path.join(outdir, "generation_config.json"), "w") as fh:
+        json.dump({"bos_token_id": 2, "eos_token_id": [1, 106, 50], "pad_token_id": 0}, fh)
+
+
+# -------------------------------------------------------------------------------------------- MLX
+def mlx_quantize(a, bits, gs):
+    """MLX affine quantization (mlx/ops.cpp): returns packed u32 words, bf16 scales and biases, and
+    the dequantized float32 values computed from the stored (bf16) scale and bias."""
+    shp = a.shape
+    g = a.reshape(-1, gs).astype(np.float32)
+    n = (1 << bits) - 1
+    wmax, wmin = g.max(axis=1), g.min(axis=1)
+    s = np.maximum((wmax - wmin) / n, 1e-7)
+    neg = np.abs(wmin) > np.abs(wmax)
+    s = np.where(neg, s, -s)
+    edge = np.where(neg, wmin, wmax)
+    q0 = np.rint(edge / s)
+    nz = q0 != 0
+    s = np.where(nz, edge / np.where(nz, q0, 1), s)
+    bias = np.where(nz, edge, 0.0).astype(np.float32)
+    s, bias = bf16_round(s.astype(np.float32)), bf16_round(bias)
+    q = np.clip(np.rint((g - bias[:, None]) / s[:, None]), 0, n).astype(np.uint64)
+    deq = (s[:, None] * q.astype(np.float32) + bias[:, None]).astype(np.float32).reshape(shp)
+    # Pack each row as a little-endian bit stream (bits divides 32 here).
+    per = 32 // bits
+    qw = q.reshape(-1, per)
+    words = np.zeros(qw.shape[0], dtype=np.uint64)
+    for k in range(per):
+        words |= qw[:, k] << np.uint64(k * bits)
+    packed = words.astype(np.uint32).reshape(*shp[:-1], shp[-1] * bits // 32)
+    scales = s.reshape(*shp[:-1], shp[-1] // gs)
+    biases = bias.reshape(*shp[:-1], shp[-1] // gs)
+    return packed, scales, biases, deq
+
+
+def write_mlx(outdir, spec, w, bits, gs=32):
+    """Returns the dequantized weights (HF names) the MLX file stands for."""
+    os.makedirs(outdir, exist_ok=True)
+    prefix = "language_model.model."
+    quantized = ("q_proj.weight", "k_proj.weight", "v_proj.weight", "o_proj.weight", "gate_proj.weight",
+                 "up_proj.weight", "down_proj.weight", "embed_tokens.weight", "per_layer_input_gate.weight",
+                 "per_layer_projection.weight", "per_layer_model_projection.weight",
+                 "embed_tokens_per_layer.weight", "router.proj.weight")
+    tensors, deq_all, overrides = [], {}, {}
+    items = dict(w)
+    for l in range(spec.L):  # mlx-vlm splits the fused expert tensor into switch_glu gate/up
+        gu = items.pop(f"layers.{l}.experts.gate_up_proj", None)
+        if gu is not None:
+            Im = gu.shape[1] // 2
+            items[f"layers.{l}.experts.switch_glu.gate_proj.weight"] = gu[:, :Im]
+            items[f"layers.{l}.experts.switch_glu.up_proj.weight"] = gu[:, Im:]
+            items[f"layers.{l}.experts.switch_glu.down_proj.weight"] = items.pop(f"layers.{l}.experts.down_proj")
+        # mlx sanitize drops K/V of KV-shared layers.
+        if l >= spec.first_shared and spec.shared:
+            for k in ("self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.k_norm.weight"):
+                items.pop(f"layers.{l}.{k}", None)
+    for k, a in sorted(items.items()):
+        b = 8 if k.endswith("router.proj.weight") else bits
+        if k.endswith(quantized) and a.shape[-1] % gs == 0:
+            packed, sc, bi, deq = mlx_quantize(a, b, gs)
+            base = prefix + k[: -len(".weight")]
+            tensors += [(base + ".weight", "U32", packed.tobytes(), packed.shape),
+                        (base + ".scales", "BF16", bf16_bytes(sc), sc.shape),
+                        (base + ".biases", "BF16", bf16_bytes(bi), bi.shape)]
+            if b != bits:
+                overrides[base] = {"group_size": gs, "bits": b}
+        else:
+            deq = a
+            tensors.append((prefix + k, "BF16", bf16_bytes(a), a.shape))
+        deq_all[k] = deq
+    write_safetensors(os.path.join(outdir, "model.safetensors"), sorted(tensors), {"format": "mlx"},
+                      pad_header=False)
+    cfg = hf_config(spec)
+    cfg.pop("vision_config")
+    q = {"group_size": gs, "bits": bits, "mode": "affine", **overrides}
+    cfg["quantization"] = q
+    cfg["quantization_config"] = q
+    with open(os.path.join(outdir, "config.json"), "w") as fh:
+        json.dump(cfg, fh, indent=2, sort_keys=True)
+    # Back to HF names (re-fuse experts) for the reference GGUF.
+    for l in range(spec.L):
+        g = deq_all.pop(f"layers.{l}.experts.switch_glu.gate_proj.weight", None)
+        if g is not None:
+            u = deq_all.pop(f"layers.{l}.experts.switch_glu.up_proj.weight")
+            deq_all[f"layers.{l}.experts.gate_up_proj"] = np.concatenate([g, u], axis=1)
+            deq_all[f"layers.{l}.experts.down_proj"] = deq_all.pop(f"layers.{l}.experts.switch_glu.down_proj.weight")
+    for k, a in w.items():  # the reference keeps the ignored K/V of shared layers as they were
+        deq_all.setdefault(k, a)
+    return deq_all
+
+
+# ------------------------------------------------------------------------------------------- main
+ALL_FORMATS = ["f32", "f16", "q8_0", "hf", "mlx4", "mlx8"]
+
+
+def generate(variant, out, formats, vocab):
+    spec = Spec(variant, VARIANTS[variant])
+    os.makedirs(out, exist_ok=True)
+    with open(__file__, "rb") as fh:
+        digest = hashlib.sha256(fh.read() + repr((variant, sorted(formats))).encode()).hexdigest()
+    stamp = os.path.join(out, ".stamp")
+    if os.path.exists(stamp) and open(stamp).read() == digest:
+        return
+    w = make_weights(spec)
+    gtypes = {"f32": G_F32, "f16": G_F16, "q8_0": G_Q8_0}
+    for f in formats:
+        if f in gtypes:
+            write_gguf(os.path.join(out, f"model-{f}.gguf"), spec, w, gtypes[f], vocab)
+        elif f == "hf":
+            write_hf(os.path.join(out, "hf"), spec, w)
+        elif f in ("mlx4", "mlx8"):
+            deq = write_mlx(os.path.join(out, f), spec, w, int(f[3:]))
+            write_gguf(os.path.join(out, f"{f}-ref-f32.gguf"), spec, deq, G_F32, vocab)
+        else:
+            sys.exit(f"unknown format '{f}' (expected one of {', '.join(ALL_FORMATS)})")
+    with open(stamp, "w") as fh:
+        fh.write(digest)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--variant", choices=sorted(VARIANTS))
+    ap.add_argument("--out")
+    ap.add_argument("--formats", default=",".join(ALL_FORMATS))
+    ap.add_argument("--vocab", default=DEFAULT_VOCAB)
+    ap.add_argument("--list", action="store_true")
+    a = ap.parse_args()
+    if a.list:
+        print(" ".join(k for k in VARIANTS if not k.endswith("-real")))
+        return
+    if not a.variant or not a.out:
+        ap.error("--variant and --out are required")
+    generate(a.variant, a.out, [f for f in a.formats.split(",") if f], a.vocab)
+
+
+if __name__ == "__main__":
+    main()
