@@ -1,0 +1,541 @@
+// Every op of the CPU backend against a naive reference written here (double precision, plain loops).
+// Tolerances: F32 math is compared at a few ulps of the result scale (abs 1e-5..1e-4 plus rel 1e-5);
+// weights are generated exactly representable in their storage type, so F16/BF16 weights get the
+// same tolerance as F32.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <numeric>
+
+#include "specula/error.hpp"
+#include "test_util.hpp"
+
+namespace specula {
+namespace {
+
+using test::expect_close;
+
+std::vector<double> ref_matmul(const std::vector<float>& w, const std::vector<float>& x, int64_t O, int64_t I) {
+  const int64_t N = static_cast<int64_t>(x.size()) / I;
+  std::vector<double> y(static_cast<size_t>(N * O));
+  for (int64_t n = 0; n < N; ++n)
+    for (int64_t o = 0; o < O; ++o) {
+      double s = 0;
+      for (int64_t i = 0; i < I; ++i) s += double(w[o * I + i]) * x[n * I + i];
+      y[n * O + o] = s;
+    }
+  return y;
+}
+
+class MatMulTypes : public ::testing::TestWithParam<DType> {};
+
+TEST_P(MatMulTypes, MatchesReference) {
+  const DType type = GetParam();
+  test::Fixture fx;
+  for (auto [O, I, N] : {std::tuple<int64_t, int64_t, int64_t>{37, 64, 1}, {19, 36, 5}, {64, 256, 3}}) {
+    auto w = test::exact_floats(static_cast<size_t>(O * I), 7, type);
+    auto x = test::random_floats(static_cast<size_t>(N * I), 8);
+    Graph g;
+    Value xv = g.input(DType::F32, {N, I}, "x");
+    Value y = g.matmul(g.constant(fx.weight("w", type, {O, I}, w)), xv);
+    g.mark_output(y);
+    fx.backend->run(g, {{{xv, test::bytes_of(x)}}});
+    expect_close(fx.read_f32(g, y), ref_matmul(w, x, O, I), 1e-5, 1e-5, "matmul " + std::string(dtype_name(type)));
+  }
+}
+INSTANTIATE_TEST_SUITE_P(Float, MatMulTypes, ::testing::Values(DType::F32, DType::F16, DType::BF16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+TEST(Ops, MatMulBatchedLeadingAxes) {
+  test::Fixture fx;
+  const int64_t O = 5, I = 8;
+  auto w = test::random_floats(O * I, 1);
+  auto x = test::random_floats(2 * 3 * I, 2);
+  Graph g;
+  Value xv = g.input(DType::F32, {2, 3, I}, "x");
+  Value y = g.matmul(g.constant(fx.weight("w", DType::F32, {O, I}, w)), xv);
+  EXPECT_EQ(g.shape(y), (Shape{2, 3, O}));
+  g.mark_output(y);
+  fx.backend->run(g, {{{xv, test::bytes_of(x)}}});
+  expect_close(fx.read_f32(g, y), ref_matmul(w, x, O, I), 1e-5, 1e-5, "batched matmul");
+}
+
+TEST(Ops, GetRowsAnyType) {
+  for (DType type : {DType::F32, DType::F16, DType::BF16}) {
+    test::Fixture fx;
+    const int64_t R = 11, C = 24;
+    auto table = test::exact_floats(R * C, 3, type);
+    std::vector<int32_t> ids{4, 0, 10, 4};
+    Graph g;
+    Value iv = g.input(DType::I32, {4}, "ids");
+    Value rows = g.get_rows(g.constant(fx.weight("table", type, {R, C}, table)), iv);
+    g.mark_output(rows);
+    fx.backend->run(g, {{{iv, test::bytes_of(ids)}}});
+    std::vector<double> want;
+    for (int32_t id : ids)
+      for (int64_t c = 0; c < C; ++c) want.push_back(table[id * C + c]);
+    expect_close(fx.read_f32(g, rows), want, 0, 0, "get_rows");
+
+    std::vector<int32_t> bad{3, 11, 0, 0};
+    try {
+      fx.backend->run(g, {{{iv, test::bytes_of(bad)}}});
+      ADD_FAILURE() << "an id past the table must fail";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("id 11"), std::string::npos) << e.what();
+    }
+  }
+}
+
+TEST(Ops, MatMulIdSharedAndPerSlotInputs) {
+  test::Fixture fx;
+  const int64_t E = 4, O = 6, I = 16, N = 3, K = 2;
+  auto experts = test::exact_floats(E * O * I, 5, DType::BF16);
+  auto wt = fx.weight("experts", DType::BF16, {E, O, I}, experts);
+  std::vector<int32_t> ids{3, 1, 0, 3, 2, 2};
+  for (bool shared : {true, false}) {
+    const int64_t xk = shared ? 1 : K;
+    auto x = test::random_floats(N * xk * I, 6);
+    Graph g;
+    Value xv = g.input(DType::F32, {N, xk, I}, "x");
+    Value iv = g.input(DType::I32, {N, K}, "ids");
+    Value y = g.matmul_id(g.constant(wt), xv, iv);
+    g.mark_output(y);
+    fx.backend->run(g, {{{xv, test::bytes_of(x)}, {iv, test::bytes_of(ids)}}});
+    std::vector<double> want;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t k = 0; k < K; ++k) {
+        const int64_t e = ids[n * K + k];
+        const float* xr = x.data() + (n * xk + (shared ? 0 : k)) * I;
+        for (int64_t o = 0; o < O; ++o) {
+          double s = 0;
+          for (int64_t i = 0; i < I; ++i) s += double(experts[(e * O + o) * I + i]) * xr[i];
+          want.push_back(s);
+        }
+      }
+    expect_close(fx.read_f32(g, y), want, 1e-5, 1e-5, shared ? "matmul_id shared x" : "matmul_id per-slot x");
+  }
+}
+
+TEST(Ops, AddMulBroadcast) {
+  test::Fixture fx;
+  const Shape as{2, 3, 4};
+  auto a = test::random_floats(24, 1);
+  for (Shape bs : {Shape{2, 3, 4}, Shape{4}, Shape{1}, Shape{3, 1}, Shape{2, 3, 1}, Shape{2, 1, 4}}) {
+    int64_t bn = 1;
+    for (auto d : bs) bn *= d;
+    auto b = test::random_floats(static_cast<size_t>(bn), 2);
+    for (Op op : {Op::Add, Op::Mul}) {
+      Graph g;
+      Value av = g.input(DType::F32, as, "a");
+      Value bv = g.input(DType::F32, bs, "b");
+      Value y = op == Op::Add ? g.add(av, bv) : g.mul(av, bv);
+      g.mark_output(y);
+      fx.backend->run(g, {{{av, test::bytes_of(a)}, {bv, test::bytes_of(b)}}});
+      std::vector<double> want;
+      for (int64_t i = 0; i < 2; ++i)
+        for (int64_t j = 0; j < 3; ++j)
+          for (int64_t k = 0; k < 4; ++k) {
+            // b index: right-aligned, broadcast axes read index 0.
+            const int64_t idx[3] = {i, j, k};
+            int64_t off = 0;
+            for (size_t d = 0; d < bs.size(); ++d) {
+              const int64_t ad = 3 - static_cast<int64_t>(bs.size()) + static_cast<int64_t>(d);
+              off = off * bs[d] + (bs[d] == 1 ? 0 : idx[ad]);
+            }
+            const double av_ = a[(i * 3 + j) * 4 + k], bv_ = b[static_cast<size_t>(off)];
+            want.push_back(op == Op::Add ? av_ + bv_ : av_ * bv_);
+          }
+      expect_close(fx.read_f32(g, y), want, 1e-7, 1e-6, std::string(op_name(op)) + " with b " + std::to_string(bs.size()) + "-d");
+    }
+  }
+}
+
+TEST(Ops, MulByBf16Weight) {
+  test::Fixture fx;
+  auto a = test::random_floats(12, 1);
+  auto s = test::exact_floats(1, 2, DType::BF16);
+  Graph g;
+  Value av = g.input(DType::F32, {3, 4}, "a");
+  Value y = g.mul(av, g.constant(fx.weight("layer_scalar", DType::BF16, {1}, s)));
+  g.mark_output(y);
+  fx.backend->run(g, {{{av, test::bytes_of(a)}}});
+  std::vector<double> want;
+  for (float v : a) want.push_back(double(v) * s[0]);
+  expect_close(fx.read_f32(g, y), want, 1e-7, 1e-6, "mul by bf16 scalar");
+}
+
+TEST(Ops, UnaryOps) {
+  test::Fixture fx;
+  const int64_t R = 3, C = 37;
+  auto x = test::random_floats(R * C, 9, -4.0f, 4.0f);
+  auto nw = test::exact_floats(C, 10, DType::BF16);
+  auto normw = fx.weight("norm", DType::BF16, {C}, nw);
+  Graph g;
+  Value xv = g.input(DType::F32, {R, C}, "x");
+  Value sc = g.scale(xv, 0.25f);
+  Value ge = g.gelu_tanh(xv);
+  Value cap = g.softcap(xv, 3.0f);
+  Value sm = g.softmax(xv);
+  Value rn = g.rms_norm(xv, Value{}, 1e-6f);
+  Value rw = g.rms_norm(xv, g.constant(normw), 1e-6f);
+  for (Value v : {sc, ge, cap, sm, rn, rw}) g.mark_output(v);
+  fx.backend->run(g, {{{xv, test::bytes_of(x)}}});
+  std::vector<double> w_sc, w_ge, w_cap, w_sm, w_rn, w_rw;
+  for (int64_t r = 0; r < R; ++r) {
+    const float* xr = x.data() + r * C;
+    double mx = -1e300, sum = 0, ss = 0;
+    for (int64_t c = 0; c < C; ++c) mx = std::max(mx, double(xr[c]));
+    for (int64_t c = 0; c < C; ++c) sum += std::exp(double(xr[c]) - mx), ss += double(xr[c]) * xr[c];
+    const double inv = 1.0 / std::sqrt(ss / C + 1e-6);
+    for (int64_t c = 0; c < C; ++c) {
+      const double v = xr[c];
+      w_sc.push_back(v * 0.25);
+      w_ge.push_back(0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))));
+      w_cap.push_back(3.0 * std::tanh(v / 3.0));
+      w_sm.push_back(std::exp(v - mx) / sum);
+      w_rn.push_back(v * inv);
+      w_rw.push_back(v * inv * nw[static_cast<size_t>(c)]);
+    }
+  }
+  expect_close(fx.read_f32(g, sc), w_sc, 0, 1e-7, "scale");
+  expect_close(fx.read_f32(g, ge), w_ge, 1e-6, 1e-5, "gelu_tanh");
+  expect_close(fx.read_f32(g, cap), w_cap, 1e-6, 1e-5, "softcap");
+  expect_close(fx.read_f32(g, sm), w_sm, 1e-7, 1e-5, "softmax");
+  expect_close(fx.read_f32(g, rn), w_rn, 1e-6, 1e-5, "rms_norm");
+  expect_close(fx.read_f32(g, rw), w_rw, 1e-6, 1e-5, "rms_norm with bf16 weight");
+}
+
+// RoPE reference: rotate_half on the full head dim, inv_freq zero past `pairs` (the proportional
+// scheme of Gemma 4 full layers when pairs < D/2).
+std::vector<double> ref_rope(const std::vector<float>& x, const std::vector<int32_t>& pos, int64_t H, int64_t D,
+                             int64_t pairs, double theta, double divisor, double fscale) {
+  const int64_t T = static_cast<int64_t>(pos.size()), half = D / 2;
+  std::vector<double> y(x.begin(), x.end());
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t k = 0; k < half; ++k) {
+        const double inv = k < pairs ? fscale * std::pow(theta, -2.0 * k / divisor) : 0.0;
+        const double a = pos[t] * inv;
+        const double x0 = x[(t * H + h) * D + k], x1 = x[(t * H + h) * D + k + half];
+        y[(t * H + h) * D + k] = x0 * std::cos(a) - x1 * std::sin(a);
+        y[(t * H + h) * D + k + half] = x1 * std::cos(a) + x0 * std::sin(a);
+      }
+  return y;
+}
+
+TEST(Ops, RopeStandardAndProportional) {
+  test::Fixture fx;
+  const int64_t H = 3, D = 16;
+  std::vector<int32_t> pos{0, 1, 7, 130, 4000};
+  const int64_t T = static_cast<int64_t>(pos.size());
+  auto x = test::random_floats(T * H * D, 4);
+  struct Case { int64_t pairs; float theta, divisor, fscale; };
+  for (Case c : {Case{8, 10000.0f, 16.0f, 1.0f}, Case{2, 1e6f, 16.0f, 1.0f}, Case{8, 10000.0f, 16.0f, 0.25f}, Case{0, 1e4f, 16.0f, 1.0f}}) {
+    Graph g;
+    Value xv = g.input(DType::F32, {T, H, D}, "x");
+    Value pv = g.input(DType::I32, {T}, "pos");
+    Value y = g.rope(xv, pv, c.pairs, c.theta, c.divisor, c.fscale);
+    g.mark_output(y);
+    fx.backend->run(g, {{{xv, test::bytes_of(x)}, {pv, test::bytes_of(pos)}}});
+    // F32 angles at position 4000 carry ~4000 * 2^-24 rad of error, as in the F32 reference
+    // implementations; hence 1e-3 absolute.
+    expect_close(fx.read_f32(g, y), ref_rope(x, pos, H, D, c.pairs, c.theta, c.divisor, c.fscale), 1e-3, 0,
+                 "rope pairs=" + std::to_string(c.pairs));
+  }
+}
+
+// Attention reference: explicit mask from positions, softmax in double.
+struct AttCase {
+  int64_t T, S, Hq, Hkv, D, Dv;
+  int64_t window;
+  bool causal;
+  std::vector<int32_t> kpos, qpos;
+};
+
+std::vector<double> ref_attention(const AttCase& c, const std::vector<float>& q, const std::vector<float>& k,
+                                  const std::vector<float>& v, float scale) {
+  std::vector<double> out(static_cast<size_t>(c.T * c.Hq * c.Dv), 0.0);
+  for (int64_t t = 0; t < c.T; ++t)
+    for (int64_t h = 0; h < c.Hq; ++h) {
+      const int64_t hk = h * c.Hkv / c.Hq;  // repeat_interleave of KV heads
+      std::vector<double> sc;
+      std::vector<int64_t> slots;
+      for (int64_t s = 0; s < c.S; ++s) {
+        const int64_t kp = c.kpos[s], qp = c.qpos[t];
+        if (kp < 0) continue;
+        if (c.causal && kp > qp) continue;
+        if (c.window > 0 && (qp - kp >= c.window || kp - qp >= c.window)) continue;
+        double d = 0;
+        for (int64_t i = 0; i < c.D; ++i) d += double(q[(t * c.Hq + h) * c.D + i]) * k[(s * c.Hkv + hk) * c.D + i];
+        sc.push_back(d * scale);
+        slots.push_back(s);
+      }
+      if (sc.empty()) continue;
+      const double mx = *std::max_element(sc.begin(), sc.end());
+      double sum = 0;
+      for (auto& e : sc) sum += (e = std::exp(e - mx));
+      for (size_t j = 0; j < sc.size(); ++j)
+        for (int64_t d = 0; d < c.Dv; ++d)
+          out[(t * c.Hq + h) * c.Dv + d] += sc[j] / sum * v[(slots[j] * c.Hkv + hk) * c.Dv + d];
+    }
+  return out;
+}
+
+void check_attention(const AttCase& c, DType kv_type, const std::string& what) {
+  test::Fixture fx;
+  auto q = test::random_floats(c.T * c.Hq * c.D, 11, -2.0f, 2.0f);
+  auto k = test::exact_floats(c.S * c.Hkv * c.D, 12, kv_type);
+  auto v = test::exact_floats(c.S * c.Hkv * c.Dv, 13, kv_type);
+  const float scale = 0.7f;
+  // K and V as a persistent cache tensor (the usual case), written through write().
+  auto kc = fx.backend->allocate("k_cache", kv_type, {c.S, c.Hkv, c.D});
+  auto vc = fx.backend->allocate("v_cache", kv_type, {c.S, c.Hkv, c.Dv});
+  fx.backend->write(*kc, test::bytes_of(k));
+  fx.backend->write(*vc, test::bytes_of(v));
+  Graph g;
+  Value qv = g.input(DType::F32, {c.T, c.Hq, c.D}, "q");
+  Value kp = g.input(DType::I32, {c.S}, "kpos");
+  Value qp = g.input(DType::I32, {c.T}, "qpos");
+  Value y = g.attention(qv, g.constant(kc), g.constant(vc), kp, qp, scale, c.window, c.causal);
+  g.mark_output(y);
+  fx.backend->run(g, {{{qv, test::bytes_of(q)}, {kp, test::bytes_of(c.kpos)}, {qp, test::bytes_of(c.qpos)}}});
+  expect_close(fx.read_f32(g, y), ref_attention(c, q, k, v, scale), 2e-6, 1e-5, what);
+}
+
+TEST(Attention, RingBufferCacheOutOfOrderWithEmptySlots) {
+  // A ring of 8 slots after 11 tokens: slot s holds position p with p % 8 == s; one slot still empty
+  // in a second case.
+  AttCase c{1, 8, 4, 2, 16, 16, 0, true, {8, 9, 10, 3, 4, 5, 6, 7}, {10}};
+  check_attention(c, DType::F32, "ring buffer, decode");
+  c.kpos = {8, -1, 2, 3, -1, 5, 6, 7};
+  c.qpos = {8};
+  check_attention(c, DType::F32, "ring buffer with empty slots");
+}
+
+TEST(Attention, SlidingWindowCausalPrefill) {
+  // 6 new tokens at positions 4..9 over a cache holding 0..9 in shuffled slots; window 3.
+  AttCase c{6, 10, 2, 1, 8, 8, 3, true, {5, 0, 9, 2, 7, 4, 1, 8, 3, 6}, {4, 5, 6, 7, 8, 9}};
+  check_attention(c, DType::F32, "sliding window 3");
+  c.window = 1;  // each query sees only itself
+  check_attention(c, DType::F32, "sliding window 1");
+}
+
+TEST(Attention, GqaAndValueWidth) {
+  AttCase c{3, 5, 8, 2, 32, 24, 0, true, {0, 1, 2, 3, 4}, {2, 3, 4}};
+  check_attention(c, DType::F32, "GQA 8/2, Dv != D");
+}
+
+TEST(Attention, Bidirectional) {
+  AttCase c{4, 6, 2, 2, 8, 8, 0, false, {0, 1, 2, 3, 4, 5}, {0, 1, 2, 3}};
+  check_attention(c, DType::F32, "bidirectional");
+  c.window = 2;
+  check_attention(c, DType::F32, "bidirectional window 2");
+}
+
+TEST(Attention, F16AndBf16Caches) {
+  AttCase c{2, 7, 4, 1, 16, 16, 4, true, {3, 4, 5, 6, 0, 1, 2}, {5, 6}};
+  check_attention(c, DType::F16, "F16 cache");
+  check_attention(c, DType::BF16, "BF16 cache");
+}
+
+TEST(Attention, QueryThatSeesNothingGivesZero) {
+  AttCase c{1, 3, 1, 1, 4, 4, 0, true, {5, 6, -1}, {2}};
+  check_attention(c, DType::F32, "nothing visible");
+}
+
+TEST(Ops, TopKAndArgmaxTies) {
+  test::Fixture fx;
+  std::vector<float> x{1, 5, 3, 5, -2, 0,   7, 7, 7, 1, 2, 7};
+  Graph g;
+  Value xv = g.input(DType::F32, {2, 6}, "x");
+  Value tk = g.top_k(xv, 3);
+  Value am = g.argmax(xv);
+  g.mark_output(tk);
+  g.mark_output(am);
+  fx.backend->run(g, {{{xv, test::bytes_of(x)}}});
+  EXPECT_EQ(fx.read_i32(g, tk), (std::vector<int32_t>{1, 3, 2, 0, 1, 2}));
+  EXPECT_EQ(fx.read_i32(g, am), (std::vector<int32_t>{1, 0}));
+}
+
+TEST(Ops, ReshapeSliceConcat) {
+  test::Fixture fx;
+  std::vector<float> a(12), b(6);
+  std::iota(a.begin(), a.end(), 0.0f);
+  std::iota(b.begin(), b.end(), 100.0f);
+  Graph g;
+  Value av = g.input(DType::F32, {3, 4}, "a");
+  Value bv = g.input(DType::F32, {3, 2}, "b");
+  Value r = g.reshape(av, {2, 6});
+  Value s = g.slice(av, 1, 2);
+  Value c = g.concat(s, bv);
+  for (Value v : {r, s, c}) g.mark_output(v);
+  fx.backend->run(g, {{{av, test::bytes_of(a)}, {bv, test::bytes_of(b)}}});
+  EXPECT_EQ(fx.read_f32(g, r), a);
+  EXPECT_EQ(fx.read_f32(g, s), (std::vector<float>{1, 2, 5, 6, 9, 10}));
+  EXPECT_EQ(fx.read_f32(g, c), (std::vector<float>{1, 2, 100, 101, 5, 6, 102, 103, 9, 10, 104, 105}));
+}
+
+TEST(Ops, CopyRoundsToNearestEven) {
+  test::Fixture fx;
+  // 1 + 2^-8 is halfway between two BF16 values (1 and 1 + 2^-7): ties go to the even one (1).
+  // 1 + 3 * 2^-8 is halfway between 1 + 2^-7 and 1 + 2^-6: goes to 1 + 2^-6.
+  // For F16 (10 mantissa bits) the same with 2^-11.
+  std::vector<float> x{1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f, -2.5f, 65504.0f};
+  Graph g;
+  Value xv = g.input(DType::F32, {6}, "x");
+  Value b = g.copy(xv, DType::BF16);
+  Value h = g.copy(xv, DType::F16);
+  g.mark_output(b);
+  g.mark_output(h);
+  fx.backend->run(g, {{{xv, test::bytes_of(x)}}});
+  auto gb = fx.read_f32(g, b), gh = fx.read_f32(g, h);
+  EXPECT_EQ(gb[0], 1.0f);
+  EXPECT_EQ(gb[1], 1.0f + 0x1p-6f);
+  EXPECT_EQ(gb[4], -2.5f);
+  EXPECT_EQ(gb[5], 65536.0f);  // 65504 = 0xFFE0 * 2^0: rounds up to 2^16 in BF16
+  EXPECT_EQ(gh[2], 1.0f);
+  EXPECT_EQ(gh[3], 1.0f + 0x1p-9f);
+  EXPECT_EQ(gh[4], -2.5f);
+  EXPECT_EQ(gh[5], 65504.0f);
+}
+
+TEST(Ops, WriteRowsThenAttentionInOneGraph) {
+  // The decode pattern: write this step's K/V and position into ring-buffer caches, then attend
+  // over the caches (through the WriteRows values) in the same graph.
+  test::Fixture fx;
+  const int64_t S = 4, H = 1, D = 8;
+  auto kc = fx.backend->allocate("k", DType::F16, {S, H, D});
+  auto vc = fx.backend->allocate("v", DType::F16, {S, H, D});
+  auto pc = fx.backend->allocate("pos", DType::I32, {S});
+  std::vector<int32_t> empty(S, -1);
+  fx.backend->write(*pc, test::bytes_of(empty));
+  std::vector<float> all_k, all_v;
+  for (int32_t p = 0; p < 6; ++p) {
+    auto k = test::exact_floats(H * D, 100 + p, DType::F16);
+    auto v = test::exact_floats(H * D, 200 + p, DType::F16);
+    auto q = test::random_floats(H * D, 300 + p);
+    std::vector<int32_t> slot{p % static_cast<int32_t>(S)}, pos{p};
+    Graph g;
+    Value kv = g.input(DType::F32, {1, H, D}, "k_new");
+    Value vv = g.input(DType::F32, {1, H, D}, "v_new");
+    Value qv = g.input(DType::F32, {1, H, D}, "q");
+    Value sv = g.input(DType::I32, {1}, "slot");
+    Value pv = g.input(DType::I32, {1}, "pos");
+    Value K = g.write_rows(kc, kv, sv);
+    Value V = g.write_rows(vc, vv, sv);
+    Value P = g.write_rows(pc, pv, sv);
+    Value y = g.attention(qv, K, V, P, pv, 1.0f, 3, true);
+    g.mark_output(y);
+    fx.backend->run(g, {{{kv, test::bytes_of(k)}, {vv, test::bytes_of(v)}, {qv, test::bytes_of(q)},
+                         {sv, test::bytes_of(slot)}, {pv, test::bytes_of(pos)}}});
+    all_k.insert(all_k.end(), k.begin(), k.end());
+    all_v.insert(all_v.end(), v.begin(), v.end());
+    // Reference: attention over every position so far as one contiguous, ordered cache.
+    AttCase c{1, p + 1, H, H, D, D, 3, true, {}, {p}};
+    for (int32_t i = 0; i <= p; ++i) c.kpos.push_back(i);
+    expect_close(fx.read_f32(g, y), ref_attention(c, q, all_k, all_v, 1.0f), 2e-6, 1e-5,
+                 "decode step " + std::to_string(p));
+  }
+  std::vector<int32_t> pos(S);
+  fx.backend->read(*pc, std::as_writable_bytes(std::span<int32_t>(pos)));
+  EXPECT_EQ(pos, (std::vector<int32_t>{4, 5, 2, 3}));
+
+  Graph g;
+  Value rows = g.input(DType::F32, {1, H, D}, "rows");
+  Value bad = g.input(DType::I32, {1}, "slot");
+  g.write_rows(kc, rows, bad);
+  std::vector<float> zeros(H * D);
+  std::vector<int32_t> slot{static_cast<int32_t>(S)};
+  try {
+    fx.backend->run(g, {{{rows, test::bytes_of(zeros)}, {bad, test::bytes_of(slot)}}});
+    ADD_FAILURE() << "writing past the cache must fail";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("row id 4"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Backend, RunAndReadErrors) {
+  test::Fixture fx;
+  Graph g;
+  Value x = g.input(DType::F32, {2, 3}, "x");
+  Value y = g.scale(x, 2.0f);
+  Value z = g.scale(y, 2.0f);
+  g.mark_output(z);
+  std::vector<float> five(5), six(6, 1.0f);
+  auto expect_msg = [](auto&& f, const std::string& part) {
+    try {
+      f();
+      ADD_FAILURE() << "expected an error containing " << part;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
+    }
+  };
+  expect_msg([&] { fx.backend->run(g, {}); }, "input 'x'");
+  expect_msg([&] { fx.backend->run(g, {{{x, test::bytes_of(five)}}}); }, "needs 24 bytes but was given 20");
+  fx.backend->run(g, {{{x, test::bytes_of(six)}}});
+  EXPECT_EQ(fx.read_f32(g, z), std::vector<float>(6, 4.0f));
+  expect_msg([&] { fx.read_f32(g, y); }, "not marked as an output");
+  Graph other;
+  other.mark_output(other.input(DType::F32, {1}, "o"));
+  expect_msg([&] { fx.read_f32(other, Value{0}); }, "not the last one run");
+  auto w = fx.weight("w", DType::F32, {2}, std::vector<float>{1, 2});
+  expect_msg([&] { fx.backend->write(*w, test::bytes_of(six)); }, "read-only");
+  std::vector<std::byte> short_data(7);
+  TensorInfo info{"short", DType::F16, {2, 2}, std::span<const std::byte>(short_data), {}};
+  expect_msg([&] { fx.backend->load_weight(info); }, "needs 8 bytes but has 7");
+}
+
+TEST(Backend, LoadWeightIsZeroCopyAndReadDecodes) {
+  test::Fixture fx;
+  auto vals = test::exact_floats(8, 1, DType::BF16);
+  auto w = fx.weight("w", DType::BF16, {2, 4}, vals);
+  std::vector<float> back(8);
+  fx.backend->read(*w, std::as_writable_bytes(std::span<float>(back)));
+  EXPECT_EQ(back, vals);
+  // Zero-copy: changing the bytes the TensorInfo pointed at changes what the backend reads.
+  auto& held = *fx.storage.back();
+  uint16_t two = 0x4000;  // 2.0 in BF16
+  std::memcpy(held.data(), &two, 2);
+  fx.backend->read(*w, std::as_writable_bytes(std::span<float>(back)));
+  EXPECT_EQ(back[0], 2.0f);
+}
+
+TEST(Backend, SupportsAnswers) {
+  test::Fixture fx;
+  const ComputeBackend& b = *fx.backend;
+  EXPECT_TRUE(b.supports(Op::MatMul, DType::BF16).ok);
+  EXPECT_TRUE(b.supports(Op::MatMul, DType::F16).ok);
+  EXPECT_TRUE(b.supports(Op::Attention, DType::F16).ok);
+  auto kq = b.supports(Op::Attention, DType::Q8_0);
+  EXPECT_FALSE(kq.ok);
+  EXPECT_NE(kq.reason.find("Q8_0"), std::string::npos) << kq.reason;
+  auto cp = b.supports(Op::Copy, DType::Q4_K);
+  EXPECT_FALSE(cp.ok);
+  EXPECT_NE(cp.reason.find("Q4_K"), std::string::npos);
+  EXPECT_FALSE(b.supports(Op::Input, DType::Q4_0).ok);
+  EXPECT_FALSE(b.supports(Op::MatMul, static_cast<DType>(999)).ok);
+  EXPECT_TRUE(b.supports(Op::WriteRows, DType::I32).ok);
+}
+
+TEST(Backend, ThreadCountDoesNotChangeResults) {
+  const int64_t O = 33, I = 96, N = 4;
+  auto w = test::exact_floats(O * I, 3, DType::BF16);
+  auto x = test::random_floats(N * I, 4);
+  std::vector<std::vector<float>> results;
+  for (int threads : {1, 2, 3}) {
+    test::Fixture fx(threads);
+    Graph g;
+    Value xv = g.input(DType::F32, {N, I}, "x");
+    Value y = g.softmax(g.matmul(g.constant(fx.weight("w", DType::BF16, {O, I}, w)), xv));
+    g.mark_output(y);
+    fx.backend->run(g, {{{xv, test::bytes_of(x)}}});
+    results.push_back(fx.read_f32(g, y));
+  }
+  EXPECT_EQ(results[0], results[1]);
+  EXPECT_EQ(results[0], results[2]);
+}
+
+}  // namespace
+}  // namespace specula
