@@ -35,7 +35,7 @@ int64_t elements(const Shape& s) {
 const float* CpuTensor::as_f32() {
   std::call_once(f32_once_, [&] {
     const int64_t cols = shape_.back(), rows = elements(shape_) / cols;
-    const size_t row_bytes = *dtype_row_bytes(type_, static_cast<uint64_t>(cols));
+    const size_t row_bytes = *cpu::row_bytes(type_, cols, &quant);
     f32_.resize(static_cast<size_t>(rows * cols));
     for (int64_t r = 0; r < rows; ++r)
       decode_row(type_, data + static_cast<size_t>(r) * row_bytes, cols, f32_.data() + r * cols, &quant, r);
@@ -89,6 +89,23 @@ class BufferPool {
   };
   std::vector<Buffer> buffers_;
 };
+
+// MLX affine weights: valid bits/group size, and scales/biases covering every group of every row.
+void check_mlx(const TensorInfo& info, int64_t rows, int64_t cols) {
+  const QuantParams& q = info.quant;
+  if (!mlx_params_valid(q.bits, q.group_size))
+    fail("CPU backend: MLX weight '{}': bits {} / group size {} is not a supported combination", info.name,
+         q.bits, q.group_size);
+  if (cols % q.group_size != 0)
+    fail("CPU backend: MLX weight '{}': {} columns are not whole groups of {}", info.name, cols, q.group_size);
+  const DTypeTraits* st = dtype_traits(q.scale_type);
+  if (!st || (q.scale_type != DType::F32 && q.scale_type != DType::F16 && q.scale_type != DType::BF16))
+    fail("CPU backend: MLX weight '{}': scales must be F32, F16 or BF16, not {}", info.name, dtype_name(q.scale_type));
+  const size_t want = static_cast<size_t>(rows * (cols / q.group_size)) * st->block_bytes;
+  if (q.scales.size() != want || q.biases.size() != want)
+    fail("CPU backend: MLX weight '{}': scales ({} bytes) and biases ({} bytes) must each have {} bytes", info.name,
+         q.scales.size(), q.biases.size(), want);
+}
 
 class CpuBackend final : public ComputeBackend {
  public:
@@ -155,13 +172,14 @@ class CpuBackend final : public ComputeBackend {
     for (int64_t d : info.shape)
       if (d <= 0) fail("CPU backend: weight '{}' has shape {}; every axis must be positive", info.name, shape_str(info.shape));
     const int64_t cols = info.shape.back(), rows = elements(info.shape) / cols;
-    const auto row_bytes = dtype_row_bytes(info.type, static_cast<uint64_t>(cols));
-    if (!row_bytes)
+    if (info.type == DType::MLX_AFFINE) check_mlx(info, rows, cols);
+    const auto rb = row_bytes(info.type, cols, &info.quant);
+    if (!rb)
       fail("CPU backend: weight '{}' {} {}: rows of {} values are not whole {}-value blocks", info.name,
            tr->name, shape_str(info.shape), cols, tr->block_elems);
-    if (info.data.size() != *row_bytes * static_cast<uint64_t>(rows))
+    if (info.data.size() != *rb * static_cast<uint64_t>(rows))
       fail("CPU backend: weight '{}' {} {} needs {} bytes but has {}", info.name, tr->name,
-           shape_str(info.shape), *row_bytes * static_cast<uint64_t>(rows), info.data.size());
+           shape_str(info.shape), *rb * static_cast<uint64_t>(rows), info.data.size());
     auto t = std::make_shared<CpuTensor>(info.name, info.type, info.shape);
     t->data = info.data.data();  // zero-copy: the caller keeps the ModelFile (and its mapping) alive
     t->bytes = info.data.size();
@@ -223,11 +241,11 @@ const float* CpuBackend::floats(const Graph& g, int32_t id) {
   // Read-only weights keep their decoded form; anything mutable is decoded afresh.
   if (s.tensor && !s.tensor->mutable_data) return s.tensor->as_f32();
   const int64_t cols = n.shape.back(), rows = elements(n.shape) / cols;
-  const size_t row_bytes = *dtype_row_bytes(n.type, static_cast<uint64_t>(cols));
+  const size_t rb = *row_bytes(n.type, cols, s.tensor ? &s.tensor->quant : nullptr);
   auto& buf = scratch_.emplace_back(static_cast<size_t>(rows * cols));
   pool_.parallel_for(rows, 16, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r)
-      decode_row(n.type, s.data + static_cast<size_t>(r) * row_bytes, cols, buf.data() + r * cols,
+      decode_row(n.type, s.data + static_cast<size_t>(r) * rb, cols, buf.data() + r * cols,
                  s.tensor ? &s.tensor->quant : nullptr, r);
   });
   return buf.data();
@@ -241,8 +259,8 @@ Matrix CpuBackend::matrix(const Graph& g, int32_t id, int64_t rows, int64_t cols
   m.data = s.data;
   m.rows = rows;
   m.cols = cols;
-  m.row_bytes = *dtype_row_bytes(n.type, static_cast<uint64_t>(cols));
   m.quant = s.tensor ? &s.tensor->quant : nullptr;
+  m.row_bytes = *row_bytes(n.type, cols, m.quant);
   m.key = (s.tensor && !s.tensor->mutable_data) ? s.data : nullptr;
   return m;
 }
@@ -492,9 +510,9 @@ void CpuBackend::read(const Graph& graph, Value output, std::span<std::byte> dst
     return;
   }
   const int64_t cols = n.shape.back(), rows = elements(n.shape) / cols;
-  const size_t row_bytes = *dtype_row_bytes(n.type, static_cast<uint64_t>(cols));
+  const size_t rb = *row_bytes(n.type, cols, s.tensor ? &s.tensor->quant : nullptr);
   for (int64_t r = 0; r < rows; ++r)
-    decode_row(n.type, s.data + static_cast<size_t>(r) * row_bytes, cols,
+    decode_row(n.type, s.data + static_cast<size_t>(r) * rb, cols,
                reinterpret_cast<float*>(dst.data()) + r * cols, s.tensor ? &s.tensor->quant : nullptr, r);
 }
 
@@ -511,9 +529,9 @@ void CpuBackend::read(const BackendTensor& tensor, std::span<std::byte> dst) {
   }
   if (!can_decode(t.type()))
     fail("CPU backend: read: tensor '{}' is {}, which the CPU backend cannot decode", t.name(), dtype_name(t.type()));
-  const size_t row_bytes = *dtype_row_bytes(t.type(), static_cast<uint64_t>(cols));
+  const size_t rb = *row_bytes(t.type(), cols, &t.quant);
   for (int64_t r = 0; r < rows; ++r)
-    decode_row(t.type(), t.data + static_cast<size_t>(r) * row_bytes, cols,
+    decode_row(t.type(), t.data + static_cast<size_t>(r) * rb, cols,
                reinterpret_cast<float*>(dst.data()) + r * cols, &t.quant, r);
 }
 

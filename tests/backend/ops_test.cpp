@@ -48,6 +48,90 @@ TEST_P(MatMulTypes, MatchesReference) {
 INSTANTIATE_TEST_SUITE_P(Float, MatMulTypes, ::testing::Values(DType::F32, DType::F16, DType::BF16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
+// Quantized weights: the matmul must equal "dequantize with the SDK codec, then multiply in F32".
+class QuantMatMul : public ::testing::TestWithParam<DType> {};
+
+TEST_P(QuantMatMul, EqualsDequantizeThenMatMul) {
+  const DType type = GetParam();
+  test::Fixture fx;
+  for (auto [O, I, N] : {std::tuple<int64_t, int64_t, int64_t>{13, 256, 1}, {70, 512, 4}, {9, 768, 17}}) {
+    auto w = test::random_floats(static_cast<size_t>(O * I), 21);
+    const size_t rb = *dtype_row_bytes(type, static_cast<uint64_t>(I));
+    std::vector<std::byte> packed(rb * static_cast<size_t>(O));
+    std::vector<float> deq(w.size());
+    for (int64_t o = 0; o < O; ++o) {
+      quantize_row(type, w.data() + o * I, packed.data() + o * rb, I);
+      dequantize_row(type, packed.data() + o * rb, deq.data() + o * I, I);
+    }
+    auto x = test::random_floats(static_cast<size_t>(N * I), 22);
+    Graph g;
+    Value xv = g.input(DType::F32, {N, I}, "x");
+    Value y = g.matmul(g.constant(fx.weight("wq", type, {O, I}, std::move(packed))), xv);
+    g.mark_output(y);
+    fx.backend->run(g, {{{xv, test::bytes_of(x)}}});
+    // Kernels may quantize activations to 8 bits on the fly (as llama.cpp does): that costs up to
+    // ~|x|max/127 per element, so the tolerance scales with sqrt(I).
+    const double tol = type == DType::Q8_0 || type == DType::Q4_0 || type == DType::Q4_K || type == DType::Q6_K
+                           ? 0.02 * std::sqrt(double(I)) / 16
+                           : 1e-4;
+    expect_close(fx.read_f32(g, y), ref_matmul(deq, x, O, I), tol, 1e-4,
+                 std::string(dtype_name(type)) + " matmul O=" + std::to_string(O) + " N=" + std::to_string(N));
+  }
+}
+INSTANTIATE_TEST_SUITE_P(Blocks, QuantMatMul,
+                         ::testing::Values(DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1,
+                                           DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_NL, DType::IQ4_XS),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+TEST(Ops, MlxAffineMatMulAndGetRows) {
+  test::Fixture fx;
+  const int64_t O = 6, I = 128;
+  const MlxRowParams p{4, 64, DType::BF16};
+  auto w = test::random_floats(static_cast<size_t>(O * I), 31);
+  const size_t packed_row = I * p.bits / 8, scale_row = (I / p.group_size) * 2;
+  auto packed = std::make_shared<std::vector<std::byte>>(packed_row * O);
+  auto scales = std::make_shared<std::vector<std::byte>>(scale_row * O);
+  auto biases = std::make_shared<std::vector<std::byte>>(scale_row * O);
+  std::vector<float> deq(w.size());
+  for (int64_t o = 0; o < O; ++o) {
+    mlx_quantize_row(p, w.data() + o * I, I, packed->data() + o * packed_row, scales->data() + o * scale_row,
+                     biases->data() + o * scale_row);
+    mlx_dequantize_row(p, packed->data() + o * packed_row, scales->data() + o * scale_row,
+                       biases->data() + o * scale_row, deq.data() + o * I, I);
+  }
+  fx.storage.insert(fx.storage.end(), {packed, scales, biases});
+  TensorInfo info;
+  info.name = "mlx";
+  info.type = DType::MLX_AFFINE;
+  info.shape = {O, I};
+  info.data = std::span<const std::byte>(*packed);
+  info.quant = {p.bits, p.group_size, p.scale_type, std::span<const std::byte>(*scales), std::span<const std::byte>(*biases)};
+  auto wt = fx.backend->load_weight(info);
+  auto x = test::random_floats(2 * I, 32);
+  std::vector<int32_t> ids{5, 2};
+  Graph g;
+  Value xv = g.input(DType::F32, {2, I}, "x");
+  Value iv = g.input(DType::I32, {2}, "ids");
+  Value y = g.matmul(g.constant(wt), xv);
+  Value rows = g.get_rows(g.constant(wt), iv);
+  g.mark_output(y);
+  g.mark_output(rows);
+  fx.backend->run(g, {{{xv, test::bytes_of(x)}, {iv, test::bytes_of(ids)}}});
+  expect_close(fx.read_f32(g, y), ref_matmul(deq, x, O, I), 1e-4, 1e-4, "MLX matmul");
+  std::vector<double> want;
+  for (int32_t id : ids)
+    for (int64_t c = 0; c < I; ++c) want.push_back(deq[id * I + c]);
+  expect_close(fx.read_f32(g, rows), want, 0, 0, "MLX get_rows");
+
+  info.quant.scales = info.quant.scales.first(scale_row);
+  try {
+    fx.backend->load_weight(info);
+    ADD_FAILURE() << "short scales must be refused";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'mlx'"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Ops, MatMulBatchedLeadingAxes) {
   test::Fixture fx;
   const int64_t O = 5, I = 8;
@@ -508,6 +592,10 @@ TEST(Backend, SupportsAnswers) {
   EXPECT_TRUE(b.supports(Op::MatMul, DType::BF16).ok);
   EXPECT_TRUE(b.supports(Op::MatMul, DType::F16).ok);
   EXPECT_TRUE(b.supports(Op::Attention, DType::F16).ok);
+  EXPECT_TRUE(b.supports(Op::MatMul, DType::Q4_K).ok);
+  EXPECT_TRUE(b.supports(Op::GetRows, DType::Q6_K).ok);
+  EXPECT_TRUE(b.supports(Op::MatMul, DType::MLX_AFFINE).ok);
+  EXPECT_FALSE(b.supports(Op::MatMul, DType::I64).ok);
   auto kq = b.supports(Op::Attention, DType::Q8_0);
   EXPECT_FALSE(kq.ok);
   EXPECT_NE(kq.reason.find("Q8_0"), std::string::npos) << kq.reason;

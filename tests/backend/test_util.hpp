@@ -13,9 +13,9 @@
 #include <vector>
 
 #include "cpu_backend.hpp"
-#include "convert.hpp"
 #include "specula/compute.hpp"
 #include "specula/model_file.hpp"
+#include "specula/quant.hpp"
 
 namespace specula::test {
 
@@ -34,7 +34,7 @@ inline std::vector<std::byte> encode(const std::vector<float>& v, DType type) {
     if (type == DType::F32) {
       std::memcpy(out.data() + 4 * i, &v[i], 4);
     } else {
-      uint16_t h = type == DType::F16 ? cpu::f32_to_f16(v[i]) : cpu::f32_to_bf16(v[i]);
+      uint16_t h = type == DType::F16 ? fp32_to_fp16(v[i]) : fp32_to_bf16(v[i]);
       std::memcpy(out.data() + 2 * i, &h, 2);
     }
   }
