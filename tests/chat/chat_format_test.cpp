@@ -1,0 +1,151 @@
+// Gemma 4 chat format: rendering against strings rendered by jinja2 from the real templates
+// (tools/llama-ref/tokenizer_chat_goldens.py), and the answer filter on the real vocabulary.
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "chat_format.hpp"
+#include "specula/error.hpp"
+#include "vocab_fixture.hpp"
+
+namespace specula {
+namespace {
+
+using gemma4::Gemma4ChatFormat;
+
+std::string slurp(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+bool valid_utf8(std::string_view s) {
+  for (size_t i = 0; i < s.size();) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    size_t n = c < 0x80 ? 1 : (c >> 5) == 6 ? 2 : (c >> 4) == 14 ? 3 : (c >> 3) == 30 ? 4 : 0;
+    if (n == 0 || i + n > s.size()) return false;
+    for (size_t k = 1; k < n; ++k)
+      if ((static_cast<unsigned char>(s[i + k]) & 0xC0) != 0x80) return false;
+    i += n;
+  }
+  return true;
+}
+
+TEST(Gemma4ChatFormat, RenderMatchesJinjaTemplates) {
+  const auto goldens = nlohmann::json::parse(slurp(std::filesystem::path(SPECULA_SOURCE_DIR) / "tests/chat/data/chat_goldens.json"));
+  ASSERT_EQ(goldens.size(), 80u);
+  for (const auto& c : goldens) {
+    const auto jinja = slurp(std::filesystem::path(SPECULA_SHARED_DIR) / "gemma4-vocab" / c["template"].get<std::string>());
+    const auto options = Gemma4ChatFormat::options_from_template(jinja);
+    EXPECT_TRUE(options.empty_thought_when_not_thinking);
+    EXPECT_EQ(options.merge_consecutive_assistant, c["template"] == "google-gemma-4-31B-it.jinja");
+    const Gemma4ChatFormat format(test::gemma4_tokenizer(), options);
+    std::vector<ChatMessage> messages;
+    for (const auto& m : c["messages"]) messages.push_back({m["role"], m["content"]});
+    EXPECT_EQ(format.render(messages, c["add_generation_prompt"], c["enable_thinking"]), c["rendered"].get<std::string>())
+        << c["template"] << " / " << c["conversation"] << " gen=" << c["add_generation_prompt"]
+        << " thinking=" << c["enable_thinking"];
+  }
+}
+
+TEST(Gemma4ChatFormat, SmallModelTemplatesHaveNoEmptyThoughtBlock) {
+  // E2B/E4B templates (formats spec §7.4) end the generation prompt at "<|turn>model\n".
+  const Gemma4ChatFormat format(test::gemma4_tokenizer(), Gemma4ChatFormat::options_from_template("{{ bos_token }}..."));
+  const std::vector<ChatMessage> messages{{"user", "Hi"}};
+  EXPECT_EQ(format.render(messages, true, false), "<bos><|turn>user\nHi<turn|>\n<|turn>model\n");
+  // The options are read from the vocab GGUF's own template (the 31B one).
+  EXPECT_TRUE(Gemma4ChatFormat::options_for(test::gemma4_vocab_file()).empty_thought_when_not_thinking);
+}
+
+TEST(Gemma4ChatFormat, RenderedPromptTokenizesToTurnTokens) {
+  const auto tok = test::gemma4_tokenizer();
+  const Gemma4ChatFormat format(tok);
+  const std::vector<ChatMessage> messages{{"system", "Be brief."}, {"user", "Hi"}};
+  const auto ids = tok->encode(format.render(messages, true, true), false, true);
+  ASSERT_GE(ids.size(), 10u);
+  EXPECT_EQ(ids[0], 2);    // <bos>
+  EXPECT_EQ(ids[1], 105);  // <|turn>
+  EXPECT_EQ(ids[2], 9731); // system
+  EXPECT_EQ(ids[3], 107);
+  EXPECT_EQ(ids[4], 98);   // <|think|>
+  EXPECT_EQ(std::vector<int32_t>(ids.end() - 3, ids.end()), (std::vector<int32_t>{105, 4368, 107}));  // <|turn>model\n
+}
+
+std::string run_filter(ChatFormat::AnswerFilter& f, const std::vector<int32_t>& ids, std::vector<std::string>* pieces = nullptr) {
+  std::string out;
+  for (int32_t id : ids) {
+    const auto s = f.push(id);
+    EXPECT_TRUE(valid_utf8(s)) << "token " << id;
+    if (pieces) pieces->push_back(s);
+    out += s;
+  }
+  const auto tail = f.finish();
+  EXPECT_TRUE(valid_utf8(tail));
+  return out + tail;
+}
+
+TEST(Gemma4AnswerFilter, SuppressesThoughtChannelAndSpecials) {
+  const auto tok = test::gemma4_tokenizer();
+  const Gemma4ChatFormat format(tok);
+  const auto ids = tok->encode("<|channel>thought\nThe user wants 2+2. That is 4.<channel|>The answer is 4.<turn|>", false, true);
+  ASSERT_EQ(ids.front(), 100);
+  ASSERT_EQ(ids.back(), 106);
+  auto hidden = format.answer_filter(false);
+  EXPECT_EQ(run_filter(*hidden, ids), "The answer is 4.");
+  auto shown = format.answer_filter(true);
+  EXPECT_EQ(run_filter(*shown, ids), "The user wants 2+2. That is 4.\nThe answer is 4.");
+  // Control tokens anywhere are dropped; text around them survives.
+  auto f = format.answer_filter(false);
+  EXPECT_EQ(run_filter(*f, tok->encode("<bos>Hello<|turn> world<turn|>", false, true)), "Hello world");
+  // An empty thought block (what the 31B prompt ends with) leaves nothing behind.
+  auto g = format.answer_filter(false);
+  EXPECT_EQ(run_filter(*g, tok->encode("<|channel>thought\n<channel|>Paris.", false, true)), "Paris.");
+}
+
+TEST(Gemma4AnswerFilter, BuffersByteFallbackTokensUntilValidUtf8) {
+  const auto tok = test::gemma4_tokenizer();
+  const Gemma4ChatFormat format(tok);
+  const std::string text = "Grüße 🦙 日本 \xF4\x8F\xBF\xBD!";
+  // As a model writing every byte as a byte-fallback token: no piece may split a character.
+  std::vector<int32_t> bytes;
+  for (unsigned char b : text) bytes.push_back(238 + b);
+  auto f = format.answer_filter(false);
+  std::vector<std::string> pieces;
+  EXPECT_EQ(run_filter(*f, bytes, &pieces), text);
+  EXPECT_EQ(pieces[2], "");     // first byte of ü held back
+  EXPECT_EQ(pieces[3], "\xC3\xBC");
+  // Normal tokenization of the same text streams to the same bytes.
+  auto g = format.answer_filter(false);
+  EXPECT_EQ(run_filter(*g, tok->encode(text)), text);
+}
+
+TEST(Gemma4AnswerFilter, InvalidBytesBecomeReplacementCharacters) {
+  const auto tok = test::gemma4_tokenizer();
+  const Gemma4ChatFormat format(tok);
+  auto f = format.answer_filter(false);
+  // 0xFF can never start a character; a lone lead byte at the end is incomplete.
+  EXPECT_EQ(run_filter(*f, {238 + 'a', 238 + 0xFF, 238 + 'b', 238 + 0xE6, 238 + 0x97}), "a\xEF\xBF\xBD" "b\xEF\xBF\xBD\xEF\xBF\xBD");
+  // A lead byte followed by a non-continuation byte is replaced at once, the next byte kept.
+  auto g = format.answer_filter(false);
+  EXPECT_EQ(run_filter(*g, {238 + 0xC3, 238 + 'x'}), "\xEF\xBF\xBDx");
+}
+
+TEST(Gemma4ChatFormat, StopTokensAndErrors) {
+  const Gemma4ChatFormat format(test::gemma4_tokenizer());
+  EXPECT_EQ(format.stop_tokens(), (std::vector<int32_t>{106, 1, 50}));
+  EXPECT_THROW(Gemma4ChatFormat(nullptr), Error);
+  const std::vector<ChatMessage> tool{{"tool", "{}"}};
+  EXPECT_THROW(format.render(tool, true, false), Error);
+}
+
+TEST(Gemma4ChatFormat, TrimLikePython) {
+  EXPECT_EQ(gemma4::trim_like_python(" \t\nabc \n"), "abc");
+  EXPECT_EQ(gemma4::trim_like_python("\u3000\u00a0x y\u2028"), "x y");
+  EXPECT_EQ(gemma4::trim_like_python("   "), "");
+  EXPECT_EQ(gemma4::trim_like_python("\xE2\x96\x81x"), "\xE2\x96\x81x");  // U+2581 is not a space
+}
+
+}  // namespace
+}  // namespace specula

@@ -1,0 +1,224 @@
+// The standard sampler against a separately written, deliberately plain reference of the rules in
+// ../shared/seeds/gemma4-chat.md (full sort, full softmax, linear scans), over sweeps of uniforms, plus
+// the cases ChatSamplerDeviceTests lists: greedy, ties, penalty, suppression, top-K/top-P reachable sets
+// with an exactly representable top-P boundary.
+#include <algorithm>
+#include <cfloat>
+#include <cmath>
+#include <random>
+#include <set>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "specula/core/plugin_host.hpp"
+#include "specula/error.hpp"
+#include "standard_sampler.hpp"
+
+namespace specula {
+namespace {
+
+using sampling::StandardSampler;
+
+// The reference: written from the seed's wording, sharing no code with the plugin.
+int32_t reference_sample(std::vector<float> logits, const SamplingParams& p, const std::vector<int32_t>& history,
+                         int32_t generated, const std::vector<int32_t>& end_tokens, float uniform) {
+  const int n = static_cast<int>(logits.size());
+  if (generated < p.min_length)
+    for (int32_t e : end_tokens) logits[e] = -FLT_MAX;
+  if (p.repetition_penalty != 1.0f) {
+    std::set<int32_t> seen;
+    const int start = std::max(0, static_cast<int>(history.size()) - p.penalty_window);
+    for (int i = start; i < static_cast<int>(history.size()); ++i) seen.insert(history[i]);
+    for (int32_t id : seen) {
+      if (logits[id] > 0) logits[id] = logits[id] / p.repetition_penalty;
+      else logits[id] = logits[id] * p.repetition_penalty;
+    }
+  }
+  if (p.temperature == 0.0f) {
+    int32_t best = 0;
+    for (int i = 0; i < n; ++i)
+      if (logits[i] > logits[best]) best = i;
+    return best;
+  }
+  std::vector<std::pair<float, int32_t>> ranked;
+  for (int i = 0; i < n; ++i) ranked.push_back({logits[i], i});
+  std::stable_sort(ranked.begin(), ranked.end(), [](auto& a, auto& b) { return a.first > b.first; });
+  if (p.top_k > 0 && p.top_k < n) ranked.resize(p.top_k);
+  std::vector<double> w;
+  double total = 0;
+  for (auto& [l, i] : ranked) {
+    w.push_back(std::exp((static_cast<double>(l) - ranked[0].first) / p.temperature));
+    total += w.back();
+  }
+  size_t keep = w.size();
+  double cum = 0;
+  for (size_t i = 0; i < w.size() && p.top_p < 1.0f; ++i) {
+    cum += w[i] / total;
+    if (cum >= p.top_p) {
+      keep = i + 1;
+      break;
+    }
+  }
+  double kept = 0;
+  for (size_t i = 0; i < keep; ++i) kept += w[i] / total;
+  cum = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    cum += w[i] / total;
+    if (cum > uniform * kept) return ranked[i].second;
+  }
+  return ranked[keep - 1].second;
+}
+
+SamplingState state_of(const std::vector<int32_t>& history, int32_t generated, const std::vector<int32_t>& ends) {
+  return SamplingState{history, generated, ends};
+}
+
+std::vector<float> random_logits(int n, uint32_t seed, float scale = 4.0f) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> x(n);
+  for (float& v : x) v = d(g);
+  return x;
+}
+
+TEST(StandardSampler, MatchesReferenceOverUniformSweeps) {
+  const std::vector<SamplingParams> configs = {
+      {.temperature = 0.0f},
+      {.temperature = 1.0f},
+      {.temperature = 0.7f, .top_k = 50, .top_p = 0.9f, .repetition_penalty = 1.05f},
+      {.temperature = 0.3f, .top_k = 5},
+      {.temperature = 1.3f, .top_p = 0.5f},
+      {.temperature = 1.0f, .top_k = 1},
+      {.temperature = 0.9f, .top_k = 40, .top_p = 0.95f, .repetition_penalty = 1.3f, .min_length = 4},
+  };
+  int compared = 0;
+  for (size_t c = 0; c < configs.size(); ++c) {
+    const StandardSampler sampler(configs[c]);
+    for (uint32_t trial = 0; trial < 4; ++trial) {
+      const auto logits = random_logits(3000, 100 * c + trial);
+      std::vector<int32_t> history;
+      for (int i = 0; i < 100; ++i) history.push_back((i * 37 + trial) % 3000);
+      const std::vector<int32_t> ends{1, 106};
+      for (int32_t generated : {0, 10}) {
+        for (int u = 0; u < 129; ++u) {
+          const float uniform = static_cast<float>(u) / 129.0f;
+          ASSERT_EQ(sampler.sample(logits, state_of(history, generated, ends), uniform),
+                    reference_sample(logits, configs[c], history, generated, ends, uniform))
+              << "config " << c << " trial " << trial << " u " << uniform;
+          ++compared;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(compared, 7 * 4 * 2 * 129);
+}
+
+TEST(StandardSampler, GreedyTakesLowestIndexAmongEqualMaxima) {
+  const StandardSampler s({.temperature = 0.0f});
+  const std::vector<float> x{1.0f, 3.0f, -2.0f, 3.0f, 3.0f};
+  for (float u : {0.0f, 0.5f, 0.999f}) EXPECT_EQ(s.sample(x, {}, u), 1);
+  const std::vector<float> all_equal(10, 0.25f);
+  EXPECT_EQ(s.sample(all_equal, {}, 0.7f), 0);
+}
+
+TEST(StandardSampler, RepetitionPenaltyDividesPositiveMultipliesOthers) {
+  const StandardSampler s({.temperature = 0.0f, .repetition_penalty = 2.0f, .penalty_window = 3});
+  const std::vector<float> x{4.0f, -1.0f, 0.0f, 3.0f, 2.5f};
+  const std::vector<int32_t> history{0, 0, 1, 2, 1};  // the last 3 ids hold 1 and 2 only
+  const auto adj = s.adjusted_logits(x, state_of(history, 0, {}));
+  EXPECT_EQ(adj, (std::vector<float>{4.0f, -2.0f, 0.0f, 3.0f, 2.5f}));  // id 0 is outside the window
+  const std::vector<int32_t> recent{0, 3};
+  const auto adj2 = s.adjusted_logits(x, state_of(recent, 0, {}));
+  EXPECT_EQ(adj2, (std::vector<float>{2.0f, -1.0f, 0.0f, 1.5f, 2.5f}));
+  EXPECT_EQ(s.sample(x, state_of(recent, 0, {}), 0.0f), 4);  // 2.5 now beats 4/2 and 3/2
+  EXPECT_EQ(s.sample(x, state_of({}, 0, {}), 0.0f), 0);
+}
+
+TEST(StandardSampler, EndTokensSuppressedUntilMinLength) {
+  const StandardSampler s({.temperature = 0.0f, .min_length = 3});
+  const std::vector<float> x{0.0f, 9.0f, 1.0f, 8.0f};
+  const std::vector<int32_t> ends{1};
+  EXPECT_EQ(s.sample(x, state_of({}, 0, ends), 0.0f), 3);
+  EXPECT_EQ(s.sample(x, state_of({}, 2, ends), 0.0f), 3);
+  EXPECT_EQ(s.sample(x, state_of({}, 3, ends), 0.0f), 1);
+  EXPECT_EQ(s.adjusted_logits(x, state_of({}, 0, ends))[1], -FLT_MAX);
+  // A sampled (non-greedy) draw can never reach a suppressed token either.
+  const StandardSampler t({.temperature = 1.0f, .min_length = 3});
+  const std::vector<float> flat(4, 0.0f);
+  for (int u = 0; u < 1000; ++u) EXPECT_NE(t.sample(flat, state_of({}, 0, ends), u / 1000.0f), 1);
+}
+
+std::set<int32_t> reachable(const StandardSampler& s, const std::vector<float>& x, int steps = 4096) {
+  std::set<int32_t> out;
+  for (int u = 0; u < steps; ++u) out.insert(s.sample(x, {}, static_cast<float>(u) / steps));
+  return out;
+}
+
+TEST(StandardSampler, TopKReachableSetIsTheKHighestLogits) {
+  auto x = random_logits(200, 7, 0.5f);
+  x[17] = 5.0f;
+  x[3] = 4.9f;
+  x[150] = 4.8f;
+  const StandardSampler s({.temperature = 1.0f, .top_k = 3});
+  EXPECT_EQ(reachable(s, x), (std::set<int32_t>{3, 17, 150}));
+  // Ties at the K boundary: the lower index is the one kept.
+  std::vector<float> tie(10, 0.0f);
+  tie[4] = 1.0f;
+  const StandardSampler s2({.temperature = 1.0f, .top_k = 3});
+  EXPECT_EQ(reachable(s2, tie), (std::set<int32_t>{0, 1, 4}));
+}
+
+TEST(StandardSampler, TopPExactlyRepresentableBoundary) {
+  // Eight equal logits: every probability is exactly 1/8, so a cumulative sum hits 3/8 exactly.
+  const std::vector<float> x(8, 1.5f);
+  const StandardSampler reach({.temperature = 1.0f, .top_p = 0.375f});
+  EXPECT_EQ(reachable(reach, x), (std::set<int32_t>{0, 1, 2}));  // "reaching" includes equality
+  const StandardSampler above({.temperature = 1.0f, .top_p = 0.376f});
+  EXPECT_EQ(reachable(above, x), (std::set<int32_t>{0, 1, 2, 3}));
+  const StandardSampler all({.temperature = 1.0f, .top_p = 1.0f});
+  EXPECT_EQ(reachable(all, x).size(), 8u);
+  // Inverse CDF over the kept three: u in [0, 1/3) -> 0, [1/3, 2/3) -> 1, [2/3, 1) -> 2.
+  EXPECT_EQ(reach.sample(x, {}, 0.0f), 0);
+  EXPECT_EQ(reach.sample(x, {}, 0.3f), 0);
+  EXPECT_EQ(reach.sample(x, {}, 0.34f), 1);
+  EXPECT_EQ(reach.sample(x, {}, 0.999f), 2);
+}
+
+TEST(StandardSampler, SeededUniformsAreReproducibleAndInRange) {
+  StandardSampler a({.temperature = 1.0f, .seed = 42}), b({.temperature = 1.0f, .seed = 42}),
+      c({.temperature = 1.0f, .seed = 43});
+  int same_as_c = 0;
+  for (int i = 0; i < 1000; ++i) {
+    const float ua = a.next_uniform(), ub = b.next_uniform(), uc = c.next_uniform();
+    EXPECT_EQ(ua, ub);
+    EXPECT_GE(ua, 0.0f);
+    EXPECT_LT(ua, 1.0f);
+    same_as_c += ua == uc;
+  }
+  EXPECT_LT(same_as_c, 5);
+}
+
+TEST(StandardSampler, BadParametersAreClearErrors) {
+  EXPECT_THROW(StandardSampler({.temperature = -1.0f}), Error);
+  EXPECT_THROW(StandardSampler({.top_p = 0.0f}), Error);
+  EXPECT_THROW(StandardSampler({.top_p = 1.5f}), Error);
+  EXPECT_THROW(StandardSampler({.top_k = -2}), Error);
+  EXPECT_THROW(StandardSampler({.repetition_penalty = 0.0f}), Error);
+  const StandardSampler s({});
+  EXPECT_THROW(s.sample(std::vector<float>{}, {}, 0.5f), Error);
+}
+
+TEST(StandardSampler, LoadsAsPluginThroughTheHost) {
+  core::PluginHost host;
+  host.discover({SPECULA_PLUGIN_DIR});
+  const auto* info = host.find("standard");
+  ASSERT_NE(info, nullptr);
+  EXPECT_TRUE(info->has_kind("sampler"));
+  const auto sampler = host.make_sampler("standard", {.temperature = 0.0f});
+  const std::vector<float> x{0.5f, 2.0f, 1.0f};
+  EXPECT_EQ(sampler->sample(x, {}, 0.3f), 1);
+}
+
+}  // namespace
+}  // namespace specula
