@@ -63,19 +63,28 @@ TEST_P(QuantMatMul, EqualsDequantizeThenMatMul) {
       quantize_row(type, w.data() + o * I, packed.data() + o * rb, I);
       dequantize_row(type, packed.data() + o * rb, deq.data() + o * I, I);
     }
+    auto wt = fx.weight("wq", type, {O, I}, std::move(packed));
+    // Two activations: random ones, and ones exactly representable as 8-bit codes times 2^-7 per
+    // 32-value block (one code at 127 per block), which a kernel that quantizes activations to 8 bits
+    // reproduces exactly.
     auto x = test::random_floats(static_cast<size_t>(N * I), 22);
-    Graph g;
-    Value xv = g.input(DType::F32, {N, I}, "x");
-    Value y = g.matmul(g.constant(fx.weight("wq", type, {O, I}, std::move(packed))), xv);
-    g.mark_output(y);
-    fx.backend->run(g, {{{xv, test::bytes_of(x)}}});
-    // Kernels may quantize activations to 8 bits on the fly (as llama.cpp does): that costs up to
-    // ~|x|max/127 per element, so the tolerance scales with sqrt(I).
-    const double tol = type == DType::Q8_0 || type == DType::Q4_0 || type == DType::Q4_K || type == DType::Q6_K
-                           ? 0.02 * std::sqrt(double(I)) / 16
-                           : 1e-4;
-    expect_close(fx.read_f32(g, y), ref_matmul(deq, x, O, I), tol, 1e-4,
-                 std::string(dtype_name(type)) + " matmul O=" + std::to_string(O) + " N=" + std::to_string(N));
+    auto xe = test::random_floats(static_cast<size_t>(N * I), 23);
+    for (size_t i = 0; i < xe.size(); ++i) xe[i] = (i % 32 == 5 ? 127.0f : std::round(xe[i] * 127.0f)) / 128.0f;
+    for (bool exact : {false, true}) {
+      const auto& xv_data = exact ? xe : x;
+      Graph g;
+      Value xv = g.input(DType::F32, {N, I}, "x");
+      Value y = g.matmul(g.constant(wt), xv);
+      g.mark_output(y);
+      fx.backend->run(g, {{{xv, test::bytes_of(xv_data)}}});
+      // Exact activations: F32 rounding only. Random activations: kernels that quantize them to 8 bits
+      // per 32 values (as llama.cpp does) add rounding noise of std sqrt(I) * rms(w) * (1/127)/sqrt(12)
+      // ~= 0.0013 sqrt(I) for w, x uniform in [-1, 1]; the tolerance is 5 of those.
+      const double tol = exact ? 2e-5 * std::sqrt(double(I)) : 0.0065 * std::sqrt(double(I));
+      expect_close(fx.read_f32(g, y), ref_matmul(deq, xv_data, O, I), tol, 1e-5,
+                   std::string(dtype_name(type)) + (exact ? " exact-x" : " random-x") + " matmul O=" +
+                       std::to_string(O) + " N=" + std::to_string(N));
+    }
   }
 }
 INSTANTIATE_TEST_SUITE_P(Blocks, QuantMatMul,
