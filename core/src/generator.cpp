@@ -257,6 +257,11 @@ GenerationResult Generator::generate(ModelContext& ctx, std::span<const int32_t>
     stats.drafted_tokens += n;
     stats.accepted_tokens += accepted;
   }
+  // One invariant whatever ended generation: the context holds the prompt and every generated token but
+  // the last (the plain loop may have processed that one too, a speculative step an accepted end token).
+  const int64_t keep = start + static_cast<int64_t>(prompt.size()) +
+                       std::max<int64_t>(0, static_cast<int64_t>(result.tokens.size()) - 1);
+  if (ctx.position() > keep) ctx.truncate(keep);
   std::string rest = text.finish();
   if (!rest.empty()) {
     result.text += rest;

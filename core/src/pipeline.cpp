@@ -22,7 +22,15 @@ std::string expand_env(std::string_view text, std::string_view where) {
   size_t i = 0;
   while (i < text.size()) {
     if (text[i] == '$' && i + 1 < text.size() && text[i + 1] == '{') {
-      size_t close = text.find('}', i + 2);
+      // The matching brace: defaults may hold ${...} themselves.
+      size_t close = std::string_view::npos;
+      for (size_t k = i + 2, depth = 1; k < text.size(); ++k) {
+        if (text[k] == '{') ++depth;
+        if (text[k] == '}' && --depth == 0) {
+          close = k;
+          break;
+        }
+      }
       if (close == std::string_view::npos) {
         fail("{}: unterminated '${{' in '{}' (expected ${{NAME}} or ${{NAME:-default}})", where, text);
       }
@@ -38,7 +46,7 @@ std::string expand_env(std::string_view text, std::string_view where) {
       if (value && *value) {
         out += value;
       } else if (fallback) {
-        out += *fallback;
+        out += expand_env(*fallback, where);  // only when used: it may name unset variables itself
       } else {
         fail("{}: environment variable '{}' is not set (used in '{}'; write ${{{}:-default}} for a default)", where,
              name, text, name);

@@ -391,6 +391,7 @@ std::string declared_architecture(const ModelFile& file) {
   if (auto c = m.find("config"); c != m.end() && c->is_object()) {
     if (auto t = c->find("model_type"); t != c->end() && t->is_string()) return t->get<std::string>();
   }
+  if (auto it = m.find("architecture"); it != m.end() && it->is_string()) return it->get<std::string>();
   return {};
 }
 

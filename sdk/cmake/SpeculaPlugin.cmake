@@ -14,11 +14,13 @@ function(specula_add_plugin name)
     OUTPUT_NAME ${name}
     CXX_VISIBILITY_PRESET hidden
     VISIBILITY_INLINES_HIDDEN ON)
-  target_link_options(${name} PRIVATE -Wl,--no-undefined)
+  # --no-undefined: a missing symbol fails the build, not the load. --exclude-libs: the statically linked
+  # SDK stays private, so the entry symbol is the only export and plugins never interpose each other.
+  target_link_options(${name} PRIVATE -Wl,--no-undefined -Wl,--exclude-libs,ALL)
   if(DEFINED SPECULA_PLUGIN_BUILD_DIR)
     set_target_properties(${name} PROPERTIES LIBRARY_OUTPUT_DIRECTORY ${SPECULA_PLUGIN_BUILD_DIR})
   endif()
   if(DEFINED SPECULA_PLUGIN_INSTALL_DIR)
-    install(TARGETS ${name} LIBRARY DESTINATION ${SPECULA_PLUGIN_INSTALL_DIR})
+    install(TARGETS ${name} LIBRARY DESTINATION ${SPECULA_PLUGIN_INSTALL_DIR} COMPONENT plugins)
   endif()
 endfunction()

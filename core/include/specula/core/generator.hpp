@@ -71,7 +71,8 @@ class Generator {
 
   // Generates in `context`, which must be fresh (position 0) or hold a previous conversation prefix:
   // `prompt` is processed from context.position() on. Throws specula::Error when the prompt does not
-  // fit the context. On return the context holds prompt and generated tokens (except the last one).
+  // fit the context. On return the context holds the prompt and every generated token except the last
+  // one (never the end token), so a conversation continues by feeding result.tokens.back() first.
   GenerationResult generate(ModelContext& context, std::span<const int32_t> prompt, const GenerationOptions& options,
                             const TokenCallback& on_token = {});
   // Convenience: a fresh context of `context_length` (0 = the model's own).

@@ -1,0 +1,68 @@
+# Specula: two commands on a fresh Debian 12 machine (as root, or with sudo):
+#   make run    install missing packages, build, run the default pipeline (configs/default.yaml)
+#   make test   install missing packages, build, run every test, then again under ASan+UBSan
+# Other targets: deps, build, build-asan, test-asan, fixture, clean.
+
+# Debian packages the build and the tests need. Add yours here (one list, installed only when missing).
+DEB_PACKAGES := build-essential cmake ninja-build ccache pkg-config \
+  libboost-dev libboost-filesystem-dev libboost-program-options-dev \
+  libfmt-dev libyaml-cpp-dev nlohmann-json3-dev libdnnl-dev \
+  libvulkan-dev glslc mesa-vulkan-drivers vulkan-tools \
+  libgtest-dev googletest clang python3 python3-numpy zlib1g-dev
+
+BUILD      ?= build
+BUILD_ASAN ?= build-asan
+JOBS       ?= $(shell nproc)
+CMAKE_ARGS ?=
+PIPELINE   ?= configs/default.yaml
+PROMPT     ?= Write one sentence about the sea.
+RUN_ARGS   ?= --max-tokens 32
+FIXTURE    := $(BUILD)/fixtures/gemma4-e2b
+SUDO       := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+
+.PHONY: all deps build build-asan run fixture test test-asan clean
+
+all: build
+
+deps:
+	@missing=""; \
+	for p in $(DEB_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}\n' "$$p" 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing missing Debian packages:$$missing"; \
+	  $(SUDO) apt-get update && \
+	  DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y --no-install-recommends $$missing; \
+	else echo "all Debian packages present"; fi
+
+$(BUILD)/build.ninja:
+	cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_ARGS)
+
+build: deps $(BUILD)/build.ninja
+	cmake --build $(BUILD) -j $(JOBS)
+
+# The sanitizer build: -O1 keeps it reasonably fast; -march=native is left out on purpose.
+$(BUILD_ASAN)/build.ninja:
+	cmake -S . -B $(BUILD_ASAN) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-g -O1" \
+	  -DSPECULA_SANITIZE=ON $(CMAKE_ARGS)
+
+build-asan: deps $(BUILD_ASAN)/build.ninja
+	cmake --build $(BUILD_ASAN) -j $(JOBS)
+
+# A small deterministic Gemma 4 checkpoint (random weights, real layout and vocab) for the default pipeline.
+fixture: build
+	python3 tools/gemma4_fixture.py --variant e2b --out $(FIXTURE) --formats f32,q8_0
+
+run: build fixture
+	SPECULA_FIXTURE_DIR=$(abspath $(FIXTURE)) $(BUILD)/bin/specula run $(PIPELINE) --prompt "$(PROMPT)" $(RUN_ARGS)
+
+test: build
+	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
+	$(MAKE) test-asan
+
+test-asan: build-asan
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+	  ctest --test-dir $(BUILD_ASAN) --output-on-failure -j $(JOBS)
+
+clean:
+	rm -rf $(BUILD) $(BUILD_ASAN)

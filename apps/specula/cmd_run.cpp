@@ -1,0 +1,122 @@
+// `specula run`: generate from a prompt (rendered with the model's chat format) or from token ids,
+// streaming the answer, with or without a speculative drafter.
+#include <cstdio>
+#include <iostream>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli_common.hpp"
+#include "command.hpp"
+#include "specula/core/generator.hpp"
+#include "specula/error.hpp"
+#include "specula/log.hpp"
+
+namespace {
+
+namespace cli = specula::cli;
+
+int run_run(const std::vector<std::string>& args) {
+  cli::ModelArgs model;
+  cli::SamplingArgs sampling;
+  std::string prompt, tokens_text;
+  bool as_json = false, show_thoughts = false, raw = false, no_drafter = false;
+  cli::po::options_description desc(
+      "usage: specula run PIPELINE.yaml (--prompt TEXT | --tokens 1,2,3) [options]\n"
+      "       specula run --model PATH [--backend NAME] (--prompt TEXT | --tokens 1,2,3) [options]\n\n"
+      "Generates a reply and streams it to stdout; statistics go to stderr (or into --json).\n"
+      "--prompt is rendered as a user message with the model's chat format (system message from the\n"
+      "pipeline's chat section) and tokenized with special tokens parsed; --tokens are used as is.\n\noptions");
+  desc.add_options()("help,h", "show this help")("prompt,p", cli::po::value(&prompt), "the user message")(
+      "tokens", cli::po::value(&tokens_text), "prompt token ids, comma-separated")(
+      "raw", cli::po::bool_switch(&raw), "tokenize --prompt as is, without the chat format")(
+      "json", cli::po::bool_switch(&as_json), "print one JSON object (tokens, text, statistics) at the end")(
+      "show-thoughts", cli::po::bool_switch(&show_thoughts), "also print the model's thought channel")(
+      "no-drafter", cli::po::bool_switch(&no_drafter), "ignore the pipeline's drafter (plain decoding)");
+  cli::add_model_options(desc, model);
+  cli::add_sampling_options(desc, sampling);
+  cli::add_log_options(desc);
+  cli::po::positional_options_description pos;
+  pos.add("pipeline", 1);
+  cli::po::variables_map vm;
+  if (!cli::parse_args(args, desc, pos, vm)) return 0;
+  if (prompt.empty() == tokens_text.empty()) specula::fail("give exactly one of --prompt TEXT and --tokens IDS");
+
+  cli::Session s = cli::open_session(model, &sampling, !no_drafter);
+  auto& target = s.built.target;
+  std::vector<int32_t> ids;
+  if (!tokens_text.empty()) {
+    ids = cli::parse_token_list(tokens_text);
+    const int64_t vocab = target->info().vocab_size;
+    for (int32_t id : ids) {
+      if (id >= vocab) specula::fail("--tokens: id {} is outside the vocabulary of {} tokens", id, vocab);
+    }
+  } else {
+    auto tokenizer = target->tokenizer();
+    if (!tokenizer) specula::fail("the model has no tokenizer; use --tokens");
+    std::string text = prompt;
+    if (!raw) {
+      auto chat = target->chat_format();
+      if (!chat) specula::fail("the model has no chat format; use --raw or --tokens");
+      std::vector<specula::ChatMessage> messages;
+      if (!s.pipeline.chat.system.empty()) messages.push_back({"system", s.pipeline.chat.system});
+      messages.push_back({"user", prompt});
+      text = chat->render(messages, true, s.pipeline.chat.enable_thinking);
+    }
+    ids = tokenizer->encode(text, false, true);
+    specula::log_debug("prompt: {} tokens", ids.size());
+  }
+
+  specula::core::GenerationOptions options;
+  options.max_tokens = s.pipeline.sampler.max_tokens;
+  options.show_thoughts = show_thoughts || s.pipeline.chat.show_thoughts;
+  if (s.pipeline.drafter) options.draft_tokens = s.pipeline.drafter->draft_tokens;
+  specula::core::Generator generator(target, s.built.sampler, s.built.drafter);
+  auto result = generator.generate(
+      ids, options,
+      [&](int32_t, std::string_view text) {
+        if (as_json || text.empty()) return;
+        std::fwrite(text.data(), 1, text.size(), stdout);
+        std::fflush(stdout);
+      },
+      s.pipeline.target.context_length);
+
+  const auto& st = result.stats;
+  if (as_json) {
+    nlohmann::json j;
+    j["prompt_tokens"] = ids;
+    j["tokens"] = result.tokens;
+    j["text"] = result.text;
+    j["stop_reason"] = std::string(specula::core::stop_reason_name(result.stop_reason));
+    j["stop_token"] = result.stop_token;
+    j["stats"] = {{"prompt_tokens", st.prompt_tokens},
+                  {"generated_tokens", st.generated_tokens},
+                  {"prefill_seconds", st.prefill_seconds},
+                  {"decode_seconds", st.decode_seconds},
+                  {"prefill_tokens_per_second", st.prefill_tokens_per_second()},
+                  {"decode_tokens_per_second", st.decode_tokens_per_second()},
+                  {"speculative_steps", st.speculative_steps},
+                  {"drafted_tokens", st.drafted_tokens},
+                  {"accepted_tokens", st.accepted_tokens},
+                  {"acceptance_rate", st.acceptance_rate()},
+                  {"draft_seconds", st.draft_seconds}};
+    // error_handler replace: generated bytes need not be valid UTF-8 when a model misbehaves.
+    fmt::print("{}\n", j.dump(2, ' ', false, nlohmann::json::error_handler_t::replace));
+    return 0;
+  }
+  fmt::print("\n");
+  specula::log_info("prefill: {} tokens in {:.3f} s ({:.1f} tok/s); decode: {} tokens in {:.3f} s ({:.1f} tok/s); "
+                    "stop: {}", st.prompt_tokens, st.prefill_seconds, st.prefill_tokens_per_second(),
+                    st.generated_tokens, st.decode_seconds, st.decode_tokens_per_second(),
+                    specula::core::stop_reason_name(result.stop_reason));
+  if (st.speculative_steps) {
+    specula::log_info("speculative: {} steps, {} drafted, {} accepted ({:.1f}%), {:.2f} tokens per target forward",
+                      st.speculative_steps, st.drafted_tokens, st.accepted_tokens, 100 * st.acceptance_rate(),
+                      st.tokens_per_step());
+  }
+  return 0;
+}
+
+}  // namespace
+
+SPECULA_COMMAND("run", "generate from a prompt or token ids (pipeline YAML or --model)", run_run);

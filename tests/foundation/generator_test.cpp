@@ -1,0 +1,230 @@
+// The generation engine against the toy target (logits a deterministic function of the prefix): plain
+// decoding against an independently computed reference, and speculative decoding against plain decoding
+// token for token (greedy and sampled), with rollback, stop conditions, limits and statistics.
+#include <gtest/gtest.h>
+
+#include "specula/core/generator.hpp"
+#include "specula/error.hpp"
+#include "toy.hpp"
+
+using specula::core::GenerationOptions;
+using specula::core::GenerationResult;
+using specula::core::Generator;
+using specula::core::StopReason;
+
+namespace {
+
+const std::vector<int32_t> kPrompt = {5, 9, 17, 3, 22};
+
+// Greedy continuation computed directly from the toy's logit function, without the engine.
+std::vector<int32_t> reference_greedy(const toy::Config& c, std::vector<int32_t> prefix, int n) {
+  std::vector<int32_t> out;
+  for (int i = 0; i < n; ++i) {
+    int32_t t = toy::argmax(toy::logits_after(prefix, c.vocab, c.seed, c.sharpness));
+    out.push_back(t);
+    prefix.push_back(t);
+  }
+  return out;
+}
+
+toy::Config no_end_config() {
+  toy::Config c;
+  c.end_tokens = {};  // let runs go to max_tokens
+  return c;
+}
+
+struct Outcome {
+  GenerationResult result;
+  int64_t forwards = 0;
+  int64_t final_position = 0;
+  std::string streamed;
+};
+
+Outcome run(const toy::Config& c, specula::SamplingParams sp, int max_tokens, int draft_tokens, int error_every,
+        std::vector<int32_t> prompt = kPrompt, int64_t context = 0) {
+  auto model = std::make_shared<toy::Model>(c);
+  auto sampler = std::make_shared<toy::Sampler>(sp);
+  std::shared_ptr<toy::Drafter> drafter;
+  if (draft_tokens > 0) drafter = std::make_shared<toy::Drafter>(c, error_every);
+  Generator gen(model, sampler, drafter);
+  GenerationOptions o;
+  o.max_tokens = max_tokens;
+  o.draft_tokens = draft_tokens > 0 ? draft_tokens : 3;
+  specula::ContextOptions co;
+  co.context_length = context;
+  auto ctx = model->new_context(co);
+  Outcome r;
+  r.result = gen.generate(*ctx, prompt, o, [&](int32_t, std::string_view text) { r.streamed += text; });
+  r.forwards = model->forwards;
+  r.final_position = ctx->position();
+  return r;
+}
+
+TEST(Generator, PlainGreedyMatchesIndependentReference) {
+  auto c = no_end_config();
+  Outcome r = run(c, {}, 40, 0, 0);
+  EXPECT_EQ(r.result.tokens, reference_greedy(c, kPrompt, 40));
+  EXPECT_EQ(r.result.stop_reason, StopReason::MaxTokens);
+  EXPECT_EQ(r.forwards, 40);  // one prefill + 39 decode steps
+  EXPECT_EQ(r.result.stats.prompt_tokens, 5);
+  EXPECT_EQ(r.result.stats.generated_tokens, 40);
+  EXPECT_EQ(r.final_position, 5 + 39);
+}
+
+TEST(Generator, SpeculativeGreedyEqualsPlainGreedy) {
+  auto c = no_end_config();
+  const Outcome plain = run(c, {}, 60, 0, 0);
+  for (int n : {1, 2, 3, 5, 8}) {
+    for (int error_every : {0, 2, 3, 7}) {
+      SCOPED_TRACE(testing::Message() << "draft_tokens=" << n << " error_every=" << error_every);
+      Outcome s = run(c, {}, 60, n, error_every);
+      EXPECT_EQ(s.result.tokens, plain.result.tokens);
+      EXPECT_EQ(s.final_position, plain.final_position);
+      EXPECT_EQ(s.streamed, plain.streamed);
+      const auto& st = s.result.stats;
+      EXPECT_GT(st.speculative_steps, 0);
+      EXPECT_LE(st.accepted_tokens, st.drafted_tokens);
+      // Every step emits its accepted drafts plus one token (correction or bonus); the first token comes
+      // from the prefill, the last one from a plain step when one token is left to generate.
+      EXPECT_LE(st.accepted_tokens + st.speculative_steps + 1, 60);
+      EXPECT_GE(st.accepted_tokens + st.speculative_steps + 2, 60);
+      if (error_every == 0) {
+        EXPECT_EQ(st.accepted_tokens, st.drafted_tokens) << "a perfect drafter is always accepted";
+        EXPECT_LT(s.forwards, plain.forwards);
+      } else {
+        EXPECT_LT(st.accepted_tokens, st.drafted_tokens) << "the deliberate errors must be rejected";
+      }
+    }
+  }
+}
+
+TEST(Generator, SpeculativeSamplingEqualsPlainSampling) {
+  // With a point-mass proposal the rejection rule is "sample from the target, accept on a match", and
+  // each emitted token consumes one uniform, so the seeded output is identical to plain sampling.
+  auto c = no_end_config();
+  c.sharpness = 3.0f;  // a flat distribution: drafts are often rejected
+  for (uint64_t seed : {1u, 2u, 3u}) {
+    specula::SamplingParams sp;
+    sp.temperature = 0.9f;
+    sp.seed = seed;
+    sp.repetition_penalty = 1.3f;
+    const Outcome plain = run(c, sp, 50, 0, 0);
+    const auto greedy = run(c, {}, 50, 0, 0);
+    EXPECT_NE(plain.result.tokens, greedy.result.tokens) << "sampling must differ from greedy here";
+    for (int n : {1, 4}) {
+      SCOPED_TRACE(testing::Message() << "seed=" << seed << " draft_tokens=" << n);
+      Outcome s = run(c, sp, 50, n, 3);
+      EXPECT_EQ(s.result.tokens, plain.result.tokens);
+      EXPECT_EQ(s.final_position, plain.final_position);
+      EXPECT_GT(s.result.stats.accepted_tokens, 0);
+      EXPECT_LT(s.result.stats.accepted_tokens, s.result.stats.drafted_tokens);
+    }
+  }
+}
+
+TEST(Generator, EndTokenStopsAndIsNotEmitted) {
+  auto c = no_end_config();
+  auto ref = reference_greedy(c, kPrompt, 30);
+  // Make the 8th greedy token an end token, provided it did not occur earlier.
+  int32_t end = ref[7];
+  size_t first = std::find(ref.begin(), ref.end(), end) - ref.begin();
+  c.end_tokens = {end};
+  for (int n : {0, 3}) {
+    SCOPED_TRACE(n);
+    Outcome r = run(c, {}, 30, n, 4);
+    EXPECT_EQ(r.result.stop_reason, StopReason::EndToken);
+    EXPECT_EQ(r.result.stop_token, end);
+    EXPECT_EQ(r.result.tokens, std::vector<int32_t>(ref.begin(), ref.begin() + first));
+    EXPECT_EQ(r.final_position, static_cast<int64_t>(kPrompt.size() + first - 1));
+  }
+}
+
+TEST(Generator, StopTokensFromOptions) {
+  auto c = no_end_config();
+  auto ref = reference_greedy(c, kPrompt, 20);
+  auto model = std::make_shared<toy::Model>(c);
+  Generator gen(model, std::make_shared<toy::Sampler>(specula::SamplingParams{}),
+                std::make_shared<toy::Drafter>(c, 0));
+  GenerationOptions o;
+  o.max_tokens = 20;
+  o.stop_tokens = {ref[4]};
+  auto r = gen.generate(kPrompt, o);
+  size_t first = std::find(ref.begin(), ref.end(), ref[4]) - ref.begin();
+  EXPECT_EQ(r.tokens, std::vector<int32_t>(ref.begin(), ref.begin() + first));
+  EXPECT_EQ(r.stop_token, ref[4]);
+}
+
+TEST(Generator, MaxTokensIsExactInBothModes) {
+  auto c = no_end_config();
+  for (int max : {1, 2, 7}) {
+    for (int n : {0, 4}) {
+      Outcome r = run(c, {}, max, n, 0);
+      EXPECT_EQ(static_cast<int>(r.result.tokens.size()), max) << "max=" << max << " n=" << n;
+      EXPECT_EQ(r.result.stop_reason, StopReason::MaxTokens);
+    }
+  }
+}
+
+TEST(Generator, PromptLongerThanContextIsAnError) {
+  auto c = no_end_config();
+  std::vector<int32_t> prompt(20, 4);
+  try {
+    run(c, {}, 5, 0, 0, prompt, 16);
+    FAIL() << "expected an error";
+  } catch (const specula::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("the prompt has 20 tokens"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("holds 16 tokens"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(run(c, {}, 5, 0, 0, {}), specula::Error);
+}
+
+TEST(Generator, StopsWhenTheContextIsFull) {
+  auto c = no_end_config();
+  for (int n : {0, 3}) {
+    Outcome r = run(c, {}, 100, n, 2, kPrompt, 12);
+    EXPECT_EQ(r.result.stop_reason, StopReason::ContextFull) << n;
+    // 12 positions: 5 prompt + 7 generated processed, plus the last generated token unprocessed.
+    EXPECT_EQ(r.result.tokens.size(), 8u) << n;
+    EXPECT_EQ(r.result.tokens, reference_greedy(c, kPrompt, 8));
+  }
+}
+
+TEST(Generator, StreamsTextThroughTheChatFormat) {
+  auto c = no_end_config();
+  Outcome r = run(c, {}, 25, 3, 2);
+  toy::Tokenizer tok(c.vocab);
+  EXPECT_EQ(r.result.text, tok.decode(r.result.tokens, true));
+  EXPECT_EQ(r.streamed, r.result.text);
+  EXPECT_EQ(r.result.text.size(), 25u);
+}
+
+TEST(Generator, ContinuesAConversationInTheSameContext) {
+  // Two turns in one context give the same tokens as one prompt holding the first turn's tokens.
+  auto c = no_end_config();
+  auto model = std::make_shared<toy::Model>(c);
+  Generator gen(model, std::make_shared<toy::Sampler>(specula::SamplingParams{}), std::make_shared<toy::Drafter>(c, 3));
+  GenerationOptions o;
+  o.max_tokens = 6;
+  auto ctx = model->new_context({});
+  auto first = gen.generate(*ctx, kPrompt, o);
+  std::vector<int32_t> next = {first.tokens.back(), 11, 12};
+  auto second = gen.generate(*ctx, next, o);
+  std::vector<int32_t> full = kPrompt;
+  full.insert(full.end(), first.tokens.begin(), first.tokens.end());
+  full.insert(full.end(), {11, 12});
+  EXPECT_EQ(second.tokens, reference_greedy(c, full, 6));
+}
+
+TEST(Utf8Stream, HoldsBackIncompleteSequences) {
+  specula::core::Utf8Stream s;
+  std::string euro = "\xE2\x82\xAC";
+  EXPECT_EQ(s.push("a"), "a");
+  EXPECT_EQ(s.push(euro.substr(0, 1)), "");
+  EXPECT_EQ(s.push(euro.substr(1, 1)), "");
+  EXPECT_EQ(s.push(euro.substr(2) + "b"), euro + "b");
+  EXPECT_EQ(s.push("\xFF"), "\xEF\xBF\xBD");
+  EXPECT_EQ(s.push("\xC3"), "");
+  EXPECT_EQ(s.finish(), "\xEF\xBF\xBD");
+}
+
+}  // namespace

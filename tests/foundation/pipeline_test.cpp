@@ -1,0 +1,224 @@
+// The YAML pipeline: schema, error messages (file, line, key, suggestion), ${ENV}, relative paths, and
+// building a pipeline through the plugin host.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+
+#include "specula/core/generator.hpp"
+#include "specula/core/pipeline.hpp"
+#include "specula/core/plugin_host.hpp"
+#include "specula/error.hpp"
+#include "test_util.hpp"
+#include "toy.hpp"
+
+using specula::core::load_pipeline;
+using specula::core::parse_pipeline;
+
+namespace {
+
+std::string error_of(const std::string& yaml, const std::string& name = "p.yaml") {
+  try {
+    parse_pipeline(yaml, name, "/base");
+  } catch (const specula::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+#define EXPECT_CONTAINS(text, part) EXPECT_NE(std::string(text).find(part), std::string::npos) << (text)
+
+TEST(Pipeline, ParsesEverySection) {
+  auto p = parse_pipeline(R"(
+plugin_paths: [plugins, /abs/plugins]
+backend:
+  plugin: onednn
+  options: {threads: 2, name: "x", fast: true, ratio: 0.5, list: [1, "2"], quoted: "7"}
+target:
+  model: models/t.gguf
+  format: gguf
+  plugin: gemma4
+  context_length: 2048
+drafter:
+  model: ../d.gguf
+  draft_tokens: 4
+sampler:
+  plugin: standard
+  temperature: 0.7
+  top_k: 40
+  top_p: 0.9
+  repetition_penalty: 1.1
+  penalty_window: 32
+  min_length: 2
+  seed: 42
+  max_tokens: 100
+chat:
+  system: "Be brief."
+  enable_thinking: true
+  show_thoughts: false
+)", "dir/p.yaml", "/base/dir");
+  EXPECT_EQ(p.plugin_paths, (std::vector<std::filesystem::path>{"/base/dir/plugins", "/abs/plugins"}));
+  EXPECT_EQ(p.backend.plugin, "onednn");
+  EXPECT_EQ(p.backend.options["threads"], 2);
+  EXPECT_EQ(p.backend.options["name"], "x");
+  EXPECT_EQ(p.backend.options["fast"], true);
+  EXPECT_DOUBLE_EQ(p.backend.options["ratio"].get<double>(), 0.5);
+  EXPECT_EQ(p.backend.options["list"], nlohmann::json::parse(R"([1, "2"])"));
+  EXPECT_EQ(p.backend.options["quoted"], "7");  // quoted scalars stay strings
+  EXPECT_EQ(p.target.model, "/base/dir/models/t.gguf");
+  EXPECT_EQ(p.target.format, "gguf");
+  EXPECT_EQ(p.target.plugin, "gemma4");
+  EXPECT_EQ(p.target.context_length, 2048);
+  ASSERT_TRUE(p.drafter.has_value());
+  EXPECT_EQ(p.drafter->model, "/base/d.gguf");
+  EXPECT_EQ(p.drafter->draft_tokens, 4);
+  EXPECT_FLOAT_EQ(p.sampler.params.temperature, 0.7f);
+  EXPECT_EQ(p.sampler.params.top_k, 40);
+  EXPECT_FLOAT_EQ(p.sampler.params.top_p, 0.9f);
+  EXPECT_FLOAT_EQ(p.sampler.params.repetition_penalty, 1.1f);
+  EXPECT_EQ(p.sampler.params.penalty_window, 32);
+  EXPECT_EQ(p.sampler.params.min_length, 2);
+  EXPECT_EQ(p.sampler.params.seed, 42u);
+  EXPECT_EQ(p.sampler.max_tokens, 100);
+  EXPECT_EQ(p.chat.system, "Be brief.");
+  EXPECT_TRUE(p.chat.enable_thinking);
+  EXPECT_FALSE(p.chat.show_thoughts);
+}
+
+TEST(Pipeline, DefaultsForOptionalSections) {
+  auto p = parse_pipeline("backend: {plugin: onednn}\ntarget: {model: m.gguf}\n", "p.yaml", "/b");
+  EXPECT_FALSE(p.drafter.has_value());
+  EXPECT_EQ(p.sampler.plugin, "standard");
+  EXPECT_EQ(p.sampler.params.temperature, 0.0f);
+  EXPECT_EQ(p.sampler.max_tokens, 256);
+  EXPECT_TRUE(p.backend.options.is_object());
+}
+
+TEST(Pipeline, UnknownKeyNamesFileLineAndSuggestsTheClosestKey) {
+  std::string e = error_of("backend: {plugin: onednn}\ntarget: {model: m.gguf}\nsampler:\n  tempreature: 0.5\n");
+  EXPECT_CONTAINS(e, "p.yaml:4:3:");
+  EXPECT_CONTAINS(e, "unknown key 'tempreature' in section 'sampler'");
+  EXPECT_CONTAINS(e, "did you mean 'temperature'?");
+  e = error_of("backend: {plugin: onednn}\ntargte: {model: m.gguf}\n");
+  EXPECT_CONTAINS(e, "p.yaml:2:1:");
+  EXPECT_CONTAINS(e, "unknown key 'targte' at the top level; did you mean 'target'?");
+  e = error_of("backend: {plugin: onednn}\ntarget: {model: m.gguf}\nzebra: 1\n");
+  EXPECT_CONTAINS(e, "unknown key 'zebra'");
+  EXPECT_EQ(e.find("did you mean"), std::string::npos) << "no suggestion for an unrelated word: " << e;
+}
+
+TEST(Pipeline, WrongTypesNameTheKeyAndWhatWasExpected) {
+  const std::string head = "backend: {plugin: onednn}\ntarget: {model: m.gguf}\n";
+  std::string e = error_of(head + "sampler:\n  top_k: lots\n");
+  EXPECT_CONTAINS(e, "p.yaml:4:10:");
+  EXPECT_CONTAINS(e, "key 'sampler.top_k' must be an integer, got 'lots'");
+  e = error_of(head + "sampler: {temperature: [1, 2]}\n");
+  EXPECT_CONTAINS(e, "key 'sampler.temperature' must be a number, got a list");
+  e = error_of(head + "chat: {enable_thinking: maybe}\n");
+  EXPECT_CONTAINS(e, "key 'chat.enable_thinking' must be true or false, got 'maybe'");
+  e = error_of(head + "sampler: {top_p: 1.5}\n");
+  EXPECT_CONTAINS(e, "key 'sampler.top_p' must be between 0 and 1, got 1.5");
+  e = error_of("backend: onednn\ntarget: {model: m.gguf}\n");
+  EXPECT_CONTAINS(e, "p.yaml:1:10:");
+  EXPECT_CONTAINS(e, "'backend' must be a mapping of keys (plugin, options), not 'onednn'");
+  e = error_of("backend: {plugin: onednn, options: 3}\ntarget: {model: m.gguf}\n");
+  EXPECT_CONTAINS(e, "key 'backend.options' must be a mapping, got '3'");
+}
+
+TEST(Pipeline, MissingRequiredKeysAndSections) {
+  std::string e = error_of("backend: {plugin: onednn}\ntarget: {format: gguf}\n");
+  EXPECT_CONTAINS(e, "p.yaml:2:9:");
+  EXPECT_CONTAINS(e, "missing required key 'model' in section 'target'");
+  e = error_of("target: {model: m.gguf}\n");
+  EXPECT_CONTAINS(e, "missing required key 'backend' at the top level");
+  e = error_of("");
+  EXPECT_CONTAINS(e, "p.yaml: the pipeline is empty");
+  e = error_of("backend: {plugin: onednn\n");
+  EXPECT_CONTAINS(e, "p.yaml:");
+  EXPECT_CONTAINS(e, "not valid YAML");
+}
+
+TEST(Pipeline, MissingFileIsAClearError) {
+  try {
+    load_pipeline("/nonexistent/dir/pipeline.yaml");
+    FAIL();
+  } catch (const specula::Error& e) {
+    EXPECT_CONTAINS(e.what(), "pipeline file /nonexistent/dir/pipeline.yaml cannot be read");
+  }
+}
+
+TEST(Pipeline, ExpandsEnvironmentVariablesAndResolvesRelativePaths) {
+  test::TempDir dir;
+  setenv("SPECULA_TEST_MODELS", "/models", 1);
+  setenv("SPECULA_TEST_TEMP", "0.25", 1);
+  unsetenv("SPECULA_TEST_UNSET");
+  auto file = test::write_file(dir / "sub/p.yaml", R"(
+backend: {plugin: "${SPECULA_TEST_UNSET:-${SPECULA_TEST_ALSO_UNSET:-onednn}}"}
+target: {model: "${SPECULA_TEST_MODELS}/t.gguf"}
+drafter: {model: drafts/d.gguf}
+sampler: {temperature: "${SPECULA_TEST_TEMP}"}
+plugin_paths: ../plugins
+)");
+  auto p = load_pipeline(file);
+  EXPECT_EQ(p.backend.plugin, "onednn");
+  EXPECT_EQ(p.target.model, "/models/t.gguf");
+  EXPECT_EQ(p.drafter->model, dir.path() / "sub/drafts/d.gguf");
+  EXPECT_EQ(p.plugin_paths.at(0), dir.path() / "plugins");
+  EXPECT_FLOAT_EQ(p.sampler.params.temperature, 0.25f);
+
+  // A default is expanded only when used.
+  EXPECT_EQ(specula::core::expand_env("${SPECULA_TEST_MODELS:-${SPECULA_TEST_UNSET}}/x", "w"), "/models/x");
+  EXPECT_THROW(specula::core::expand_env("${SPECULA_TEST_MODELS", "w"), specula::Error);
+  std::string e = error_of("backend: {plugin: onednn}\ntarget: {model: \"${SPECULA_TEST_UNSET}/m\"}\n");
+  EXPECT_CONTAINS(e, "p.yaml:2:17:");
+  EXPECT_CONTAINS(e, "environment variable 'SPECULA_TEST_UNSET' is not set");
+}
+
+TEST(Pipeline, ClosestMatch) {
+  std::vector<std::string> keys = {"temperature", "top_k", "top_p", "seed"};
+  EXPECT_EQ(specula::core::closest_match("temprature", keys), "temperature");
+  EXPECT_EQ(specula::core::closest_match("topk", keys), "top_k");
+  EXPECT_EQ(specula::core::closest_match("sed", keys), "seed");
+  EXPECT_EQ(specula::core::closest_match("backend", keys), "");
+}
+
+TEST(Pipeline, BuildsThroughThePluginHostAndGenerates) {
+  test::TempDir dir;
+  test::write_file(dir / "t.toy", R"({"architecture": "toy", "vocab": 64, "context_length": 64, "end_tokens": []})");
+  test::write_file(dir / "d.toy", R"({"architecture": "toy-drafter", "error_every": 3})");
+  auto file = test::write_file(dir / "p.yaml", "plugin_paths: [" + test::plugin_dir("toy") + R"(]
+backend: {plugin: toy}
+target: {model: t.toy}
+drafter: {model: d.toy, draft_tokens: 3}
+sampler: {plugin: toy, max_tokens: 12}
+)");
+  auto p = load_pipeline(file);
+  specula::core::PluginHost host;
+  host.discover(specula::core::plugin_search_path(p.plugin_paths));
+  auto built = specula::core::build_pipeline(p, host);
+  ASSERT_NE(built.drafter, nullptr);
+  specula::core::Generator gen(built.target, built.sampler, built.drafter);
+  specula::core::GenerationOptions o;
+  o.max_tokens = p.sampler.max_tokens;
+  std::vector<int32_t> prompt = {3, 4, 5};
+  auto r = gen.generate(prompt, o);
+  toy::Config c;
+  std::vector<int32_t> prefix = prompt, expect;
+  for (int i = 0; i < 12; ++i) {
+    expect.push_back(toy::argmax(toy::logits_after(prefix, 64, c.seed, c.sharpness)));
+    prefix.push_back(expect.back());
+  }
+  EXPECT_EQ(r.tokens, expect);
+  EXPECT_GT(r.stats.accepted_tokens, 0);
+
+  // A failing section is named.
+  auto bad = test::write_file(dir / "bad.yaml", "plugin_paths: [" + test::plugin_dir("toy") +
+                                                    "]\nbackend: {plugin: vulkan}\ntarget: {model: t.toy}\n");
+  try {
+    specula::core::build_pipeline(load_pipeline(bad), host);
+    FAIL();
+  } catch (const specula::Error& e) {
+    EXPECT_CONTAINS(e.what(), "bad.yaml: section 'backend': no backend plugin named 'vulkan'");
+  }
+}
+
+}  // namespace
