@@ -405,8 +405,11 @@ void CpuBackend::execute(const Graph& g, int32_t id) {
       const Node& v = src(2);
       AttentionArgs a{};
       a.q = fsrc(0);
-      a.k = fsrc(1);
-      a.v = fsrc(2);
+      // K and V are read in their stored type (a cache is usually F16/BF16).
+      a.k = slots_[static_cast<size_t>(n.src[1])].data;
+      a.v = slots_[static_cast<size_t>(n.src[2])].data;
+      a.k_type = k.type;
+      a.v_type = v.type;
       a.key_pos = ints(3);
       a.query_pos = ints(4);
       a.T = q.shape[0];

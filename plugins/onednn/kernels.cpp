@@ -1,6 +1,7 @@
 #include "kernels.hpp"
 
 #include <algorithm>
+#include <cstring>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -96,46 +97,117 @@ void get_rows(ThreadPool& pool, const Matrix& table, const int32_t* ids, int64_t
   });
 }
 
+namespace {
+
+// One cache row (F32, F16 or BF16) dotted with / accumulated into F32, converting in registers.
+inline __m256 load8(DType t, const std::byte* p, int64_t i) {
+  switch (t) {
+    case DType::F16:
+      return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i)));
+    case DType::BF16:
+      return _mm256_castsi256_ps(_mm256_slli_epi32(
+          _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i))), 16));
+    default:
+      return _mm256_loadu_ps(reinterpret_cast<const float*>(p) + i);
+  }
+}
+inline float load1(DType t, const std::byte* p, int64_t i) {
+  uint16_t h;
+  switch (t) {
+    case DType::F16:
+      std::memcpy(&h, p + 2 * i, 2);
+      return _cvtsh_ss(h);
+    case DType::BF16: {
+      std::memcpy(&h, p + 2 * i, 2);
+      const uint32_t u = static_cast<uint32_t>(h) << 16;
+      float f;
+      std::memcpy(&f, &u, 4);
+      return f;
+    }
+    default:
+      return reinterpret_cast<const float*>(p)[i];
+  }
+}
+
+template <DType kType>
+float dot_row(const std::byte* k, const float* q, int64_t n) {
+  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    s0 = _mm256_fmadd_ps(load8(kType, k, i), _mm256_loadu_ps(q + i), s0);
+    s1 = _mm256_fmadd_ps(load8(kType, k, i + 8), _mm256_loadu_ps(q + i + 8), s1);
+  }
+  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(load8(kType, k, i), _mm256_loadu_ps(q + i), s0);
+  float s = hsum(_mm256_add_ps(s0, s1));
+  for (; i < n; ++i) s += load1(kType, k, i) * q[i];
+  return s;
+}
+
+template <DType kType>
+void axpy_row(float a, const std::byte* v, float* acc, int64_t n) {
+  const __m256 va = _mm256_set1_ps(a);
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(va, load8(kType, v, i), _mm256_loadu_ps(acc + i)));
+  for (; i < n; ++i) acc[i] += a * load1(kType, v, i);
+}
+
+using DotRow = float (*)(const std::byte*, const float*, int64_t);
+using AxpyRow = void (*)(float, const std::byte*, float*, int64_t);
+
+DotRow dot_row_for(DType t) {
+  return t == DType::F16 ? &dot_row<DType::F16> : t == DType::BF16 ? &dot_row<DType::BF16> : &dot_row<DType::F32>;
+}
+AxpyRow axpy_row_for(DType t) {
+  return t == DType::F16 ? &axpy_row<DType::F16> : t == DType::BF16 ? &axpy_row<DType::BF16> : &axpy_row<DType::F32>;
+}
+
+size_t type_size(DType t) { return t == DType::F32 ? 4 : 2; }
+
+}  // namespace
+
 void attention(ThreadPool& pool, const AttentionArgs& a, float* out) {
   const int64_t group = a.Hq / a.Hkv;
+  const DotRow dot = dot_row_for(a.k_type);
+  const AxpyRow axpy = axpy_row_for(a.v_type);
+  const size_t k_row = static_cast<size_t>(a.D) * type_size(a.k_type);
+  const size_t v_row = static_cast<size_t>(a.Dv) * type_size(a.v_type);
+  // Visible slots per query are found once per query, not once per head.
+  std::vector<int64_t> visible_begin(static_cast<size_t>(a.T + 1));
+  std::vector<int32_t> visible;
+  visible.reserve(static_cast<size_t>(a.S));
+  for (int64_t t = 0; t < a.T; ++t) {
+    visible_begin[static_cast<size_t>(t)] = static_cast<int64_t>(visible.size());
+    const int64_t qp = a.query_pos[t];
+    for (int64_t s = 0; s < a.S; ++s) {
+      const int64_t kp = a.key_pos[s];
+      if (kp < 0 || (a.causal && kp > qp) || (a.window > 0 && std::abs(qp - kp) >= a.window)) continue;
+      visible.push_back(static_cast<int32_t>(s));
+    }
+  }
+  visible_begin[static_cast<size_t>(a.T)] = static_cast<int64_t>(visible.size());
   pool.parallel_for(a.T * a.Hq, 1, [&](int64_t b0, int64_t b1) {
-    std::vector<float> p(static_cast<size_t>(a.S));
-    std::vector<float> acc(static_cast<size_t>(a.Dv));
+    std::vector<float> p;
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t t = b / a.Hq, h = b % a.Hq, hk = h / group;
-      const int32_t qp = a.query_pos[t];
+      const int32_t* slots = visible.data() + visible_begin[static_cast<size_t>(t)];
+      const int64_t n = visible_begin[static_cast<size_t>(t) + 1] - visible_begin[static_cast<size_t>(t)];
+      float* o = out + t * a.Hq * a.Dv + h * a.Dv;
+      std::fill(o, o + a.Dv, 0.0f);
+      if (n == 0) continue;  // nothing visible: zeros
       const float* q = a.q + (t * a.Hq + h) * a.D;
+      p.resize(static_cast<size_t>(n));
       float max = -std::numeric_limits<float>::infinity();
-      for (int64_t s = 0; s < a.S; ++s) {
-        const int32_t kp = a.key_pos[s];
-        bool visible = kp >= 0;
-        if (visible && a.causal) visible = kp <= qp;
-        if (visible && a.window > 0) visible = std::abs(int64_t{qp} - kp) < a.window;
-        if (!visible) {
-          p[static_cast<size_t>(s)] = -std::numeric_limits<float>::infinity();
-          continue;
-        }
-        const float score = a.scale * dot_f32(q, a.k + (s * a.Hkv + hk) * a.D, a.D);
-        p[static_cast<size_t>(s)] = score;
+      for (int64_t j = 0; j < n; ++j) {
+        const float score = a.scale * dot(a.k + (static_cast<size_t>(slots[j]) * a.Hkv + hk) * k_row, q, a.D);
+        p[static_cast<size_t>(j)] = score;
         max = std::max(max, score);
       }
-      float* o = out + t * a.Hq * a.Dv + h * a.Dv;
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      if (max == -std::numeric_limits<float>::infinity()) {
-        std::copy(acc.begin(), acc.end(), o);
-        continue;
-      }
       float sum = 0.0f;
-      for (int64_t s = 0; s < a.S; ++s) {
-        float& ps = p[static_cast<size_t>(s)];
-        if (ps == -std::numeric_limits<float>::infinity()) continue;
-        ps = std::exp(ps - max);
-        sum += ps;
-        const float* v = a.v + (s * a.Hkv + hk) * a.Dv;
-        for (int64_t d = 0; d < a.Dv; ++d) acc[static_cast<size_t>(d)] += ps * v[d];
-      }
+      for (int64_t j = 0; j < n; ++j) sum += (p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - max));
       const float inv = 1.0f / sum;
-      for (int64_t d = 0; d < a.Dv; ++d) o[d] = acc[static_cast<size_t>(d)] * inv;
+      for (int64_t j = 0; j < n; ++j)
+        axpy(p[static_cast<size_t>(j)] * inv, a.v + (static_cast<size_t>(slots[j]) * a.Hkv + hk) * v_row, o, a.Dv);
     }
   });
 }

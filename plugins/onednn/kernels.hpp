@@ -41,9 +41,10 @@ void get_rows(ThreadPool& pool, const Matrix& table, const int32_t* ids, int64_t
               const std::string& node_name);
 
 struct AttentionArgs {
-  const float* q;  // [T, Hq, D]
-  const float* k;  // [S, Hkv, D]
-  const float* v;  // [S, Hkv, Dv]
+  const float* q;        // [T, Hq, D]
+  const std::byte* k;    // [S, Hkv, D] of k_type
+  const std::byte* v;    // [S, Hkv, Dv] of v_type
+  DType k_type = DType::F32, v_type = DType::F32;  // F32, F16 or BF16
   const int32_t* key_pos;
   const int32_t* query_pos;
   int64_t T, S, Hq, Hkv, D, Dv;

@@ -8,6 +8,7 @@
 #include <dnnl.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -71,6 +72,34 @@ void quantize_x(const float* x, int64_t n, BlockQ8X* out) {
   }
 }
 
+// K-quant activations: one scale per 256 values so the super-block's integer products can be summed
+// before a single float multiply; bsums (sums of 16 codes) carry the min / offset terms.
+struct BlockQ8K {
+  float d;
+  int16_t bsums[16];
+  int8_t q[256];
+};
+
+void quantize_x_k(const float* x, int64_t n, BlockQ8K* out) {
+  for (int64_t b = 0; b < n / 256; ++b) {
+    const float* xb = x + 256 * b;
+    float amax = 0.0f;
+    for (int i = 0; i < 256; ++i) amax = std::max(amax, std::abs(xb[i]));
+    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    BlockQ8K& o = out[b];
+    o.d = d;
+    for (int g = 0; g < 16; ++g) {
+      int sum = 0;
+      for (int i = 16 * g; i < 16 * g + 16; ++i) {
+        const int q = static_cast<int>(std::nearbyint(xb[i] * id));
+        o.q[i] = static_cast<int8_t>(q);
+        sum += q;
+      }
+      o.bsums[g] = static_cast<int16_t>(sum);
+    }
+  }
+}
+
 // Sum over groups of 4 bytes of u8 * i8 products -> 8 x int32 (u <= 128 keeps maddubs from saturating
 // for |s| <= 127).
 inline __m256i dot_u8_i8(__m256i u, __m256i s) {
@@ -119,55 +148,79 @@ float dot_q4_0(const std::byte* w, const BlockQ8X* x, int64_t blocks) {
   return hsum(acc) - corr;
 }
 
-// The 6-bit scale and min of sub-block j of a Q4_K super-block (12 packed bytes).
-inline void q4k_scale_min(int j, const uint8_t* s, float* sc, float* mn) {
-  if (j < 4) {
-    *sc = static_cast<float>(s[j] & 63);
-    *mn = static_cast<float>(s[j + 4] & 63);
-  } else {
-    *sc = static_cast<float>((s[j + 4] & 0x0f) | ((s[j - 4] >> 6) << 4));
-    *mn = static_cast<float>((s[j + 4] >> 4) | ((s[j] >> 6) << 4));
-  }
+// sum += madd(a, b) (pairs of i16 products summed into i32).
+inline __m256i madd_acc(__m256i sum, __m256i a, __m256i b) {
+#if defined(__AVXVNNI__)
+  return _mm256_dpwssd_avx_epi32(sum, a, b);
+#else
+  return _mm256_add_epi32(sum, _mm256_madd_epi16(a, b));
+#endif
 }
 
-float dot_q4_k(const std::byte* w, const BlockQ8X* x, int64_t superblocks) {
+float dot_q4_k(const std::byte* w, const BlockQ8K* x, int64_t superblocks) {
   __m256 acc = _mm256_setzero_ps();
   float corr = 0.0f;
   const __m256i low = _mm256_set1_epi8(0x0f);
-  for (int64_t b = 0; b < superblocks; ++b, w += 144, x += 8) {
-    const float d = f16(w), dmin = f16(w + 2);
-    const auto* scales = reinterpret_cast<const uint8_t*>(w + 4);
+  // Shuffle controls broadcasting i16 element k of a 128-bit lane to all eight positions.
+  const __m256i pick[8] = {
+      _mm256_set1_epi16(0x0100), _mm256_set1_epi16(0x0302), _mm256_set1_epi16(0x0504), _mm256_set1_epi16(0x0706),
+      _mm256_set1_epi16(0x0908), _mm256_set1_epi16(0x0b0a), _mm256_set1_epi16(0x0d0c), _mm256_set1_epi16(0x0f0e)};
+  for (int64_t b = 0; b < superblocks; ++b, w += 144, ++x) {
+    const float d = f16(w) * x->d, dmin = f16(w + 2) * x->d;
+    // Eight 6-bit scales and mins packed in 12 bytes: bytes 0-3 / 4-7 hold the low 6 bits of scales /
+    // mins 0-3 (their top 2 bits extend scales / mins 4-7), bytes 8-11 the low 4 bits of scales and
+    // mins 4-7.
+    uint32_t s[3];
+    std::memcpy(s, w + 4, 12);
+    const uint64_t sc = (s[0] & 0x3f3f3f3fu) |
+                        (static_cast<uint64_t>((s[2] & 0x0f0f0f0fu) | ((s[0] >> 2) & 0x30303030u)) << 32);
+    const uint64_t mn = (s[1] & 0x3f3f3f3fu) |
+                        (static_cast<uint64_t>(((s[2] >> 4) & 0x0f0f0f0fu) | ((s[1] >> 2) & 0x30303030u)) << 32);
+    const __m128i mins16 = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(mn)));
+    const __m256i bs = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x->bsums));
+    const __m128i bsum32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+    const int mins = hsum_i32(_mm_madd_epi16(mins16, bsum32));
+    const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(sc))));
     const std::byte* qs = w + 16;
+    __m256i sumi = _mm256_setzero_si256();
     for (int j = 0; j < 4; ++j) {
       // 32 bytes hold sub-block 2j in the low nibbles and 2j + 1 in the high nibbles.
       const __m256i q = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qs + 32 * j));
       const __m256i lo = _mm256_and_si256(q, low), hi = _mm256_and_si256(_mm256_srli_epi16(q, 4), low);
-      const BlockQ8X& x0 = x[2 * j];
-      const BlockQ8X& x1 = x[2 * j + 1];
-      float sc0, m0, sc1, m1;
-      q4k_scale_min(2 * j, scales, &sc0, &m0);
-      q4k_scale_min(2 * j + 1, scales, &sc1, &m1);
-      const __m256i p0 = dot_u8_i8(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x0.q)));
-      const __m256i p1 = dot_u8_i8(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x1.q)));
-      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p0), _mm256_set1_ps(d * sc0 * x0.d), acc);
-      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p1), _mm256_set1_ps(d * sc1 * x1.d), acc);
-      corr += dmin * (m0 * x0.d * static_cast<float>(x0.sum[0] + x0.sum[1]) +
-                      m1 * x1.d * static_cast<float>(x1.sum[0] + x1.sum[1]));
+      const __m256i p0 = _mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x->q + 64 * j)));
+      const __m256i p1 = _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x->q + 64 * j + 32)));
+      sumi = madd_acc(sumi, p0, _mm256_shuffle_epi8(scales, pick[2 * j]));
+      sumi = madd_acc(sumi, p1, _mm256_shuffle_epi8(scales, pick[2 * j + 1]));
     }
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(d), acc);
+    corr += dmin * static_cast<float>(mins);
   }
   return hsum(acc) - corr;
 }
 
-float dot_q6_k(const std::byte* w, const BlockQ8X* x, int64_t superblocks) {
+float dot_q6_k(const std::byte* w, const BlockQ8K* x, int64_t superblocks) {
   __m256 acc = _mm256_setzero_ps();
   float corr = 0.0f;
   const __m256i low = _mm256_set1_epi8(0x0f), two = _mm256_set1_epi8(3);
-  for (int64_t b = 0; b < superblocks; ++b, w += 210, x += 8) {
+  const __m256i pick[4] = {
+      _mm256_setr_epi64x(0x0100010001000100, 0x0100010001000100, 0x0302030203020302, 0x0302030203020302),
+      _mm256_setr_epi64x(0x0504050405040504, 0x0504050405040504, 0x0706070607060706, 0x0706070607060706),
+      _mm256_setr_epi64x(0x0908090809080908, 0x0908090809080908, 0x0b0a0b0a0b0a0b0a, 0x0b0a0b0a0b0a0b0a),
+      _mm256_setr_epi64x(0x0d0c0d0c0d0c0d0c, 0x0d0c0d0c0d0c0d0c, 0x0f0e0f0e0f0e0f0e, 0x0f0e0f0e0f0e0f0e)};
+  for (int64_t b = 0; b < superblocks; ++b, w += 210, ++x) {
     const std::byte* ql = w;
     const std::byte* qh = w + 128;
-    const auto* sc = reinterpret_cast<const int8_t*>(w + 192);
-    const float d = f16(w + 208);
-    for (int half = 0; half < 2; ++half, ql += 64, qh += 32, sc += 8) {
+    const std::byte* sc = w + 192;
+    const float d = f16(w + 208) * x->d;
+    // Codes are stored + 32: subtract 32 * sum(scale * bsum).
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(sc)));
+    const __m256i off = _mm256_madd_epi16(sc16, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x->bsums)));
+    const int offset = hsum_i32(_mm_add_epi32(_mm256_castsi256_si128(off), _mm256_extracti128_si256(off, 1)));
+    __m256i sumi = _mm256_setzero_si256();
+    const int8_t* xq = x->q;
+    for (int half = 0; half < 2; ++half, ql += 64, qh += 32, xq += 128) {
+      // Both 128-bit lanes hold this half's eight scales as i16.
+      const __m256i scales = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(sc + 8 * half))));
       const __m256i l0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql));
       const __m256i l1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(ql + 32));
       const __m256i h = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(qh));
@@ -181,17 +234,14 @@ float dot_q6_k(const std::byte* w, const BlockQ8X* x, int64_t superblocks) {
           _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), two), 4)),
       };
+      // Run r: the low 128 bits cover values 0..15 (scale 2r), the high 128 bits values 16..31 (2r + 1).
       for (int r = 0; r < 4; ++r) {
-        const BlockQ8X& xb = x[4 * half + r];
-        const float s0 = static_cast<float>(sc[2 * r]), s1 = static_cast<float>(sc[2 * r + 1]);
-        const __m256i p = dot_u8_i8(q[r], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.q)));
-        // Lanes 0..3 cover values 0..15 (scale s0), lanes 4..7 values 16..31 (scale s1).
-        const __m256 scale = _mm256_mul_ps(_mm256_set_m128(_mm_set1_ps(s1), _mm_set1_ps(s0)),
-                                           _mm256_set1_ps(d * xb.d));
-        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), scale, acc);
-        corr += 32.0f * d * xb.d * (s0 * xb.sum[0] + s1 * xb.sum[1]);  // codes are stored + 32
+        const __m256i p = _mm256_maddubs_epi16(q[r], _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq + 32 * r)));
+        sumi = madd_acc(sumi, p, _mm256_shuffle_epi8(scales, pick[r]));
       }
     }
+    acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_set1_ps(d), acc);
+    corr += 32.0f * d * static_cast<float>(offset);
   }
   return hsum(acc) - corr;
 }
@@ -224,27 +274,20 @@ float dot_half(const std::byte* w, const float* x, int64_t n) {
   return s;
 }
 
-using QuantDot = float (*)(const std::byte*, const BlockQ8X*, int64_t);
+using DotQ8X = float (*)(const std::byte*, const BlockQ8X*, int64_t);
+using DotQ8K = float (*)(const std::byte*, const BlockQ8K*, int64_t);
 
-QuantDot quant_dot(DType t) {
-  switch (t) {
-    case DType::Q8_0: return &dot_q8_0;
-    case DType::Q4_0: return &dot_q4_0;
-    case DType::Q4_K: return &dot_q4_k;
-    case DType::Q6_K: return &dot_q6_k;
-    default: return nullptr;
-  }
-}
-
-// Fused kernels for n activation rows: each weight row is streamed once and dotted with every row.
-void matmul_quant(ThreadPool& pool, const Matrix& w, QuantDot dot, const float* x, int64_t n, float* y) {
-  const int64_t O = w.rows, I = w.cols, xb = I / 32;
-  const int64_t units = (w.type == DType::Q4_K || w.type == DType::Q6_K) ? I / 256 : xb;
-  std::vector<BlockQ8X> qx(static_cast<size_t>(n * xb));
-  for (int64_t r = 0; r < n; ++r) quantize_x(x + r * I, I, qx.data() + r * xb);
+// Fused kernels for n activation rows: activations quantized once, then each weight row is streamed
+// once and dotted with every activation row.
+template <typename Block, int kValues>
+void matmul_quant(ThreadPool& pool, const Matrix& w, float (*dot)(const std::byte*, const Block*, int64_t),
+                  void (*quantize)(const float*, int64_t, Block*), const float* x, int64_t n, float* y) {
+  const int64_t O = w.rows, I = w.cols, nb = I / kValues;
+  std::vector<Block> qx(static_cast<size_t>(n * nb));
+  for (int64_t r = 0; r < n; ++r) quantize(x + r * I, I, qx.data() + r * nb);
   pool.parallel_for(O, 32, [&](int64_t o0, int64_t o1) {
     for (int64_t o = o0; o < o1; ++o)
-      for (int64_t r = 0; r < n; ++r) y[r * O + o] = dot(w.row(o), qx.data() + r * xb, units);
+      for (int64_t r = 0; r < n; ++r) y[r * O + o] = dot(w.row(o), qx.data() + r * nb, nb);
   });
 }
 
@@ -270,7 +313,13 @@ void matmul_float(ThreadPool& pool, const Matrix& w, const float* x, int64_t n, 
 void matmul(ThreadPool& pool, const Matrix& w, const float* x, int64_t n, float* y) {
   const bool plain = w.type == DType::F32 || w.type == DType::F16 || w.type == DType::BF16;
   if (plain) return matmul_float(pool, w, x, n, y);
-  if (QuantDot dot = quant_dot(w.type)) return matmul_quant(pool, w, dot, x, n, y);
+  switch (w.type) {
+    case DType::Q8_0: return matmul_quant<BlockQ8X, 32>(pool, w, &dot_q8_0, &quantize_x, x, n, y);
+    case DType::Q4_0: return matmul_quant<BlockQ8X, 32>(pool, w, &dot_q4_0, &quantize_x, x, n, y);
+    case DType::Q4_K: return matmul_quant<BlockQ8K, 256>(pool, w, &dot_q4_k, &quantize_x_k, x, n, y);
+    case DType::Q6_K: return matmul_quant<BlockQ8K, 256>(pool, w, &dot_q6_k, &quantize_x_k, x, n, y);
+    default: break;
+  }
   matmul_generic(pool, w, x, n, y);
 }
 

@@ -1,0 +1,101 @@
+// Weight-streaming throughput of the CPU backend's matrix products: for each weight type, an [O, I]
+// matrix (default 10240 x 2560, a Gemma 4 E4B FFN projection) times N activation rows, timed through
+// the real ComputeBackend::run path. Reports the best ms per product over --seconds of runs, GB/s of weight bytes read, and GFLOP/s.
+//   bench_matvec [--rows O] [--cols I] [--n N[,N...]] [--threads T[,T...]] [--types Q4_K,Q8_0,...]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cpu_backend.hpp"
+#include "specula/error.hpp"
+#include "specula/quant.hpp"
+
+using namespace specula;
+
+namespace {
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  std::stringstream ss(s);
+  for (std::string item; std::getline(ss, item, ',');) out.push_back(item);
+  return out;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t O = 10240, I = 2560;
+  std::vector<std::string> types{"Q4_K", "Q6_K", "Q8_0", "Q4_0", "BF16", "F16", "F32"};
+  std::vector<int> threads{1, 2}, ns{1};
+  double seconds = 1.0;
+  for (int a = 1; a + 1 < argc; a += 2) {
+    std::string k = argv[a], v = argv[a + 1];
+    if (k == "--rows") O = std::stoll(v);
+    else if (k == "--cols") I = std::stoll(v);
+    else if (k == "--types") types = split(v);
+    else if (k == "--threads") { threads.clear(); for (auto& t : split(v)) threads.push_back(std::stoi(t)); }
+    else if (k == "--n") { ns.clear(); for (auto& t : split(v)) ns.push_back(std::stoi(t)); }
+    else if (k == "--seconds") seconds = std::stod(v);
+    else { std::fprintf(stderr, "unknown option %s\n", k.c_str()); return 2; }
+  }
+  try {
+    std::mt19937 rng(1);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    std::vector<float> w(static_cast<size_t>(O * I));
+    for (auto& v : w) v = dist(rng);
+    std::printf("%-6s %8s %3s %4s %10s %8s %9s\n", "type", "shape", "N", "thr", "ms", "GB/s", "GFLOP/s");
+    for (const auto& tn : types) {
+      auto type = dtype_from_name(tn);
+      if (!type) fail("unknown type {}", tn);
+      const size_t rb = *dtype_row_bytes(*type, static_cast<uint64_t>(I));
+      std::vector<std::byte> packed(rb * static_cast<size_t>(O));
+      for (int64_t o = 0; o < O; ++o) quantize_row(*type, w.data() + o * I, packed.data() + o * rb, I);
+      for (int t : threads) {
+        auto backend = cpu::make_cpu_backend({{"threads", t}});
+        // Enough copies of the weight to overflow the last-level cache, so that the numbers measure
+        // streaming from memory as a model's decode step does.
+        const size_t copies = std::max<size_t>(1, (size_t{512} << 20) / packed.size());
+        std::vector<std::vector<std::byte>> held(copies, packed);
+        std::vector<BackendTensorPtr> wts;
+        for (auto& h : held) wts.push_back(backend->load_weight({"w", *type, {O, I}, std::span<const std::byte>(h), {}}));
+        for (int n : ns) {
+          std::vector<float> x(static_cast<size_t>(n * I));
+          for (auto& v : x) v = dist(rng);
+          std::vector<Graph> graphs(copies);
+          std::vector<RunInputs> ins;
+          for (size_t c = 0; c < copies; ++c) {
+            Value xv = graphs[c].input(DType::F32, {n, I}, "x");
+            graphs[c].mark_output(graphs[c].matmul(graphs[c].constant(wts[c]), xv));
+            ins.push_back({{{xv, std::as_bytes(std::span<const float>(x))}}});
+          }
+          backend->run(graphs[0], ins[0]);  // warm-up
+          size_t next = 0;
+          // The fastest of many runs: on a shared machine the mean mostly measures other processes.
+          const auto t0 = std::chrono::steady_clock::now();
+          double elapsed = 0, best = 1e30;
+          do {
+            const auto t1 = std::chrono::steady_clock::now();
+            backend->run(graphs[next], ins[next]);
+            next = (next + 1) % copies;
+            const auto t2 = std::chrono::steady_clock::now();
+            best = std::min(best, std::chrono::duration<double>(t2 - t1).count());
+            elapsed = std::chrono::duration<double>(t2 - t0).count();
+          } while (elapsed < seconds);
+          const double ms = best * 1e3;
+          std::printf("%-6s %4ldx%-4ld %3d %4d %10.3f %8.2f %9.2f\n", tn.c_str(), static_cast<long>(O),
+                      static_cast<long>(I), n, t, ms, packed.size() / (ms * 1e-3) / 1e9,
+                      2.0 * O * I * n / (ms * 1e-3) / 1e9);
+          std::fflush(stdout);
+        }
+      }
+    }
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_matvec: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
