@@ -16,10 +16,11 @@ in shared/, because llama.cpp refuses a gemma4 file without it; the embedding ta
 Output is bit-for-bit reproducible (seeded numpy Generator), so committed goldens stay valid.
 A stamp file lets repeated calls return at once.
 
-usage: gemma4_fixture.py --variant e2b --out DIR [--formats f32,f16,q8_0,hf,mlx4,mlx8] [--vocab GGUF]
+usage: gemma4_fixture.py --variant e2b --out DIR [--formats f32,f16,q8_0,hf,mlx4,mlx8,mlx4-ref,mlx8-ref] [--vocab GGUF]
        gemma4_fixture.py --list
 """
 import argparse
+import fcntl
 import hashlib
 import json
 import math
@@ -353,11 +354,12 @@ def write_gguf(path, spec, w, wtype, vocab_path, tensors=None):
         offset += len(blob) + pad
     head = b"GGUF" + struct.pack("<IQQ", 3, len(infos), len(kvs)) + b"".join(kvs) + b"".join(infos)
     head += b"\0" * ((-len(head)) % 32)
-    with open(path + ".tmp", "wb") as fh:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as fh:
         fh.write(head)
         for b in blobs:
             fh.write(b)
-    os.replace(path + ".tmp", path)
+    os.replace(tmp, path)
 
 
 # ------------------------------------------------------------------------------------ safetensors
@@ -372,11 +374,12 @@ def write_safetensors(path, tensors, metadata, pad_header=True):
     h = json.dumps(header, separators=(",", ":")).encode()
     if pad_header:
         h += b" " * ((-len(h)) % 8)
-    with open(path + ".tmp", "wb") as fh:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as fh:
         fh.write(struct.pack("<Q", len(h)) + h)
         for _, _, blob, _ in tensors:
             fh.write(blob)
-    os.replace(path + ".tmp", path)
+    os.replace(tmp, path)
 
 
 def write_hf(outdir, spec, w):
@@ -480,7 +483,7 @@ def write_mlx(outdir, spec, w, bits, gs=32):
 
 
 # ------------------------------------------------------------------------------------------- main
-ALL_FORMATS = ["f32", "f16", "q8_0", "hf", "mlx4", "mlx8"]
+ALL_FORMATS = ["f32", "f16", "q8_0", "hf", "mlx4", "mlx8", "mlx4-ref", "mlx8-ref"]
 
 
 def generate(variant, out, formats, vocab):
@@ -489,8 +492,15 @@ def generate(variant, out, formats, vocab):
     with open(__file__, "rb") as fh:
         digest = hashlib.sha256(fh.read() + repr((variant, sorted(formats))).encode()).hexdigest()
     stamp = os.path.join(out, ".stamp")
-    if os.path.exists(stamp) and open(stamp).read() == digest:
-        return
+    # Test processes running in parallel ask for the same fixture: one writes, the others wait.
+    with open(os.path.join(out, ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.exists(stamp) and open(stamp).read() == digest:
+            return
+        _generate(spec, out, formats, vocab, stamp, digest)
+
+
+def _generate(spec, out, formats, vocab, stamp, digest):
     w = make_weights(spec)
     gtypes = {"f32": G_F32, "f16": G_F16, "q8_0": G_Q8_0}
     for f in formats:
@@ -499,8 +509,12 @@ def generate(variant, out, formats, vocab):
         elif f == "hf":
             write_hf(os.path.join(out, "hf"), spec, w)
         elif f in ("mlx4", "mlx8"):
-            deq = write_mlx(os.path.join(out, f), spec, w, int(f[3:]))
-            write_gguf(os.path.join(out, f"{f}-ref-f32.gguf"), spec, deq, G_F32, vocab)
+            write_mlx(os.path.join(out, f), spec, w, int(f[3:]))
+        elif f in ("mlx4-ref", "mlx8-ref"):  # only for llama.cpp goldens
+            import tempfile
+            with tempfile.TemporaryDirectory() as d:
+                deq = write_mlx(d, spec, w, int(f[3]))
+            write_gguf(os.path.join(out, f"{f[:4]}-ref-f32.gguf"), spec, deq, G_F32, vocab)
         else:
             sys.exit(f"unknown format '{f}' (expected one of {', '.join(ALL_FORMATS)})")
     with open(stamp, "w") as fh:
