@@ -22,13 +22,16 @@ const json& require(const json& obj, const std::string& key, const std::string& 
   return *it;
 }
 
-// Splits a merge written "left right" at its first space after the first character (a token never
-// contains a plain space; the first character may be anything).
-std::pair<std::string, std::string> split_merge(const std::string& m, const std::string& where, size_t rank) {
+// A merge written "left right", split at its first space after the first character (a token never
+// contains a plain space; the first character may be anything), as (merged text, left length).
+std::pair<std::string, uint32_t> split_merge(const std::string& m, const std::string& where, size_t rank) {
   const size_t sp = m.find(' ', 1);
   if (sp == std::string::npos)
     fail("{}: merge {} '{}' is not of the form 'left right'", where, rank, m);
-  return {m.substr(0, sp), m.substr(sp + 1)};
+  std::string merged;
+  merged.reserve(m.size() - 1);
+  merged.append(m, 0, sp).append(m, sp + 1);
+  return {std::move(merged), static_cast<uint32_t>(sp)};
 }
 
 int32_t id_of(const json& md, const std::string& key, const std::string& where) {
@@ -56,7 +59,10 @@ std::shared_ptr<const Tokenizer> from_gguf(const ModelFile& file) {
   spec.pieces.reserve(tokens.size());
   spec.kinds.reserve(tokens.size());
   for (size_t i = 0; i < tokens.size(); ++i) {
-    spec.pieces.push_back(tokens[i].get<std::string>());
+    if (!tokens[i].is_string()) fail("{}: tokenizer.ggml.tokens[{}] is {}; expected a string", where, i, tokens[i].dump());
+    if (!types[i].is_number_integer())
+      fail("{}: tokenizer.ggml.token_type[{}] is {}; expected an integer", where, i, types[i].dump());
+    spec.pieces.push_back(tokens[i].get_ref<const std::string&>());
     const int t = types[i].get<int>();
     // llama.cpp's token types: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte.
     TokenKind kind;
@@ -74,7 +80,10 @@ std::shared_ptr<const Tokenizer> from_gguf(const ModelFile& file) {
       spec.matched_in_text.emplace_back(static_cast<int32_t>(i), kind == TokenKind::UserDefined);
   }
   spec.merges.reserve(merges.size());
-  for (size_t r = 0; r < merges.size(); ++r) spec.merges.push_back(split_merge(merges[r].get<std::string>(), where, r));
+  for (size_t r = 0; r < merges.size(); ++r) {
+    if (!merges[r].is_string()) fail("{}: tokenizer.ggml.merges[{}] is {}; expected a string", where, r, merges[r].dump());
+    spec.merges.push_back(split_merge(merges[r].get_ref<const std::string&>(), where, r));
+  }
   spec.bos = id_of(md, "tokenizer.ggml.bos_token_id", where);
   spec.eos = id_of(md, "tokenizer.ggml.eos_token_id", where);
   if (md.contains("tokenizer.ggml.unknown_token_id")) spec.unk = id_of(md, "tokenizer.ggml.unknown_token_id", where);
@@ -154,8 +163,10 @@ std::shared_ptr<const Tokenizer> from_tokenizer_json(const ModelFile& file) {
   spec.merges.reserve(merges.size());
   for (size_t r = 0; r < merges.size(); ++r) {
     const json& m = merges[r];
-    if (m.is_array() && m.size() == 2) spec.merges.emplace_back(m[0].get<std::string>(), m[1].get<std::string>());
-    else if (m.is_string()) spec.merges.push_back(split_merge(m.get<std::string>(), path, r));
+    if (m.is_array() && m.size() == 2 && m[0].is_string() && m[1].is_string()) {
+      const auto& l = m[0].get_ref<const std::string&>();
+      spec.merges.emplace_back(l + m[1].get_ref<const std::string&>(), static_cast<uint32_t>(l.size()));
+    } else if (m.is_string()) spec.merges.push_back(split_merge(m.get<std::string>(), path, r));
     else fail("{}: model.merges[{}] is {}; expected \"left right\" or [left, right]", path, r, m.dump());
   }
 

@@ -53,7 +53,57 @@ std::string replace_all(std::string_view s, std::string_view from, std::string_v
   return out;
 }
 
+uint64_t mix(uint64_t x) {  // splitmix64 finalizer
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+size_t table_size(size_t n) {
+  size_t size = 16;
+  while (size < n * 2) size <<= 1;  // load factor <= 1/2
+  return size;
+}
+
 }  // namespace
+
+void PieceTable::build(const std::vector<std::string>& pieces) {
+  pieces_ = &pieces;
+  slots_.assign(table_size(pieces.size()), -1);
+  mask_ = slots_.size() - 1;
+  for (size_t id = 0; id < pieces.size(); ++id) {
+    size_t i = std::hash<std::string_view>{}(pieces[id]) & mask_;
+    for (; slots_[i] >= 0; i = (i + 1) & mask_)
+      if (pieces[slots_[i]] == pieces[id]) break;
+    if (slots_[i] < 0) slots_[i] = static_cast<int32_t>(id);
+  }
+}
+
+int32_t PieceTable::find(std::string_view piece) const {
+  for (size_t i = std::hash<std::string_view>{}(piece) & mask_; slots_[i] >= 0; i = (i + 1) & mask_)
+    if ((*pieces_)[slots_[i]] == piece) return slots_[i];
+  return -1;
+}
+
+void MergeTable::reserve(size_t n) {
+  slots_.assign(table_size(n), Entry{});
+  mask_ = slots_.size() - 1;
+}
+
+void MergeTable::insert(uint64_t key, int32_t rank, int32_t result) {
+  size_t i = mix(key) & mask_;
+  for (; slots_[i].key != ~uint64_t{0}; i = (i + 1) & mask_)
+    if (slots_[i].key == key) return;
+  slots_[i] = Entry{key, rank, result};
+}
+
+const MergeTable::Entry* MergeTable::find(uint64_t key) const {
+  for (size_t i = mix(key) & mask_; slots_[i].key != ~uint64_t{0}; i = (i + 1) & mask_)
+    if (slots_[i].key == key) return &slots_[i];
+  return nullptr;
+}
 
 BpeTokenizer::BpeTokenizer(VocabSpec spec)
     : source_(std::move(spec.source)),
@@ -70,12 +120,11 @@ BpeTokenizer::BpeTokenizer(VocabSpec spec)
   for (int32_t id : {bos_, eos_})
     if (id < 0 || id >= n) fail("{}: BOS/EOS id {} is outside the vocabulary [0, {})", source_, id, n);
 
-  piece_to_id_.reserve(pieces_.size());
+  piece_to_id_.build(pieces_);
   bytes_.resize(pieces_.size());
   std::fill(std::begin(byte_ids_), std::end(byte_ids_), -1);
   for (int32_t id = 0; id < n; ++id) {
     const std::string& p = pieces_[id];
-    piece_to_id_.emplace(p, id);  // first id wins on duplicates, as in HF and llama.cpp
     const int b = parse_byte_piece(p);
     if (kinds_[id] == TokenKind::Byte || (b >= 0 && kinds_[id] == TokenKind::Normal)) {
       if (b < 0) fail("{}: token {} '{}' is marked as a byte token but is not spelled <0xNN>", source_, id, p);
@@ -91,11 +140,18 @@ BpeTokenizer::BpeTokenizer(VocabSpec spec)
 
   merges_.reserve(spec.merges.size());
   for (size_t rank = 0; rank < spec.merges.size(); ++rank) {
-    const auto& [l, r] = spec.merges[rank];
-    auto li = piece_to_id_.find(l), ri = piece_to_id_.find(r), mi = piece_to_id_.find(l + r);
-    if (li == piece_to_id_.end() || ri == piece_to_id_.end() || mi == piece_to_id_.end())
+    const std::string_view merged = spec.merges[rank].first;
+    const size_t split = spec.merges[rank].second;
+    const std::string_view l = merged.substr(0, split), r = merged.substr(split);
+    const int32_t li = piece_to_id_.find(l), ri = piece_to_id_.find(r), mi = piece_to_id_.find(merged);
+    if (split == 0 || split >= merged.size() || li < 0 || ri < 0 || mi < 0)
       fail("{}: merge {} ('{}' '{}') names a token that is not in the vocabulary", source_, rank, l, r);
-    merges_.try_emplace(pair_key(li->second, ri->second), Merge{static_cast<int32_t>(rank), mi->second});
+    merges_.insert(pair_key(li, ri), static_cast<int32_t>(rank), mi);
+  }
+  for (int c = 0; c < 128; ++c) {
+    const std::string one(1, static_cast<char>(c));
+    const int32_t id = piece_to_id_.find(c == ' ' ? kSpaceMark : std::string_view(one));
+    ascii_ids_[c] = id >= 0 && kinds_[id] != TokenKind::Byte ? id : -1;
   }
 
   trie_.emplace_back();
@@ -164,8 +220,8 @@ void BpeTokenizer::encode_segment(std::string_view text, std::vector<int32_t>& o
     size_t j = i;
     while (j < text.size() && (text[j] == '\n') == nl) ++j;
     const std::string_view word = text.substr(i, j - i);
-    auto it = nl ? piece_to_id_.find(word) : piece_to_id_.end();
-    if (it != piece_to_id_.end()) out.push_back(it->second);
+    const int32_t id = nl ? piece_to_id_.find(word) : -1;
+    if (id >= 0) out.push_back(id);
     else bpe(word, out);
     i = j;
   }
@@ -179,18 +235,17 @@ void BpeTokenizer::bpe(std::string_view text, std::vector<int32_t>& out) const {
   };
   std::vector<Symbol> sym;
   sym.reserve(text.size());
-  const auto space_it = piece_to_id_.find(kSpaceMark);
-  const int32_t space_id = space_it == piece_to_id_.end() ? -1 : space_it->second;
   for (size_t i = 0; i < text.size();) {
     const size_t len = utf8_char_len(text, i);
+    const auto c = static_cast<unsigned char>(text[i]);
     int32_t id = -1;
-    if (len == 1 && text[i] == ' ') {
-      id = space_id;
+    if (c < 0x80) {
+      id = ascii_ids_[c];
     } else {
-      auto it = piece_to_id_.find(text.substr(i, len));
-      if (it != piece_to_id_.end()) id = it->second;
+      const int32_t found = piece_to_id_.find(text.substr(i, len));
+      if (found >= 0 && kinds_[found] != TokenKind::Byte) id = found;
     }
-    if (id >= 0 && kinds_[id] != TokenKind::Byte) {
+    if (id >= 0) {
       sym.push_back({id, 0, 0});
     } else {
       // Byte fallback over what the normalizer produced (a space is already U+2581 there).
@@ -208,7 +263,7 @@ void BpeTokenizer::bpe(std::string_view text, std::vector<int32_t>& out) const {
   // Candidate merges, lowest rank first and leftmost among equal ranks (as HF's BPE). Entries go
   // stale when a neighbour merges; they are checked against the current symbols when popped.
   struct Candidate {
-    int32_t rank, left, right, left_id, right_id;
+    int32_t rank, left, right, left_id, right_id, result;
     bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
   };
   std::priority_queue<Candidate, std::vector<Candidate>, std::greater<>> queue;
@@ -216,8 +271,8 @@ void BpeTokenizer::bpe(std::string_view text, std::vector<int32_t>& out) const {
     if (left < 0) return;
     const int32_t right = sym[left].next;
     if (right < 0) return;
-    auto it = merges_.find(pair_key(sym[left].id, sym[right].id));
-    if (it != merges_.end()) queue.push({it->second.rank, left, right, sym[left].id, sym[right].id});
+    if (const auto* m = merges_.find(pair_key(sym[left].id, sym[right].id)))
+      queue.push({m->rank, left, right, sym[left].id, sym[right].id, m->result});
   };
   for (int32_t k = 0; k + 1 < count; ++k) push(k);
   while (!queue.empty()) {
@@ -225,7 +280,7 @@ void BpeTokenizer::bpe(std::string_view text, std::vector<int32_t>& out) const {
     queue.pop();
     Symbol& l = sym[c.left];
     if (l.id != c.left_id || l.next != c.right || sym[c.right].id != c.right_id) continue;
-    l.id = merges_.at(pair_key(c.left_id, c.right_id)).result;
+    l.id = c.result;
     const int32_t after = sym[c.right].next;
     l.next = after;
     if (after >= 0) sym[after].prev = c.left;
@@ -262,9 +317,9 @@ bool BpeTokenizer::is_special(int32_t id) const {
 }
 
 std::optional<int32_t> BpeTokenizer::token_id(std::string_view piece) const {
-  auto it = piece_to_id_.find(piece);
-  if (it == piece_to_id_.end()) return std::nullopt;
-  return it->second;
+  const int32_t id = piece_to_id_.find(piece);
+  if (id < 0) return std::nullopt;
+  return id;
 }
 
 }  // namespace specula::detail

@@ -22,20 +22,44 @@ struct VocabSpec {
   // Ids matched as whole strings in the raw text before BPE. `always`: even without parse_special
   // (llama.cpp USER_DEFINED tokens, HF added tokens with special=false); the rest only with it.
   std::vector<std::pair<int32_t, bool>> matched_in_text;
-  std::vector<std::pair<std::string, std::string>> merges;  // rank order
+  // Merges in rank order, each as the merged text and the length of its left part ("ab", 1 for a+b).
+  std::vector<std::pair<std::string, uint32_t>> merges;
   bool split_newline_runs = false;  // llama.cpp gemma4: runs of '\n' are their own words
   int32_t bos = -1, eos = -1, unk = -1;
 };
 
-struct StringHash {
-  using is_transparent = void;
-  size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+// Open-addressing tables (linear probing, power-of-two sizes): the vocabulary and merge tables are
+// hundreds of thousands of entries, and node-based maps spend most of their time on cache misses.
+class PieceTable {
+ public:
+  void build(const std::vector<std::string>& pieces);  // first id wins on duplicate pieces
+  int32_t find(std::string_view piece) const;          // -1 when absent
+ private:
+  const std::vector<std::string>* pieces_ = nullptr;
+  std::vector<int32_t> slots_;  // id, or -1 for empty
+  size_t mask_ = 0;
 };
-using PieceMap = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
+
+class MergeTable {
+ public:
+  struct Entry {
+    uint64_t key = ~uint64_t{0};  // (left << 32 | right); all ones = empty
+    int32_t rank = 0;
+    int32_t result = 0;
+  };
+  void reserve(size_t n);
+  void insert(uint64_t key, int32_t rank, int32_t result);  // keeps the first (lowest-rank) entry
+  const Entry* find(uint64_t key) const;
+ private:
+  std::vector<Entry> slots_;
+  size_t mask_ = 0;
+};
 
 class BpeTokenizer final : public Tokenizer {
  public:
   explicit BpeTokenizer(VocabSpec spec);
+  BpeTokenizer(const BpeTokenizer&) = delete;  // piece_to_id_ points into pieces_
+  BpeTokenizer& operator=(const BpeTokenizer&) = delete;
 
   int64_t vocab_size() const override { return static_cast<int64_t>(pieces_.size()); }
   std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special) const override;
@@ -48,10 +72,6 @@ class BpeTokenizer final : public Tokenizer {
   int32_t eos() const override { return eos_; }
 
  private:
-  struct Merge {
-    int32_t rank;
-    int32_t result;
-  };
   // A byte trie over the strings matched in raw text; node 0 is the root.
   struct TrieNode {
     int32_t token = -1;
@@ -68,9 +88,10 @@ class BpeTokenizer final : public Tokenizer {
   std::vector<std::string> pieces_;
   std::vector<std::string> bytes_;  // id -> decoded bytes
   std::vector<TokenKind> kinds_;
-  PieceMap piece_to_id_;
-  std::unordered_map<uint64_t, Merge> merges_;  // (left << 32 | right) -> merge
+  PieceTable piece_to_id_;
+  MergeTable merges_;
   int32_t byte_ids_[256];
+  int32_t ascii_ids_[128];  // single ASCII characters (space as U+2581), -1 when not in the vocabulary
   std::vector<TrieNode> trie_;
   std::unordered_map<uint64_t, int32_t> trie_edges_;  // (node << 8 | byte) -> node
   bool root_has_edge_[256] = {};
