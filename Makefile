@@ -18,6 +18,7 @@ PIPELINE   ?= configs/default.yaml
 PROMPT     ?= Write one sentence about the sea.
 RUN_ARGS   ?= --max-tokens 32
 FIXTURE    := $(BUILD)/fixtures/gemma4-e2b
+PYTHON     ?= /usr/bin/python3
 SUDO       := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
 .PHONY: all deps build build-asan run fixture test test-asan clean
@@ -51,7 +52,7 @@ build-asan: deps $(BUILD_ASAN)/build.ninja
 
 # A small deterministic Gemma 4 checkpoint (random weights, real layout and vocab) for the default pipeline.
 fixture: build
-	python3 tools/gemma4_fixture.py --variant e2b --out $(FIXTURE) --formats f32,q8_0
+	$(PYTHON) tools/gemma4_fixture.py --variant e2b --out $(FIXTURE) --formats q8_0
 
 run: build fixture
 	SPECULA_FIXTURE_DIR=$(abspath $(FIXTURE)) $(BUILD)/bin/specula run $(PIPELINE) --prompt "$(PROMPT)" $(RUN_ARGS)

@@ -55,9 +55,9 @@ int run_run(const std::vector<std::string>& args) {
     auto tokenizer = target->tokenizer();
     if (!tokenizer) specula::fail("the model has no tokenizer; use --tokens");
     std::string text = prompt;
-    if (!raw) {
-      auto chat = target->chat_format();
-      if (!chat) specula::fail("the model has no chat format; use --raw or --tokens");
+    auto chat = target->chat_format();
+    if (!raw && !chat) specula::log_warn("the model has no chat format; the prompt is tokenized as plain text");
+    if (!raw && chat) {
       std::vector<specula::ChatMessage> messages;
       if (!s.pipeline.chat.system.empty()) messages.push_back({"system", s.pipeline.chat.system});
       messages.push_back({"user", prompt});

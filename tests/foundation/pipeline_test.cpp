@@ -222,3 +222,20 @@ sampler: {plugin: toy, max_tokens: 12}
 }
 
 }  // namespace
+
+namespace {
+
+TEST(Pipeline, EveryShippedConfigParses) {
+  int n = 0;
+  for (const auto& item : std::filesystem::directory_iterator(std::string(SPECULA_SOURCE_DIR) + "/configs")) {
+    if (item.path().extension() != ".yaml") continue;
+    SCOPED_TRACE(item.path().string());
+    auto p = load_pipeline(item.path());
+    EXPECT_FALSE(p.target.model.empty());
+    EXPECT_TRUE(p.target.model.is_absolute());
+    ++n;
+  }
+  EXPECT_GE(n, 1);
+}
+
+}  // namespace
