@@ -29,6 +29,8 @@ float dot_f32(const float* a, const float* b, int64_t n);
 
 // y[N, O] = x[N, I] @ W[O, I]^T.
 void matmul(ThreadPool& pool, const Matrix& w, const float* x, int64_t n, float* y);
+// Smallest activation row count for which matmul() uses the tiled oneDNN GEMM for this weight type.
+int64_t gemm_min_rows(DType type);
 // The reference path of matmul: decode each weight row, dot in F32. Used for types without a kernel.
 void matmul_generic(ThreadPool& pool, const Matrix& w, const float* x, int64_t n, float* y);
 

@@ -133,8 +133,7 @@ Value Graph::input(DType type, Shape shape, std::string name) {
 Value Graph::constant(const BackendTensorPtr& t) {
   if (!t) fail("graph: Constant: null tensor");
   // One node per tensor, so that reads after a WriteRows see the same storage by construction.
-  for (size_t i = 0; i < nodes_.size(); ++i)
-    if (nodes_[i].op == Op::Constant && nodes_[i].tensor == t) return Value{static_cast<int32_t>(i)};
+  if (auto it = constants_.find(t.get()); it != constants_.end()) return Value{it->second};
   Node n;
   n.op = Op::Constant;
   n.type = t->type();
@@ -142,7 +141,9 @@ Value Graph::constant(const BackendTensorPtr& t) {
   n.tensor = t;
   n.name = t->name();
   if (n.shape.empty()) fail("graph: Constant '{}': tensor has no shape", n.name);
-  return push(std::move(n));
+  Value v = push(std::move(n));
+  constants_.emplace(t.get(), v.id);
+  return v;
 }
 
 Value Graph::get_rows(Value table, Value ids) {

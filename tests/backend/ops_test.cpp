@@ -34,7 +34,8 @@ class MatMulTypes : public ::testing::TestWithParam<DType> {};
 TEST_P(MatMulTypes, MatchesReference) {
   const DType type = GetParam();
   test::Fixture fx;
-  for (auto [O, I, N] : {std::tuple<int64_t, int64_t, int64_t>{37, 64, 1}, {19, 36, 5}, {64, 256, 3}}) {
+  // N = 20 runs the tiled oneDNN GEMM path, the others the fused kernels (see gemm_min_rows).
+  for (auto [O, I, N] : {std::tuple<int64_t, int64_t, int64_t>{37, 64, 1}, {19, 36, 3}, {64, 256, 3}, {70, 72, 20}}) {
     auto w = test::exact_floats(static_cast<size_t>(O * I), 7, type);
     auto x = test::random_floats(static_cast<size_t>(N * I), 8);
     Graph g;
@@ -54,7 +55,9 @@ class QuantMatMul : public ::testing::TestWithParam<DType> {};
 TEST_P(QuantMatMul, EqualsDequantizeThenMatMul) {
   const DType type = GetParam();
   test::Fixture fx;
-  for (auto [O, I, N] : {std::tuple<int64_t, int64_t, int64_t>{13, 256, 1}, {70, 512, 4}, {9, 768, 17}}) {
+  // N = 17 exceeds gemm_min_rows for types without a fused kernel; N = 7 exercises a remainder of the
+  // fused kernels' four-row blocking.
+  for (auto [O, I, N] : {std::tuple<int64_t, int64_t, int64_t>{13, 256, 1}, {70, 512, 4}, {9, 768, 17}, {21, 256, 7}}) {
     auto w = test::random_floats(static_cast<size_t>(O * I), 21);
     const size_t rb = *dtype_row_bytes(type, static_cast<uint64_t>(I));
     std::vector<std::byte> packed(rb * static_cast<size_t>(O));

@@ -10,6 +10,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
 #include <vector>
 
 #include "specula/dtype.hpp"
@@ -133,6 +134,7 @@ class Graph {
   Value push(Node n);
   std::vector<Node> nodes_;
   std::vector<int32_t> outputs_;
+  std::unordered_map<const BackendTensor*, int32_t> constants_;  // one Constant node per tensor
 };
 
 // Answer of a capability query: whether an op is supported on a dtype, and if not, why.
