@@ -1,5 +1,8 @@
 // Gemma 4 tokenizer parity: llama.cpp's own test vectors for the real vocabulary, byte-exact.
+#include <unistd.h>
+
 #include <fstream>
+#include <random>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -132,6 +135,70 @@ TEST(Gemma4Tokenizer, MissingTokenizerIsAClearError) {
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("token_type[7]"), std::string::npos) << e.what();
   }
+}
+
+}  // namespace
+}  // namespace specula
+
+namespace specula {
+namespace {
+
+// Random byte strings (invalid UTF-8, fragments of special tokens, spaces, newlines): encoding never
+// fails and decoding with specials kept gives the bytes back, whether or not specials are parsed.
+TEST(Gemma4Tokenizer, RandomBytesRoundTrip) {
+  const auto tok = test::gemma4_tokenizer();
+  std::mt19937 g(1234);
+  const std::vector<std::string> parts = {"<|turn>", "<turn|>", "<|channel>", "<channel|>", "<bos>", "<|", "|>",
+                                          " ", "  ", "\n", "\n\n", "\t", "\xF0\x9F\xA6\x99", "\xC3", "\xA4", "a",
+                                          "Hello", "\xFF", std::string(1, '\0'), "<0x41>"};
+  for (int n = 0; n < 1000; ++n) {
+    std::string s;
+    for (int k = std::uniform_int_distribution<int>(0, 30)(g); k > 0; --k) {
+      if (g() % 3 == 0) s += static_cast<char>(g() & 0xFF);
+      else s += parts[g() % parts.size()];
+    }
+    if (s.find("\xE2\x96\x81") != std::string::npos) continue;  // U+2581 decodes to a space by design
+    for (bool special : {false, true}) {
+      const auto ids = tok->encode(s, false, special);
+      ASSERT_EQ(tok->decode(ids, false), s) << "parse_special=" << special;
+    }
+  }
+}
+
+std::filesystem::path write_temp(const std::string& name, const std::string& text) {
+  const auto dir = std::filesystem::temp_directory_path() / ("specula_tok_" + std::to_string(getpid()));
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir / name, std::ios::binary) << text;
+  return dir / name;
+}
+
+std::string error_of(const std::filesystem::path& json) {
+  test::MetadataFile file("safetensors", json.parent_path(), {{"tokenizer_json_path", json.string()}});
+  try {
+    make_tokenizer(file);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "no error";
+}
+
+TEST(Gemma4Tokenizer, BadTokenizerJsonIsAClearError) {
+  const std::string norm = R"("normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"})";
+  auto e = error_of(write_temp("trunc.json", R"({"model": {"type": "BPE", "vocab": {"a": 0)"));
+  EXPECT_NE(e.find("trunc.json: not valid JSON"), std::string::npos) << e;
+  e = error_of(write_temp("wordpiece.json", R"({"model": {"type": "WordPiece", "vocab": {}}, )" + norm + "}"));
+  EXPECT_NE(e.find("model.type is \"WordPiece\""), std::string::npos) << e;
+  e = error_of(write_temp("nfkc.json", R"({"model": {"type": "BPE", "byte_fallback": true, "vocab": {}, "merges": []},
+      "normalizer": {"type": "NFKC"}})"));
+  EXPECT_NE(e.find("normalizer"), std::string::npos) << e;
+  e = error_of(write_temp("gap.json", R"({"model": {"type": "BPE", "byte_fallback": true, "vocab": {"a": 0, "b": 2},
+      "merges": []}, )" + norm + "}"));
+  EXPECT_NE(e.find("token id 1 is missing"), std::string::npos) << e;
+  e = error_of(write_temp("nobytes.json", R"({"model": {"type": "BPE", "byte_fallback": true,
+      "vocab": {"<bos>": 0, "<eos>": 1}, "merges": []}, )" + norm + "}"));
+  EXPECT_NE(e.find("no byte-fallback token"), std::string::npos) << e;
+  e = error_of("/no/such/tokenizer.json");
+  EXPECT_NE(e.find("/no/such/tokenizer.json"), std::string::npos) << e;
 }
 
 }  // namespace
