@@ -200,9 +200,11 @@ File parse(std::span<const std::byte> bytes, const std::string& name) {
       ne[d] = c.read<uint64_t>(fmt::format("{} ne[{}]", what, d));
       if (ne[d] > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()))
         fail("{}: {}: ne[{}] = {} is negative or too large", name, what, d, ne[d]);
+      // Zero-sized dims included: the product of the others must fit too (TensorInfo::elements()
+      // multiplies in any order).
       if (ne[d] != 0 && elements > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / ne[d])
         fail("{}: {}: element count overflows int64 (ne[{}] = {})", name, what, d, ne[d]);
-      elements *= ne[d];
+      if (ne[d] != 0) elements *= ne[d];
     }
     const uint32_t raw_type = c.read<uint32_t>(what + " type");
     const DTypeTraits* tr = dtype_traits_from_ggml(raw_type);

@@ -109,7 +109,7 @@ File parse(std::span<const std::byte> bytes, const std::string& name) {
       if (v > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) ||
           (v != 0 && elements > static_cast<uint64_t>(std::numeric_limits<int64_t>::max()) / v))
         fail("{}: {}: shape {} overflows", name, what, sh->dump());
-      elements *= v;
+      if (v != 0) elements *= v;  // product of the non-zero dims must fit (see elements() below)
       t.shape.push_back(static_cast<int64_t>(v));
     }
     const auto off = e.find("data_offsets");
@@ -118,6 +118,7 @@ File parse(std::span<const std::byte> bytes, const std::string& name) {
     const uint64_t begin = checked_u64((*off)[0], name, what + " data_offsets[0]");
     const uint64_t end = checked_u64((*off)[1], name, what + " data_offsets[1]");
     if (end < begin) fail("{}: {}: data_offsets [{}, {}] end before begin", name, what, begin, end);
+    if (std::find(t.shape.begin(), t.shape.end(), 0) != t.shape.end()) elements = 0;
     const uint64_t size = dtype_traits(t.type)->block_bytes;
     if (elements > std::numeric_limits<uint64_t>::max() / size || end - begin != elements * size)
       fail("{}: {}: data_offsets [{}, {}] hold {} bytes but {} {} needs {}", name, what, begin, end, end - begin,

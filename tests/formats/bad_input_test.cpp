@@ -175,6 +175,8 @@ TEST(BadGguf, BadTensorInfos) {
   EXPECT_MENTIONS(one("w", {1, 1, 1, 1, 1}, 0, 0, 16), "bad.gguf", "tensor 0 ('w')", "n_dims = 5");
   EXPECT_MENTIONS(one("w", {uint64_t{1} << 40, uint64_t{1} << 40}, 0, 0, 16), "bad.gguf", "tensor 0 ('w')", "overflow");
   EXPECT_MENTIONS(one("w", {uint64_t{1} << 63}, 0, 0, 16), "bad.gguf", "ne[0]", "too large");
+  // Found by fuzzing: a zero dim must not hide an overflowing product of the others.
+  EXPECT_MENTIONS(one("w", {0, uint64_t{1} << 40, uint64_t{1} << 40}, 0, 0, 16), "bad.gguf", "tensor 0 ('w')", "overflow");
   EXPECT_MENTIONS(one("", {4}, 0, 0, 16), "bad.gguf", "tensor 0", "empty tensor name");
 
   // Two tensors sharing bytes, and two with one name.
@@ -262,6 +264,8 @@ TEST(BadSafetensors, TensorEntryProblems) {
   EXPECT_MENTIONS(st_error(R"({"a": {"dtype": "F32", "shape": [-2], "data_offsets": [0, 8]}})", 8), "bad.safetensors",
                   "tensor 'a' shape", "non-negative");
   EXPECT_MENTIONS(st_error(R"({"a": {"dtype": "U8", "shape": [4294967296, 4294967296, 4294967296], "data_offsets": [0, 8]}})", 8),
+                  "bad.safetensors", "tensor 'a'", "overflows");
+  EXPECT_MENTIONS(st_error(R"({"a": {"dtype": "F32", "shape": [0, 1099511627776, 1099511627776], "data_offsets": [0, 0]}})"),
                   "bad.safetensors", "tensor 'a'", "overflows");
   EXPECT_MENTIONS(st_error(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
                                "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})", 12),
