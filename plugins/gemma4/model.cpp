@@ -1,5 +1,7 @@
 #include "model.hpp"
 
+#include "chat_format.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -108,6 +110,13 @@ class Gemma4Model final : public Model, public std::enable_shared_from_this<Gemm
       tokenizer_ = make_tokenizer(*file_);
     } catch (const Error& e) {
       log_warn("gemma4: {}: no tokenizer ({}); token ids only", file_->path().string(), e.what());
+    }
+    if (tokenizer_) {
+      try {
+        chat_ = std::make_shared<Gemma4ChatFormat>(tokenizer_, Gemma4ChatFormat::options_for(*file_));
+      } catch (const Error& e) {
+        log_warn("gemma4: {}: no chat format ({})", file_->path().string(), e.what());
+      }
     }
     log_info("gemma4: {} layers, hidden {}, vocab {}, window {}, {}{}{} ({})", cfg_.layers.size(), cfg_.hidden,
              cfg_.vocab, cfg_.window, cfg_.ple > 0 ? "per-layer embeddings, " : "",
