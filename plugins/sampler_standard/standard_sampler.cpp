@@ -93,4 +93,13 @@ int32_t StandardSampler::sample(std::span<const float> logits, const SamplingSta
   return order[keep - 1];
 }
 
+Value StandardSampler::sample_in_graph(Graph& graph, Value logits, Value, Value, const SamplingState& state) const {
+  const bool penalty = params_.repetition_penalty != 1.0f && params_.penalty_window > 0 && !state.history.empty();
+  const bool suppression = state.generated < params_.min_length && !state.end_tokens.empty();
+  if (params_.temperature != 0.0f || penalty || suppression) return {};
+  if (graph.shape(logits).size() != 1)
+    fail("sampler 'standard': device logits must be F32 [vocab], got {} axes", graph.shape(logits).size());
+  return graph.argmax(logits);  // ties: the lowest index, as the host's strict '>' scan
+}
+
 }  // namespace specula::sampling

@@ -26,6 +26,11 @@ class StandardSampler final : public Sampler {
   const SamplingParams& params() const override { return params_; }
   int32_t sample(std::span<const float> logits, const SamplingState& state, float uniform) const override;
   float next_uniform() override;
+  // Device form, for the steps where the rules reduce to an argmax of the raw logits (greedy, no
+  // penalty, no suppression in force); Value{} otherwise, and the engine samples on the host. The
+  // graph ops have no cumulative sum, select or scatter for the rest (see docs/sampling.md).
+  Value sample_in_graph(Graph& graph, Value logits, Value history_ids, Value uniform,
+                        const SamplingState& state) const override;
 
   // Steps 1-2 on a copy: what the sampler ranks. Exposed for tests and the device form's reference.
   std::vector<float> adjusted_logits(std::span<const float> logits, const SamplingState& state) const;

@@ -96,9 +96,9 @@ TEST(StandardSampler, MatchesReferenceOverUniformSweeps) {
   for (size_t c = 0; c < configs.size(); ++c) {
     const StandardSampler sampler(configs[c]);
     for (uint32_t trial = 0; trial < 4; ++trial) {
-      const auto logits = random_logits(3000, 100 * c + trial);
+      const auto logits = random_logits(1000, 100 * c + trial);
       std::vector<int32_t> history;
-      for (int i = 0; i < 100; ++i) history.push_back((i * 37 + trial) % 3000);
+      for (int i = 0; i < 100; ++i) history.push_back((i * 37 + trial) % 1000);
       const std::vector<int32_t> ends{1, 106};
       for (int32_t generated : {0, 10}) {
         for (int u = 0; u < 129; ++u) {
@@ -218,6 +218,47 @@ TEST(StandardSampler, LoadsAsPluginThroughTheHost) {
   const auto sampler = host.make_sampler("standard", {.temperature = 0.0f});
   const std::vector<float> x{0.5f, 2.0f, 1.0f};
   EXPECT_EQ(sampler->sample(x, {}, 0.3f), 1);
+}
+
+}  // namespace
+}  // namespace specula
+
+#include "cpu_backend.hpp"
+
+namespace specula {
+namespace {
+
+// Host and device forms over the same logits, token for token, on the CPU backend (onednn plugin's
+// kernels): greedy with ties, and the cases where the device form must decline.
+TEST(StandardSampler, DeviceFormMatchesHostWhereItApplies) {
+  auto backend = cpu::make_cpu_backend({});
+  const StandardSampler greedy({.temperature = 0.0f});
+  for (uint32_t trial = 0; trial < 40; ++trial) {
+    auto x = random_logits(1000, 900 + trial, 1.0f);
+    if (trial % 2) {  // exact ties at the maximum
+      const float top = *std::max_element(x.begin(), x.end()) + 1.0f;
+      x[5 + trial] = top;
+      x[500 + trial] = top;
+      x[999] = top;
+    }
+    Graph g;
+    const Value in = g.input(DType::F32, {1000}, "logits");
+    const Value token = greedy.sample_in_graph(g, in, Value{}, Value{}, {});
+    ASSERT_TRUE(token);
+    g.mark_output(token);
+    backend->run(g, RunInputs{{{in, std::as_bytes(std::span<const float>(x))}}});
+    int32_t device = -1;
+    backend->read(g, token, std::as_writable_bytes(std::span<int32_t>(&device, 1)));
+    EXPECT_EQ(device, greedy.sample(x, {}, 0.5f)) << "trial " << trial;
+  }
+  // Rules the graph cannot express: the host form is used.
+  Graph g;
+  const Value in = g.input(DType::F32, {10}, "logits");
+  const std::vector<int32_t> history{1, 2}, ends{3};
+  EXPECT_FALSE(StandardSampler({.temperature = 0.7f}).sample_in_graph(g, in, Value{}, Value{}, {}));
+  EXPECT_FALSE(StandardSampler({.repetition_penalty = 1.1f}).sample_in_graph(g, in, Value{}, Value{}, state_of(history, 0, {})));
+  EXPECT_FALSE(StandardSampler({.min_length = 2}).sample_in_graph(g, in, Value{}, Value{}, state_of({}, 1, ends)));
+  EXPECT_TRUE(StandardSampler({.min_length = 2}).sample_in_graph(g, in, Value{}, Value{}, state_of({}, 2, ends)));
 }
 
 }  // namespace
