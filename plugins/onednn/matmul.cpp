@@ -144,23 +144,21 @@ void dot_q8_0(const std::byte* w, const BlockQ8X* const* x, int64_t blocks, floa
 template <int R>
 void dot_q4_0(const std::byte* w, const BlockQ8X* const* x, int64_t blocks, float* out) {
   __m256 acc[R];
-  float corr[R] = {};
   for (int r = 0; r < R; ++r) acc[r] = _mm256_setzero_ps();
-  const __m256i low = _mm256_set1_epi8(0x0f);
+  const __m256i low = _mm256_set1_epi8(0x0f), eight = _mm256_set1_epi8(8);
   for (int64_t b = 0; b < blocks; ++b, w += 18) {
     const __m128i packed = _mm_loadu_si128(reinterpret_cast<const __m128i*>(w + 2));
     // Values 0..15 are the low nibbles, 16..31 the high nibbles; codes are stored + 8.
-    const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low);
+    const __m256i q = _mm256_sub_epi8(_mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(packed, 4), packed), low), eight);
+    const __m256i aq = _mm256_sign_epi8(q, q);
     const float dw = f16(w);
     for (int r = 0; r < R; ++r) {
-      const BlockQ8X& xb = x[r][b];
-      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xb.q));
-      const float s = dw * xb.d;
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot_u8_i8(nib, xq)), _mm256_set1_ps(s), acc[r]);
-      corr[r] += 8.0f * s * static_cast<float>(xb.sum[0] + xb.sum[1]);
+      const __m256i xq = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x[r][b].q));
+      const __m256i p = dot_u8_i8(aq, _mm256_sign_epi8(xq, q));
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(dw * x[r][b].d), acc[r]);
     }
   }
-  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]) - corr[r];
+  for (int r = 0; r < R; ++r) out[r] = hsum(acc[r]);
 }
 
 // sum += madd(a, b) (pairs of i16 products summed into i32).

@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <exception>
+#include <utility>
 
 #include <immintrin.h>
 
@@ -40,6 +41,10 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
     error = std::current_exception();
   }
   while (pending_.load(std::memory_order_acquire) != 0) _mm_pause();
+  if (!error) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    error = std::exchange(worker_error_, nullptr);
+  }
   if (error) std::rethrow_exception(error);
 }
 
@@ -62,7 +67,8 @@ void ThreadPool::worker(int index) {
     try {
       (*job)(index, size());
     } catch (...) {
-      // Kernels validate before forking; an exception here would be a bug. Keep the pool alive.
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (!worker_error_) worker_error_ = std::current_exception();  // rethrown by run()
     }
     pending_.fetch_sub(1, std::memory_order_acq_rel);
   }

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
+#include <exception>
 #include <functional>
 #include <mutex>
 #include <thread>
@@ -22,7 +23,8 @@ class ThreadPool {
 
   int size() const { return static_cast<int>(workers_.size()) + 1; }
 
-  // Calls fn(thread_index, thread_count) on every thread (the caller is thread 0) and waits.
+  // Calls fn(thread_index, thread_count) on every thread (the caller is thread 0) and waits; an
+  // exception thrown on any thread is rethrown here.
   void run(const std::function<void(int, int)>& fn);
 
   // Splits [0, n) into contiguous chunks, at least `grain` long, one per thread; calls fn(begin, end).
@@ -52,6 +54,7 @@ class ThreadPool {
   std::atomic<bool> stop_{false};
   std::mutex mutex_;
   std::condition_variable wake_;
+  std::exception_ptr worker_error_;  // first exception thrown on a worker during run()
 };
 
 }  // namespace specula::cpu

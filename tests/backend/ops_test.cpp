@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <limits>
 #include <numeric>
 
 #include "specula/error.hpp"
 #include "test_util.hpp"
+#include "thread_pool.hpp"
 
 namespace specula {
 namespace {
@@ -635,6 +637,25 @@ TEST(Backend, ThreadCountDoesNotChangeResults) {
   }
   EXPECT_EQ(results[0], results[1]);
   EXPECT_EQ(results[0], results[2]);
+}
+
+}  // namespace
+}  // namespace specula
+
+namespace specula {
+namespace {
+
+TEST(ThreadPool, WorkerExceptionReachesCallerAndPoolSurvives) {
+  cpu::ThreadPool pool(2);
+  // Chunk [1, 2) runs on the worker thread.
+  EXPECT_THROW(pool.parallel_for(2, 1, [](int64_t b, int64_t) {
+    if (b == 1) throw Error("worker failed");
+  }), Error);
+  std::atomic<int64_t> sum{0};
+  pool.parallel_for(100, 1, [&](int64_t b, int64_t e) {
+    for (int64_t i = b; i < e; ++i) sum += i;
+  });
+  EXPECT_EQ(sum.load(), 4950);
 }
 
 }  // namespace
