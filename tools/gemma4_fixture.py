@@ -39,9 +39,9 @@ S, F = "sliding_attention", "full_attention"
 # crosses, and KV-sharing tails whose producers are (sliding, full) as in E2B/E4B.
 VARIANTS = {
     "e2b": dict(hidden=64, layers=[S, S, F, S, S, F], heads=2, kv=1, kv_global=None, k_eq_v=False,
-                ffn=64, double_wide=True, shared=3, ple=8, window=8, moe=None, seed=2),
+                ffn=64, double_wide=True, shared=3, ple=16, window=8, moe=None, seed=2),
     "e4b": dict(hidden=64, layers=[S, S, S, F, S, S, S, F], heads=4, kv=2, kv_global=None, k_eq_v=False,
-                ffn=96, double_wide=False, shared=4, ple=8, window=8, moe=None, seed=4),
+                ffn=96, double_wide=False, shared=4, ple=16, window=8, moe=None, seed=4),
     "31b": dict(hidden=64, layers=[S, S, F, S, S, F], heads=4, kv=2, kv_global=1, k_eq_v=True,
                 ffn=128, double_wide=False, shared=0, ple=0, window=16, moe=None, seed=31),
     "26b": dict(hidden=64, layers=[S, S, F, S, S, F], heads=4, kv=2, kv_global=1, k_eq_v=True,
@@ -129,20 +129,22 @@ def make_weights(spec):
         if spec.has_v(l):
             lin(p + "self_attn.v_proj.weight", nkv * hd, H)
         lin(p + "self_attn.o_proj.weight", H, spec.heads * hd)
-        norm(p + "self_attn.q_norm.weight", hd)
-        norm(p + "self_attn.k_norm.weight", hd)
+        # Small q/k norm weights keep attention scores (scale 1) near unit spread: a random model with
+        # peaky attention would turn float rounding into visible log-prob changes.
+        w[p + "self_attn.q_norm.weight"] = bf16_round(0.4 + 0.05 * rng.standard_normal(hd, dtype=np.float32))
+        w[p + "self_attn.k_norm.weight"] = bf16_round(0.4 + 0.05 * rng.standard_normal(hd, dtype=np.float32))
         I = spec.ffn_width(l)
-        lin(p + "mlp.gate_proj.weight", I, H, 2.0)
+        lin(p + "mlp.gate_proj.weight", I, H)
         lin(p + "mlp.up_proj.weight", I, H)
         lin(p + "mlp.down_proj.weight", H, I)
         w[p + "layer_scalar"] = bf16_round(rng.uniform(0.6, 1.2, size=1).astype(np.float32))
         if P:
-            lin(p + "per_layer_input_gate.weight", P, H, 2.0)
+            lin(p + "per_layer_input_gate.weight", P, H)
             lin(p + "per_layer_projection.weight", H, P)
             norm(p + "post_per_layer_input_norm.weight", H)
         if spec.moe:
             E, Im = spec.moe["experts"], spec.moe["ffn"]
-            lin(p + "router.proj.weight", E, H, 4.0)
+            lin(p + "router.proj.weight", E, H, 2.0)
             norm(p + "router.scale", H)
             w[p + "router.per_expert_scale"] = bf16_round(rng.uniform(0.5, 1.5, size=E).astype(np.float32))
             w[p + "experts.gate_up_proj"] = bf16_round(

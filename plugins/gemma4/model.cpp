@@ -38,7 +38,7 @@ struct Cache {
 // A graph for one (tokens, logits) shape, reused by every forward of that shape.
 struct Built {
   Graph graph;
-  Value ids, pos, ring_slot, zero, logits;
+  Value ids, pos, ring_slot, iota_t, iota_h, logits;
 };
 
 class Gemma4Context final : public ModelContext, public TargetView {
@@ -63,7 +63,9 @@ class Gemma4Context final : public ModelContext, public TargetView {
   int64_t capacity_;
   int64_t position_ = 0;
   std::vector<Cache> caches_;  // by layer; empty for KV-shared layers
-  BackendTensorPtr last_hidden_;
+  BackendTensorPtr last_hidden_;   // F32 [hidden]
+  BackendTensorPtr chunk_hidden_;  // F32 [prefill_chunk, hidden]: every row of the last chunk, for rollback
+  int64_t chunk_start_ = 0, chunk_len_ = 0;
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Built>> graphs_;
 };
 
@@ -137,7 +139,7 @@ class Gemma4Model final : public Model, public std::enable_shared_from_this<Gemm
 
   // Records the whole forward pass for T tokens, logits for the last n_logits of them.
   void build(Built& b, int64_t T, int64_t n_logits, const std::vector<Cache>& caches,
-             const BackendTensorPtr& last_hidden) const;
+             const BackendTensorPtr& last_hidden, const BackendTensorPtr& chunk_hidden) const;
 
   const Config& cfg() const { return cfg_; }
   ComputeBackend& backend() const { return *backend_; }
@@ -194,14 +196,15 @@ Value Gemma4Model::moe(Graph& g, const LayerWeights& lw, Value r, int64_t T) con
 }
 
 void Gemma4Model::build(Built& b, int64_t T, int64_t n_logits, const std::vector<Cache>& caches,
-                        const BackendTensorPtr& last_hidden) const {
+                        const BackendTensorPtr& last_hidden, const BackendTensorPtr& chunk_hidden) const {
   Graph& g = b.graph;
   const Config& c = cfg_;
   const int64_t H = c.hidden, L = static_cast<int64_t>(c.layers.size()), P = c.ple;
   b.ids = g.input(DType::I32, {T}, "tokens");
   b.pos = g.input(DType::I32, {T}, "positions");
   b.ring_slot = g.input(DType::I32, {T}, "ring_slots");
-  b.zero = g.input(DType::I32, {1}, "zero");
+  b.iota_t = g.input(DType::I32, {T}, "rows");     // 0..T-1
+  b.iota_h = g.input(DType::I32, {H}, "features");  // 0..H-1
 
   Value h = g.scale(g.get_rows(g.constant(w_.embed), b.ids), embed_scale_);
   Value ple;
@@ -267,9 +270,11 @@ void Gemma4Model::build(Built& b, int64_t T, int64_t n_logits, const std::vector
     h = name(h, "out");
   }
 
-  // The last position's hidden state, for drafters (before the final norm).
+  // Hidden states before the final norm, for drafters: the last position's, and every row of this
+  // chunk so a rollback into it can restore the right one.
   Value flat = g.reshape(h, {1, T * H});
-  g.mark_output(g.write_rows(last_hidden, g.slice(flat, (T - 1) * H, H), b.zero));
+  g.mark_output(g.write_rows(last_hidden, g.reshape(g.slice(flat, (T - 1) * H, H), {H, 1}), b.iota_h));
+  g.mark_output(g.write_rows(chunk_hidden, h, b.iota_t));
   if (n_logits > 0) {
     Value rows = T == n_logits ? h : g.reshape(g.slice(flat, (T - n_logits) * H, n_logits * H), {n_logits, H});
     Value logits = g.matmul(g.constant(w_.embed), g.rms_norm(rows, g.constant(w_.output_norm), c.eps));
@@ -297,7 +302,8 @@ Gemma4Context::Gemma4Context(std::shared_ptr<const Gemma4Model> model, int64_t c
     cache.pos = be.allocate(base + ".pos", DType::I32, {cache.slots});
     be.write(*cache.pos, bytes_of(std::vector<int32_t>(cache.slots, -1)));  // every slot empty
   }
-  last_hidden_ = be.allocate("gemma4.last_hidden", DType::F32, {1, c.hidden});
+  last_hidden_ = be.allocate("gemma4.last_hidden", DType::F32, {c.hidden});
+  chunk_hidden_ = be.allocate("gemma4.chunk_hidden", DType::F32, {m_->chunk(), c.hidden});
 }
 
 // A sliding layer needs the window - 1 previous keys plus the chunk being processed.
@@ -307,7 +313,7 @@ Built& Gemma4Context::graph_for(int64_t T, int64_t n_logits) {
   auto& slot = graphs_[{T, n_logits}];
   if (!slot) {
     auto b = std::make_unique<Built>();
-    m_->build(*b, T, n_logits, caches_, last_hidden_);
+    m_->build(*b, T, n_logits, caches_, last_hidden_, chunk_hidden_);
     slot = std::move(b);
   }
   return *slot;
@@ -338,16 +344,24 @@ std::vector<float> Gemma4Context::forward(std::span<const int32_t> tokens, int64
 std::vector<float> Gemma4Context::run_chunk(std::span<const int32_t> tokens, int64_t n_logits) {
   const int64_t T = static_cast<int64_t>(tokens.size());
   Built& b = graph_for(T, n_logits);
-  std::vector<int32_t> ids(tokens.begin(), tokens.end()), pos(T), ring(T), zero{0};
+  const int64_t H = m_->cfg().hidden;
+  std::vector<int32_t> ids(tokens.begin(), tokens.end()), pos(T), ring(T), iota_t(T), iota_h(H);
+  for (int64_t i = 0; i < std::max(T, H); ++i) {
+    if (i < T) iota_t[i] = static_cast<int32_t>(i);
+    if (i < H) iota_h[i] = static_cast<int32_t>(i);
+  }
   const int64_t slots = ring_slots();
   for (int64_t t = 0; t < T; ++t) {
     pos[t] = static_cast<int32_t>(position_ + t);
     ring[t] = static_cast<int32_t>((position_ + t) % slots);
   }
   RunInputs in;
-  in.inputs = {{b.ids, bytes_of(ids)}, {b.pos, bytes_of(pos)}, {b.ring_slot, bytes_of(ring)}, {b.zero, bytes_of(zero)}};
+  in.inputs = {{b.ids, bytes_of(ids)}, {b.pos, bytes_of(pos)}, {b.ring_slot, bytes_of(ring)},
+               {b.iota_t, bytes_of(iota_t)}, {b.iota_h, bytes_of(iota_h)}};
   ComputeBackend& be = m_->backend();
   be.run(b.graph, in);
+  chunk_start_ = position_;
+  chunk_len_ = T;
   position_ += T;
   std::vector<float> logits;
   if (n_logits > 0) {
@@ -375,6 +389,17 @@ void Gemma4Context::truncate(int64_t pos) {
       if (v >= pos) v = -1;
     be.write(*cache.pos, bytes_of(p));
   }
+  // The hidden state of the new last position, when the last chunk computed it.
+  const int64_t row = pos - 1 - chunk_start_;
+  if (row >= 0 && row < chunk_len_) {
+    const int64_t H = m_->cfg().hidden;
+    std::vector<float> rows(static_cast<size_t>(m_->chunk() * H));
+    be.read(*chunk_hidden_, std::as_writable_bytes(std::span<float>(rows)));
+    be.write(*last_hidden_, bytes_of(std::vector<float>(rows.begin() + row * H, rows.begin() + (row + 1) * H)));
+  } else {
+    log_debug("gemma4: after truncate({}) last_hidden() still holds position {}", pos, chunk_start_ + chunk_len_ - 1);
+  }
+  chunk_len_ = std::max<int64_t>(0, std::min(chunk_len_, pos - chunk_start_));
   position_ = pos;
 }
 
