@@ -1,4 +1,5 @@
 // GGUF v3 writer with gguf-py's layout (gemma4-formats-spec §1.3).
+#include <cstdint>
 #include <cstring>
 #include <fstream>
 
@@ -53,7 +54,25 @@ bool json_fits(ValueType t, const nlohmann::json& v) {
     case ValueType::BOOL: return v.is_boolean();
     case ValueType::FLOAT32: case ValueType::FLOAT64: return v.is_number();
     case ValueType::ARRAY: return false;
-    default: return v.is_number_integer();
+    default: break;
+  }
+  if (!v.is_number_integer()) return false;
+  // The value must be representable in the declared integer type (no silent truncation).
+  auto in = [&](int64_t lo, uint64_t hi) {
+    if (v.is_number_unsigned()) return v.get<uint64_t>() <= hi;
+    const int64_t x = v.get<int64_t>();
+    return x >= lo && (x < 0 || static_cast<uint64_t>(x) <= hi);
+  };
+  switch (t) {
+    case ValueType::UINT8: return in(0, UINT8_MAX);
+    case ValueType::INT8: return in(INT8_MIN, INT8_MAX);
+    case ValueType::UINT16: return in(0, UINT16_MAX);
+    case ValueType::INT16: return in(INT16_MIN, INT16_MAX);
+    case ValueType::UINT32: return in(0, UINT32_MAX);
+    case ValueType::INT32: return in(INT32_MIN, INT32_MAX);
+    case ValueType::UINT64: return in(0, UINT64_MAX);
+    case ValueType::INT64: return in(INT64_MIN, INT64_MAX);
+    default: return false;
   }
 }
 

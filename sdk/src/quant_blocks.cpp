@@ -71,17 +71,14 @@ void abs_max(const float* x, int n, float* amax, float* max) {
   }
 }
 
+// Nearest table entry (the lower one on a tie): the number of midpoints strictly below v. Midpoints of
+// the integer table are exact in float.
 uint8_t iq4_index(float v) {
-  int best = 0;
-  float err = std::fabs(v - kIq4nl[0]);
-  for (int i = 1; i < 16; ++i) {
-    const float e = std::fabs(v - kIq4nl[i]);
-    if (e < err) {
-      err = e;
-      best = i;
-    }
-  }
-  return static_cast<uint8_t>(best);
+  static constexpr float kMid[15] = {-115.5f, -93.5f, -74.0f, -57.0f, -42.0f, -28.5f, -16.0f, -4.5f,
+                                     7.0f,    19.0f,  31.5f,  45.5f,  61.0f,  79.0f,  101.0f};
+  int idx = 0;
+  for (float m : kMid) idx += v > m;
+  return static_cast<uint8_t>(idx);
 }
 
 // Best IQ4_NL scale for 32 values: several starting scales, each refined by least squares.

@@ -107,6 +107,14 @@ TEST(Gguf, WriterRoundTripsEveryValueType) {
   for (const auto& [k, kt] : f.keys)
     if (k == "arr.i32") EXPECT_EQ(kt.elem, ValueType::INT32);
 
+  // Values must fit their declared type.
+  EXPECT_THROW(w.set("bad", ValueType::UINT8, 256), Error);
+  EXPECT_THROW(w.set("bad", ValueType::INT8, -129), Error);
+  EXPECT_THROW(w.set("bad", ValueType::UINT32, -1), Error);
+  EXPECT_THROW(w.set("bad", ValueType::INT64, uint64_t{1} << 63), Error);
+  EXPECT_THROW(w.set("bad", ValueType::STRING, 5), Error);
+  EXPECT_THROW(w.set_array("bad", ValueType::INT16, {1, 40000}), Error);
+
   // Re-writing the parsed metadata reproduces the bytes exactly.
   gguf::Writer w2;
   w2.copy_metadata(f);
