@@ -1,5 +1,6 @@
 // `specula tokenize` end to end: the CLI opens the vocab GGUF through the gguf format plugin and must
 // print exactly what the tokenizer computes.
+#include <algorithm>
 #include <cstdio>
 #include <string>
 
@@ -29,24 +30,24 @@ Run run_cli(const std::string& args) {
 
 std::string vocab_arg() { return "--model '" + test::gemma4_vocab_path().string() + "'"; }
 
-TEST(TokenizeCli, JsonMatchesTheLibrary) {
+// Each run loads the 262144-token vocabulary, so the cases share runs.
+TEST(TokenizeCli, JsonMatchesTheLibraryWithoutBosOrSpecials) {
   const auto tok = test::gemma4_tokenizer();
-  const std::string text = " Hello World! Grüße 🦙\n\n  x";
+  const std::string text = " Hello World! Grüße 🦙\n\n  x<|turn>user";
   const auto r = run_cli("tokenize " + vocab_arg() + " --json -- '" + text + "'");
   ASSERT_EQ(r.status, 0) << r.out;
   const auto j = nlohmann::json::parse(r.out);
-  EXPECT_EQ(j["ids"].get<std::vector<int32_t>>(), tok->encode(text));
+  const auto ids = j["ids"].get<std::vector<int32_t>>();
+  EXPECT_EQ(ids, tok->encode(text));
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 105), 0);  // <|turn> stays text without --parse-special
+  EXPECT_NE(ids[0], 2);                                     // no BOS without --bos
   ASSERT_EQ(j["pieces"].size(), j["ids"].size());
   EXPECT_EQ(j["pieces"][0], "\xE2\x96\x81Hello");
 }
 
-TEST(TokenizeCli, BosAndParseSpecialAreOptIn) {
-  const std::string text = "<|turn>user";
-  auto plain = nlohmann::json::parse(run_cli("tokenize " + vocab_arg() + " --json '" + text + "'").out);
-  auto special = nlohmann::json::parse(run_cli("tokenize " + vocab_arg() + " --json --bos --parse-special '" + text + "'").out);
+TEST(TokenizeCli, BosAndParseSpecialOnRequest) {
+  auto special = nlohmann::json::parse(run_cli("tokenize " + vocab_arg() + " --json --bos --parse-special '<|turn>user'").out);
   EXPECT_EQ(special["ids"], (nlohmann::json{2, 105, 2364}));
-  EXPECT_NE(plain["ids"][0], 2);
-  EXPECT_NE(plain["ids"][0], 105);
 }
 
 TEST(TokenizeCli, TableAndErrors) {

@@ -54,7 +54,7 @@ TEST(Gemma4Tokenizer, LlamaCppVectorsByteExact) {
   }
 }
 
-TEST(Gemma4Tokenizer, SpecialTokensAndMetadata) {
+TEST(Gemma4Tokenizer, SpecialTokensBosAndParsing) {
   const auto tok = test::gemma4_tokenizer();
   EXPECT_EQ(tok->vocab_size(), 262144);
   EXPECT_EQ(tok->bos(), 2);
@@ -73,17 +73,11 @@ TEST(Gemma4Tokenizer, SpecialTokensAndMetadata) {
   EXPECT_EQ(tok->token_bytes(138), "  ");
   EXPECT_THROW(tok->piece(262144), Error);
   EXPECT_THROW(tok->piece(-1), Error);
-}
-
-TEST(Gemma4Tokenizer, BosOnlyWhenAsked) {
-  const auto tok = test::gemma4_tokenizer();
+  // BOS only when asked.
   EXPECT_EQ(tok->encode("Hello world", true), (std::vector<int32_t>{2, 9259, 1902}));
   EXPECT_EQ(tok->encode("", true), (std::vector<int32_t>{2}));
   EXPECT_TRUE(tok->encode("").empty());
-}
-
-TEST(Gemma4Tokenizer, ControlTokensOnlyWithParseSpecial) {
-  const auto tok = test::gemma4_tokenizer();
+  // Control tokens are matched in text only with parse_special.
   const std::string text = "<bos><|turn>user\nHi<turn|>\n";
   std::vector<int32_t> expected{2, 105, 2364, 107};
   for (int32_t id : tok->encode("Hi")) expected.push_back(id);
@@ -103,10 +97,7 @@ TEST(Gemma4Tokenizer, ControlTokensOnlyWithParseSpecial) {
   const std::vector<int32_t> ids{2, 105, 9259, 106};
   EXPECT_EQ(tok->decode(ids), "Hello");
   EXPECT_EQ(tok->decode(ids, false), "<bos><|turn>Hello<turn|>");
-}
-
-TEST(Gemma4Tokenizer, ByteFallbackAndInvalidUtf8RoundTrip) {
-  const auto tok = test::gemma4_tokenizer();
+  // Byte fallback (the U+10FFFD vector) and invalid UTF-8.
   EXPECT_EQ(tok->encode("\xF4\x8F\xBF\xBD"), (std::vector<int32_t>{482, 381, 429, 427}));
   // Invalid UTF-8 bytes are carried as byte tokens and come back unchanged.
   const std::string bad = "a\xFF" "b\xC3(\xE2\x82";
