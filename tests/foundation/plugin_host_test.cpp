@@ -110,6 +110,14 @@ TEST(PluginHost, RefusesACorruptLibrary) {
   EXPECT_CONTAINS(rejection_for(host, "libspecula-empty.so")->reason, "file too short");
 }
 
+TEST(PluginHost, RefusesALibraryThatNeedsAMissingSymbol) {
+  PluginHost host;
+  EXPECT_FALSE(host.add_library(test::plugin_dir("undef") + "/libspecula-undef.so"));
+  ASSERT_EQ(host.rejected().size(), 1u);
+  EXPECT_CONTAINS(host.rejected()[0].reason, test::plugin_dir("undef") + "/libspecula-undef.so");
+  EXPECT_CONTAINS(host.rejected()[0].reason, "undefined symbol: specula_test_function_that_does_not_exist");
+}
+
 TEST(PluginHost, ScanningADirectoryOfBadLibrariesRejectsEachWithItsReason) {
   PluginHost host;
   host.discover({test::plugin_dir("bad"), "/nonexistent/specula/plugins"});
