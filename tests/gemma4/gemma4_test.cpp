@@ -36,13 +36,15 @@ using json = nlohmann::json;
 using specula::core::PluginHost;
 
 // llama.cpp parity bounds (max |Δ log-prob| over the top 20 at any position, and the mean of the
-// per-position maxima), per weight type. F32/F16 are dominated by ggml's fp16 GELU table; F16 also
-// rounds activations to fp16 and Q8_0 quantizes them to 8 bits inside llama.cpp's matmuls.
+// per-position maxima), per weight type. F32: ggml's fp16 GELU table. F16: llama.cpp also rounds the
+// activations to fp16 in its matmuls. Q8_0: llama.cpp and the onednn backend both quantize activations
+// to 8 bits (differently); each lands about as far from the exact dequantized model (numpy) as from
+// the other, ~0.1 mean on these random-weight fixtures.
 struct Tol {
   double max, mean;
 };
 const std::map<std::string, Tol> kLlamaTol = {
-    {"f32", {0.06, 0.012}}, {"f16", {0.08, 0.015}}, {"q8_0", {0.25, 0.05}}, {"mlx4", {0.06, 0.012}}};
+    {"f32", {0.015, 0.005}}, {"f16", {0.02, 0.008}}, {"q8_0", {0.45, 0.2}}, {"mlx4", {0.015, 0.005}}};
 constexpr double kRefTol = 1e-4;
 
 // Formats each variant's fixture provides (kept small: the vocab is the real 262144 tokens).
