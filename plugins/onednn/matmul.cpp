@@ -393,13 +393,10 @@ void matmul_gemm(ThreadPool& pool, const Matrix& w, const float* x, int64_t n, f
 
 }  // namespace
 
-// Activation rows from which the tiled oneDNN GEMM beats the fused kernels (measured with
-// bench/matvec: decoding a tile to F32 costs about as much as a few dozen rows of fused dots).
+// Activation rows from which the tiled oneDNN GEMM is used. Below 16 rows (decode, speculative
+// verification) the fused kernels are as fast and keep the summation order of the one-row case.
 int64_t gemm_min_rows(DType type) {
   switch (type) {
-    case DType::F32: return 4;
-    case DType::F16:
-    case DType::BF16: return 8;
     case DType::Q8_0:
     case DType::Q4_0:
     case DType::Q4_K:
