@@ -42,7 +42,7 @@ $(BUILD)/build.ninja:
 build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
-# The sanitizer build: -O1 keeps it reasonably fast; -march=native is left out on purpose.
+# The sanitizer build: -O1 keeps it reasonably fast.
 $(BUILD_ASAN)/build.ninja:
 	cmake -S . -B $(BUILD_ASAN) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-g -O1" \
 	  -DSPECULA_SANITIZE=ON $(CMAKE_ARGS)
