@@ -105,6 +105,7 @@ int run_run(const std::vector<std::string>& args) {
     return 0;
   }
   fmt::print("\n");
+  std::fflush(stdout);  // the answer line ends before the statistics on stderr
   specula::log_info("prefill: {} tokens in {:.3f} s ({:.1f} tok/s); decode: {} tokens in {:.3f} s ({:.1f} tok/s); "
                     "stop: {}", st.prompt_tokens, st.prefill_seconds, st.prefill_tokens_per_second(),
                     st.generated_tokens, st.decode_seconds, st.decode_tokens_per_second(),
