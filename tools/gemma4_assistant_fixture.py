@@ -1,0 +1,255 @@
+#!/usr/bin/env python3
+"""Deterministic random-weight Gemma 4 "assistant" (MTP drafter) checkpoints, in the real layouts.
+
+Writes one drafter in the layouts real downloads use (docs: shared/reference/gemma4-formats-spec.md):
+  assistant-f32.gguf   upstream llama.cpp converter layout (§4.1): general.architecture
+                       "gemma4-assistant", the gemma4 keys under the prefix "gemma4-assistant."
+                       plus embedding_length_out (= backbone hidden) and nextn_predict_layers
+                       (= block_count); tensors token_embd, output_norm, rope_freqs,
+                       nextn.pre_projection, nextn.post_projection and 11 Q-only tensors per layer.
+                       Like the upstream converter it drops masked_embedding.* (llama.cpp's loader
+                       rejects non-empty centroid tensors).
+  assistant-hf/        Gemma4AssistantForCausalLM checkpoint (§5.5): config.json (model_type
+                       gemma4_assistant, backbone_hidden_size, use_ordered_embeddings, num_centroids,
+                       centroid_intermediate_top_k, nested text_config) + model.safetensors (BF16;
+                       model.embed_tokens/norm/layers.*, pre_projection, post_projection,
+                       masked_embedding.centroids.weight and masked_embedding.token_ordering (I64)).
+
+Default shapes are a small drafter for the "e2b" target fixture of gemma4_fixture.py (hidden 64):
+4 layers [S,S,S,F], hidden 32, 2 query heads, 1 KV head, head dims 32 (sliding) / 64 (full) and
+window 8, i.e. the target's KV-cache geometry, so the drafter can attend over that target's K/V.
+--real writes the real E2B drafter shapes (hidden 256, backbone 1536, 4 heads, 1 KV head, head dims
+256/512, FFN 2048, window 512, 2048 centroids / top-k 32; about 325 MB as F32 GGUF, 158 MB as BF16
+safetensors). --backbone-hidden pairs the drafter with a target of another hidden size. The vocabulary
+is always the full 262144-token Gemma 4 vocab, copied from the vocab GGUF (llama.cpp refuses a file
+without tokenizer keys).
+
+Every weight is rounded to bfloat16 first, so the F32 GGUF and the BF16 safetensors hold the very same
+numbers. Output is bit-for-bit reproducible (seeded numpy Generator); a stamp file lets repeated calls
+return at once.
+
+usage: gemma4_assistant_fixture.py --out DIR [--formats gguf-f32,hf] [--backbone-hidden N] [--real]
+                                   [--vocab GGUF]
+"""
+import argparse
+import fcntl
+import hashlib
+import json
+import math
+import os
+import struct
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+import gemma4_fixture as g4  # noqa: E402  (shared GGUF / safetensors / bf16 helpers)
+
+S, F = g4.S, g4.F
+ARCH = "gemma4-assistant"
+VOCAB = g4.VOCAB
+
+# Small drafter: matches the "e2b" target fixture's attention geometry (kv=1, head dims 32/64,
+# window 8); its backbone is that target's hidden size (64).
+SMALL = dict(name="e2b-small", hidden=32, backbone=g4.VARIANTS["e2b"]["hidden"], layers=[S, S, S, F],
+             heads=2, kv=g4.VARIANTS["e2b"]["kv"], hd_s=g4.HEAD_DIM, hd_f=g4.GLOBAL_HEAD_DIM, ffn=64,
+             window=g4.VARIANTS["e2b"]["window"], context=g4.CONTEXT, centroids=2048, top_k=32, seed=102)
+# Real google/gemma-4-E2B-it-assistant shapes (config.json as published).
+REAL = dict(name="e2b-real", hidden=256, backbone=1536, layers=[S, S, S, F], heads=4, kv=1,
+            hd_s=g4.REAL_HEAD_DIM, hd_f=g4.REAL_GLOBAL_HEAD_DIM, ffn=2048, window=512, context=131072,
+            centroids=2048, top_k=32, seed=107)
+ALL_FORMATS = ["gguf-f32", "hf"]
+
+
+class Spec:
+    def __init__(self, v, backbone=None):
+        self.__dict__.update(v)
+        if backbone is not None:
+            self.backbone = backbone
+        self.L = len(self.layers)
+        if self.backbone == self.hidden:
+            sys.exit("backbone hidden must differ from the drafter hidden (llama.cpp rejects equal sizes)")
+        if VOCAB % self.centroids:
+            sys.exit("vocab size must be a multiple of num_centroids")
+
+    def hd(self, l):
+        return self.hd_f if self.layers[l] == F else self.hd_s
+
+
+def make_weights(spec):
+    """Drafter weights under their HF names (float32 arrays holding bfloat16-exact values), plus the
+    integer token ordering."""
+    rng = np.random.default_rng(spec.seed)
+    H, Hb = spec.hidden, spec.backbone
+    w = {}
+
+    def lin(name, out, inp, gain=1.0):
+        w[name] = g4.bf16_round(rng.standard_normal((out, inp), dtype=np.float32) * (gain / math.sqrt(inp)))
+
+    def norm(name, n, spread=0.2):
+        w[name] = g4.bf16_round(1.0 + spread * rng.standard_normal(n, dtype=np.float32))
+
+    w["model.embed_tokens.weight"] = g4.bf16_round(rng.standard_normal((VOCAB, H), dtype=np.float32) * 0.5)
+    for l in range(spec.L):
+        p = f"model.layers.{l}."
+        hd = spec.hd(l)
+        for n in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                  "post_feedforward_layernorm"):
+            norm(p + n + ".weight", H)
+        # Q-only attention: K/V come from the target's cache, so there is no k/v proj or k norm.
+        lin(p + "self_attn.q_proj.weight", spec.heads * hd, H)
+        lin(p + "self_attn.o_proj.weight", H, spec.heads * hd)
+        w[p + "self_attn.q_norm.weight"] = g4.bf16_round(0.4 + 0.05 * rng.standard_normal(hd, dtype=np.float32))
+        lin(p + "mlp.gate_proj.weight", spec.ffn, H)
+        lin(p + "mlp.up_proj.weight", spec.ffn, H)
+        lin(p + "mlp.down_proj.weight", H, spec.ffn)
+        w[p + "layer_scalar"] = g4.bf16_round(rng.uniform(0.6, 1.2, size=1).astype(np.float32))
+    norm("model.norm.weight", H)
+    lin("pre_projection.weight", H, 2 * Hb)
+    lin("post_projection.weight", Hb, H)
+    w["masked_embedding.centroids.weight"] = g4.bf16_round(
+        rng.standard_normal((spec.centroids, H), dtype=np.float32) * 0.5)
+    ordering = rng.permutation(VOCAB).astype(np.int64)
+    return w, ordering
+
+
+def hf_config(spec):
+    text = {
+        "model_type": "gemma4_text",
+        "vocab_size": VOCAB, "hidden_size": spec.hidden, "intermediate_size": spec.ffn,
+        "num_hidden_layers": spec.L, "num_attention_heads": spec.heads,
+        "num_key_value_heads": spec.kv, "head_dim": spec.hd_s, "global_head_dim": spec.hd_f,
+        "num_global_key_value_heads": None, "attention_k_eq_v": False,
+        "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": spec.context,
+        "rms_norm_eps": g4.EPS, "sliding_window": spec.window, "layer_types": spec.layers,
+        "final_logit_softcapping": None, "tie_word_embeddings": True,
+        "hidden_size_per_layer_input": 0, "vocab_size_per_layer_input": 0,
+        "num_kv_shared_layers": spec.L, "use_double_wide_mlp": False, "enable_moe_block": False,
+        "rope_parameters": {
+            "sliding_attention": {"rope_type": "default", "rope_theta": g4.ROPE_THETA_SWA},
+            "full_attention": {"rope_type": "proportional", "partial_rotary_factor": g4.PARTIAL_ROTARY,
+                               "rope_theta": g4.ROPE_THETA}},
+        "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0,
+    }
+    return {"architectures": ["Gemma4AssistantForCausalLM"], "model_type": "gemma4_assistant",
+            "backbone_hidden_size": spec.backbone, "use_ordered_embeddings": True,
+            "num_centroids": spec.centroids, "centroid_intermediate_top_k": spec.top_k,
+            "tie_word_embeddings": True, "dtype": "bfloat16", "text_config": text}
+
+
+def write_hf(outdir, spec, w, ordering):
+    os.makedirs(outdir, exist_ok=True)
+    tensors = [(k, "BF16", g4.bf16_bytes(a), a.shape) for k, a in w.items()]
+    tensors.append(("masked_embedding.token_ordering", "I64", ordering.astype("<i8").tobytes(), ordering.shape))
+    g4.write_safetensors(os.path.join(outdir, "model.safetensors"), sorted(tensors), {"format": "pt"})
+    with open(os.path.join(outdir, "config.json"), "w") as fh:
+        json.dump(hf_config(spec), fh, indent=2)
+    with open(os.path.join(outdir, "generation_config.json"), "w") as fh:
+        json.dump({"bos_token_id": 2, "eos_token_id": [1, 106, 50], "pad_token_id": 0}, fh)
+
+
+def gguf_tensor_plan(spec, w):
+    """(gguf name, array) in the upstream converter's order (rope_freqs first, then HF key order)."""
+    n_rot = int(spec.hd_f * g4.PARTIAL_ROTARY) // 2
+    rope_freqs = np.array([1.0] * n_rot + [1e30] * (spec.hd_f // 2 - n_rot), dtype=np.float32)
+    plan = [("rope_freqs.weight", rope_freqs), ("token_embd.weight", w["model.embed_tokens.weight"])]
+    names = [("attn_norm.weight", "input_layernorm.weight"), ("attn_q.weight", "self_attn.q_proj.weight"),
+             ("attn_q_norm.weight", "self_attn.q_norm.weight"), ("attn_output.weight", "self_attn.o_proj.weight"),
+             ("post_attention_norm.weight", "post_attention_layernorm.weight"),
+             ("ffn_norm.weight", "pre_feedforward_layernorm.weight"), ("ffn_gate.weight", "mlp.gate_proj.weight"),
+             ("ffn_up.weight", "mlp.up_proj.weight"), ("ffn_down.weight", "mlp.down_proj.weight"),
+             ("post_ffw_norm.weight", "post_feedforward_layernorm.weight"),
+             ("layer_output_scale.weight", "layer_scalar")]
+    for l in range(spec.L):
+        plan += [(f"blk.{l}.{g}", w[f"model.layers.{l}.{h}"]) for g, h in names]
+    plan += [("output_norm.weight", w["model.norm.weight"]),
+             ("nextn.post_projection.weight", w["post_projection.weight"]),
+             ("nextn.pre_projection.weight", w["pre_projection.weight"])]
+    return plan
+
+
+def write_gguf(path, spec, w, vocab_path):
+    A = ARCH + "."
+    kv = g4.gguf_kv
+    T = g4
+    kvs = [kv("general.architecture", T.T_STR, ARCH), kv("general.type", T.T_STR, "model"),
+           kv("general.name", T.T_STR, f"specula-fixture-assistant-{spec.name}"),
+           kv(A + "block_count", T.T_U32, spec.L), kv(A + "context_length", T.T_U32, spec.context),
+           kv(A + "embedding_length", T.T_U32, spec.hidden),
+           kv(A + "feed_forward_length", T.T_U32, spec.ffn),
+           kv(A + "attention.head_count", T.T_U32, spec.heads),
+           kv(A + "attention.head_count_kv", T.T_U32, spec.kv),
+           kv(A + "rope.freq_base", T.T_F32, g4.ROPE_THETA), kv(A + "rope.freq_base_swa", T.T_F32, g4.ROPE_THETA_SWA),
+           kv(A + "attention.layer_norm_rms_epsilon", T.T_F32, g4.EPS),
+           kv(A + "attention.key_length", T.T_U32, spec.hd_f), kv(A + "attention.value_length", T.T_U32, spec.hd_f),
+           kv("general.file_type", T.T_U32, 0),
+           kv(A + "attention.sliding_window", T.T_U32, spec.window),
+           kv(A + "attention.shared_kv_layers", T.T_U32, spec.L),
+           kv(A + "embedding_length_per_layer_input", T.T_U32, 0),
+           kv(A + "attention.sliding_window_pattern", T.T_ARR, (T.T_BOOL, [t == S for t in spec.layers])),
+           kv(A + "attention.key_length_swa", T.T_U32, spec.hd_s),
+           kv(A + "attention.value_length_swa", T.T_U32, spec.hd_s),
+           kv(A + "rope.dimension_count", T.T_U32, spec.hd_f),
+           kv(A + "rope.dimension_count_swa", T.T_U32, spec.hd_s),
+           kv(A + "embedding_length_out", T.T_U32, spec.backbone),
+           kv(A + "nextn_predict_layers", T.T_U32, spec.L),
+           kv("general.quantization_version", T.T_U32, 2)]
+    kvs += g4.read_tokenizer_kvs(vocab_path)
+
+    infos, offset = [], 0
+    plan = gguf_tensor_plan(spec, w)
+    for name, a in plan:  # all F32, as the F32 converter output
+        ne = list(reversed(a.shape))
+        infos.append(g4.gguf_str(name) + struct.pack("<I", len(ne)) + struct.pack(f"<{len(ne)}Q", *ne)
+                     + struct.pack("<IQ", g4.G_F32, offset))
+        offset += a.size * 4 + (-(a.size * 4)) % 32
+    head = b"GGUF" + struct.pack("<IQQ", 3, len(infos), len(kvs)) + b"".join(kvs) + b"".join(infos)
+    head += b"\0" * ((-len(head)) % 32)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as fh:
+        fh.write(head)
+        for _, a in plan:
+            blob = np.ascontiguousarray(a, dtype="<f4").tobytes()
+            fh.write(blob + b"\0" * ((-len(blob)) % 32))
+    os.replace(tmp, path)
+
+
+def generate(spec, out, formats, vocab):
+    for f in formats:
+        if f not in ALL_FORMATS:
+            sys.exit(f"unknown format '{f}' (expected one of {', '.join(ALL_FORMATS)})")
+    os.makedirs(out, exist_ok=True)
+    with open(__file__, "rb") as fh, open(g4.__file__, "rb") as gh:
+        digest = hashlib.sha256(fh.read() + gh.read() + repr((sorted(spec.__dict__.items()),
+                                                              sorted(formats))).encode()).hexdigest()
+    stamp = os.path.join(out, ".stamp-assistant")
+    with open(os.path.join(out, ".lock-assistant"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if os.path.exists(stamp) and open(stamp).read() == digest:
+            return
+        w, ordering = make_weights(spec)
+        if "gguf-f32" in formats:
+            write_gguf(os.path.join(out, "assistant-f32.gguf"), spec, w, vocab)
+        if "hf" in formats:
+            write_hf(os.path.join(out, "assistant-hf"), spec, w, ordering)
+        with open(stamp, "w") as fh:
+            fh.write(digest)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--out", required=True)
+    ap.add_argument("--formats", default=",".join(ALL_FORMATS))
+    ap.add_argument("--backbone-hidden", type=int, default=None,
+                    help="hidden size of the target the drafter pairs with (default: 64 = the e2b "
+                         "target fixture; 1536 with --real)")
+    ap.add_argument("--real", action="store_true", help="real E2B drafter shapes (hidden 256, backbone 1536)")
+    ap.add_argument("--vocab", default=g4.DEFAULT_VOCAB)
+    a = ap.parse_args()
+    spec = Spec(REAL if a.real else SMALL, a.backbone_hidden)
+    generate(spec, a.out, [f for f in a.formats.split(",") if f], a.vocab)
+
+
+if __name__ == "__main__":
+    main()
