@@ -9,6 +9,11 @@ Writes one drafter in the layouts real downloads use (docs: shared/reference/gem
                        nextn.pre_projection, nextn.post_projection and 11 Q-only tensors per layer.
                        Like the upstream converter it drops masked_embedding.* (llama.cpp's loader
                        rejects non-empty centroid tensors).
+  assistant-seed-f32.gguf  the fork converter layout of shared/seeds/gemma4-assistant.md: the same keys
+                       but backbone_hidden_size instead of embedding_length_out, the assistant.*
+                       centroid keys, tensors assist_pre_proj / assist_post_proj, and the centroid
+                       head kept: assist_embed_centroids [C, hidden] and assist_token_ordering (F32
+                       holding the integer ordering).
   assistant-hf/        Gemma4AssistantForCausalLM checkpoint (§5.5): config.json (model_type
                        gemma4_assistant, backbone_hidden_size, use_ordered_embeddings, num_centroids,
                        centroid_intermediate_top_k, nested text_config) + model.safetensors (BF16;
@@ -28,7 +33,7 @@ Every weight is rounded to bfloat16 first, so the F32 GGUF and the BF16 safetens
 numbers. Output is bit-for-bit reproducible (seeded numpy Generator); a stamp file lets repeated calls
 return at once.
 
-usage: gemma4_assistant_fixture.py --out DIR [--formats gguf-f32,hf] [--backbone-hidden N] [--real]
+usage: gemma4_assistant_fixture.py --out DIR [--formats gguf-f32,gguf-seed,hf] [--backbone-hidden N] [--real]
                                    [--vocab GGUF]
 """
 import argparse
@@ -59,7 +64,7 @@ SMALL = dict(name="e2b-small", hidden=32, backbone=g4.VARIANTS["e2b"]["hidden"],
 REAL = dict(name="e2b-real", hidden=256, backbone=1536, layers=[S, S, S, F], heads=4, kv=1,
             hd_s=g4.REAL_HEAD_DIM, hd_f=g4.REAL_GLOBAL_HEAD_DIM, ffn=2048, window=512, context=131072,
             centroids=2048, top_k=32, seed=107)
-ALL_FORMATS = ["gguf-f32", "hf"]
+ALL_FORMATS = ["gguf-f32", "gguf-seed", "hf"]
 
 
 class Spec:
@@ -111,6 +116,12 @@ def make_weights(spec):
     w["masked_embedding.centroids.weight"] = g4.bf16_round(
         rng.standard_normal((spec.centroids, H), dtype=np.float32) * 0.5)
     ordering = rng.permutation(VOCAB).astype(np.int64)
+    # Like trained checkpoints, tokens of one cluster share its centroid's direction (row c of the
+    # [C, S] ordering lists cluster c's ids), so the dense argmax usually lies in the selected clusters.
+    S = VOCAB // spec.centroids
+    members = ordering.reshape(spec.centroids, S)
+    emb = w["model.embed_tokens.weight"]
+    emb[members] = g4.bf16_round(0.8 * w["masked_embedding.centroids.weight"][:, None, :] + 0.6 * emb[members])
     return w, ordering
 
 
@@ -149,8 +160,9 @@ def write_hf(outdir, spec, w, ordering):
         json.dump({"bos_token_id": 2, "eos_token_id": [1, 106, 50], "pad_token_id": 0}, fh)
 
 
-def gguf_tensor_plan(spec, w):
-    """(gguf name, array) in the upstream converter's order (rope_freqs first, then HF key order)."""
+def gguf_tensor_plan(spec, w, ordering=None, seed=False):
+    """(gguf name, array) in the upstream converter's order (rope_freqs first, then HF key order).
+    seed: the fork layout (assist_* names, centroid head kept)."""
     n_rot = int(spec.hd_f * g4.PARTIAL_ROTARY) // 2
     rope_freqs = np.array([1.0] * n_rot + [1e30] * (spec.hd_f // 2 - n_rot), dtype=np.float32)
     plan = [("rope_freqs.weight", rope_freqs), ("token_embd.weight", w["model.embed_tokens.weight"])]
@@ -163,13 +175,20 @@ def gguf_tensor_plan(spec, w):
              ("layer_output_scale.weight", "layer_scalar")]
     for l in range(spec.L):
         plan += [(f"blk.{l}.{g}", w[f"model.layers.{l}.{h}"]) for g, h in names]
-    plan += [("output_norm.weight", w["model.norm.weight"]),
-             ("nextn.post_projection.weight", w["post_projection.weight"]),
-             ("nextn.pre_projection.weight", w["pre_projection.weight"])]
+    plan.append(("output_norm.weight", w["model.norm.weight"]))
+    if seed:
+        plan += [("assist_post_proj.weight", w["post_projection.weight"]),
+                 ("assist_pre_proj.weight", w["pre_projection.weight"]),
+                 ("assist_embed_centroids.weight", w["masked_embedding.centroids.weight"]),
+                 # F32 storage of the integer ordering (every value < 2^24 is exact), as the seed says.
+                 ("assist_token_ordering.weight", ordering.astype(np.float32))]
+    else:
+        plan += [("nextn.post_projection.weight", w["post_projection.weight"]),
+                 ("nextn.pre_projection.weight", w["pre_projection.weight"])]
     return plan
 
 
-def write_gguf(path, spec, w, vocab_path):
+def write_gguf(path, spec, w, vocab_path, ordering=None, seed=False):
     A = ARCH + "."
     kv = g4.gguf_kv
     T = g4
@@ -192,13 +211,19 @@ def write_gguf(path, spec, w, vocab_path):
            kv(A + "attention.value_length_swa", T.T_U32, spec.hd_s),
            kv(A + "rope.dimension_count", T.T_U32, spec.hd_f),
            kv(A + "rope.dimension_count_swa", T.T_U32, spec.hd_s),
-           kv(A + "embedding_length_out", T.T_U32, spec.backbone),
            kv(A + "nextn_predict_layers", T.T_U32, spec.L),
            kv("general.quantization_version", T.T_U32, 2)]
+    if seed:
+        kvs += [kv(A + "backbone_hidden_size", T.T_U32, spec.backbone),
+                kv(A + "assistant.num_centroids", T.T_U32, spec.centroids),
+                kv(A + "assistant.centroid_intermediate_top_k", T.T_U32, spec.top_k),
+                kv(A + "assistant.use_ordered_embeddings", T.T_BOOL, True)]
+    else:
+        kvs.append(kv(A + "embedding_length_out", T.T_U32, spec.backbone))
     kvs += g4.read_tokenizer_kvs(vocab_path)
 
     infos, offset = [], 0
-    plan = gguf_tensor_plan(spec, w)
+    plan = gguf_tensor_plan(spec, w, ordering, seed)
     for name, a in plan:  # all F32, as the F32 converter output
         ne = list(reversed(a.shape))
         infos.append(g4.gguf_str(name) + struct.pack("<I", len(ne)) + struct.pack(f"<{len(ne)}Q", *ne)
@@ -231,6 +256,8 @@ def generate(spec, out, formats, vocab):
         w, ordering = make_weights(spec)
         if "gguf-f32" in formats:
             write_gguf(os.path.join(out, "assistant-f32.gguf"), spec, w, vocab)
+        if "gguf-seed" in formats:
+            write_gguf(os.path.join(out, "assistant-seed-f32.gguf"), spec, w, vocab, ordering, seed=True)
         if "hf" in formats:
             write_hf(os.path.join(out, "assistant-hf"), spec, w, ordering)
         with open(stamp, "w") as fh:

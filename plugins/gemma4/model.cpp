@@ -53,6 +53,7 @@ class Gemma4Context final : public ModelContext, public TargetView {
 
   KvView kv(const std::string& attention_type) const override;
   BackendTensorPtr last_hidden() const override { return last_hidden_; }
+  TokenEmbedding token_embedding() const override;
 
  private:
   std::vector<float> run_chunk(std::span<const int32_t> tokens, int64_t n_logits);
@@ -63,8 +64,8 @@ class Gemma4Context final : public ModelContext, public TargetView {
   int64_t capacity_;
   int64_t position_ = 0;
   std::vector<Cache> caches_;  // by layer; empty for KV-shared layers
-  BackendTensorPtr last_hidden_;   // F32 [hidden]
-  BackendTensorPtr chunk_hidden_;  // F32 [prefill_chunk, hidden]: every row of the last chunk, for rollback
+  BackendTensorPtr last_hidden_;   // F32 [hidden], final-normed
+  BackendTensorPtr chunk_hidden_;  // F32 [prefill_chunk, hidden]: every (normed) row of the last chunk, for rollback
   int64_t chunk_start_ = 0, chunk_len_ = 0;
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Built>> graphs_;
 };
@@ -143,6 +144,7 @@ class Gemma4Model final : public Model, public std::enable_shared_from_this<Gemm
 
   const Config& cfg() const { return cfg_; }
   ComputeBackend& backend() const { return *backend_; }
+  TokenEmbedding token_embedding() const { return {w_.embed, embed_scale_}; }
   int64_t chunk() const { return chunk_; }
   DType cache_type() const { return cache_type_; }
 
@@ -270,14 +272,16 @@ void Gemma4Model::build(Built& b, int64_t T, int64_t n_logits, const std::vector
     h = name(h, "out");
   }
 
-  // Hidden states before the final norm, for drafters: the last position's, and every row of this
-  // chunk so a rollback into it can restore the right one.
-  Value flat = g.reshape(h, {1, T * H});
+  // Final-normed hidden states (the LM head's input), for drafters: the last position's, and every row
+  // of this chunk so a rollback into it can restore the right one. MTP drafters take the normed row
+  // (gemma4-assistant-spec §2.1); norming all T rows costs T x H, nothing next to the layers.
+  Value normed = g.rms_norm(h, g.constant(w_.output_norm), c.eps);
+  Value flat = g.reshape(normed, {1, T * H});
   g.mark_output(g.write_rows(last_hidden, g.reshape(g.slice(flat, (T - 1) * H, H), {H, 1}), b.iota_h));
-  g.mark_output(g.write_rows(chunk_hidden, h, b.iota_t));
+  g.mark_output(g.write_rows(chunk_hidden, normed, b.iota_t));
   if (n_logits > 0) {
-    Value rows = T == n_logits ? h : g.reshape(g.slice(flat, (T - n_logits) * H, n_logits * H), {n_logits, H});
-    Value logits = g.matmul(g.constant(w_.embed), g.rms_norm(rows, g.constant(w_.output_norm), c.eps));
+    Value rows = T == n_logits ? normed : g.reshape(g.slice(flat, (T - n_logits) * H, n_logits * H), {n_logits, H});
+    Value logits = g.matmul(g.constant(w_.embed), rows);
     if (c.softcap > 0.0f) logits = g.softcap(logits, c.softcap);
     b.logits = g.named(logits, "logits");
     g.mark_output(b.logits);
@@ -402,6 +406,8 @@ void Gemma4Context::truncate(int64_t pos) {
   chunk_len_ = std::max<int64_t>(0, std::min(chunk_len_, pos - chunk_start_));
   position_ = pos;
 }
+
+TokenEmbedding Gemma4Context::token_embedding() const { return m_->token_embedding(); }
 
 KvView Gemma4Context::kv(const std::string& attention_type) const {
   if (attention_type != "full" && attention_type != "sliding")

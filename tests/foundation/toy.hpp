@@ -138,6 +138,7 @@ class View final : public specula::TargetView {
   explicit View(const std::vector<int32_t>& tokens) : tokens_(tokens) {}
   specula::KvView kv(const std::string&) const override { return {}; }
   specula::BackendTensorPtr last_hidden() const override { return nullptr; }
+  specula::TokenEmbedding token_embedding() const override { return {}; }  // the toy has no tensors
   int64_t position() const override { return static_cast<int64_t>(tokens_.size()); }
   const std::vector<int32_t>& tokens() const { return tokens_; }
 

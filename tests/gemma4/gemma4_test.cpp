@@ -342,7 +342,7 @@ TEST(Gemma4View, KvViewsAndLastHidden) {
   auto model = load(fixture("e2b") / "model-f32.gguf", {{"prefill_chunk", 4}});
   auto ctx = model->new_context({32});
   std::vector<int32_t> t = {2, 818, 5279, 529, 7001, 563};
-  ctx->forward(t, 1);
+  const auto logits6 = ctx->forward(t, 1);
   const auto& view = ctx->view();
   EXPECT_EQ(view.position(), 6);
   // e2b fixture: layers S,S,F,S,S,F with 3 KV-shared layers: the last sliding layer (4) reads layer 1,
@@ -359,6 +359,24 @@ TEST(Gemma4View, KvViewsAndLastHidden) {
   for (int i = 0; i < 32; ++i) EXPECT_EQ(pos[i], i < 6 ? i : -1) << "slot " << i;
   ASSERT_EQ(view.last_hidden()->shape(), (specula::Shape{64}));
   EXPECT_THROW(view.kv("global"), specula::Error);
+
+  // last_hidden() is the LM head's input (after the final norm): the tied head applied to it, then
+  // the softcap, gives the logits forward() returned. token_embedding() is that table and the
+  // target's own embedding scale (GGUF: exact sqrt(hidden)).
+  const auto emb = view.token_embedding();
+  ASSERT_TRUE(emb.table);
+  EXPECT_EQ(emb.table->shape(), (specula::Shape{262144, 64}));
+  EXPECT_FLOAT_EQ(emb.scale, 8.0f);
+  {
+    std::vector<float> h(64), table(262144 * 64);
+    backend()->read(*view.last_hidden(), std::as_writable_bytes(std::span(h)));
+    backend()->read(*emb.table, std::as_writable_bytes(std::span(table)));
+    for (int32_t tok : {0, 2, 818, 5279, 100000, 262143}) {
+      double dot = 0;
+      for (int i = 0; i < 64; ++i) dot += static_cast<double>(table[static_cast<size_t>(tok) * 64 + i]) * h[i];
+      EXPECT_NEAR(30.0 * std::tanh(dot / 30.0), logits6[tok], 1e-4) << "token " << tok;
+    }
+  }
 
   // Speculative verify: three drafted tokens in one forward, one accepted. After truncate the view
   // holds the hidden state of the accepted position, as a fresh token-by-token run computes it.
@@ -380,7 +398,7 @@ TEST(Gemma4View, KvViewsAndLastHidden) {
   const auto want = hidden(ctx2->view());
   double norm = 0;
   for (float x : want) norm += x * x;
-  EXPECT_GT(norm, 1.0);  // a real residual stream, not an empty tensor
+  EXPECT_GT(norm, 1.0);  // a real hidden state, not an empty tensor
   EXPECT_LE(max_abs_diff(h6.data(), want.data(), 64), 1e-4);
 }
 

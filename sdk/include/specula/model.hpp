@@ -34,16 +34,25 @@ struct KvView {
   int64_t window = 0;           // sliding window of the producing layer, 0 for full attention
 };
 
-// What a drafter may read of a running target: its KV caches (per attention type) and the hidden state
-// it produced for the last token it processed.
+// The target's token embedding table as loaded (any dtype the backend's GetRows reads) and the scale
+// the target multiplies looked-up rows by: a drafter embeds tokens exactly as the target does.
+struct TokenEmbedding {
+  BackendTensorPtr table;  // [vocab, hidden_size]
+  float scale = 1.0f;
+};
+
+// What a drafter may read of a running target: its KV caches (per attention type), the hidden state
+// it produced for the last token it processed, and its token embedding.
 class TargetView {
  public:
   virtual ~TargetView() = default;
   // "full" or "sliding": the cache of the target's last layer of that attention type.
   virtual KvView kv(const std::string& attention_type) const = 0;
-  // Hidden state (before the final norm) for the last processed position: F32 [hidden_size].
+  // The final-normed hidden state (the LM head's input) of the last processed position:
+  // F32 [hidden_size]. MTP drafters take this row as their recurrent input.
   virtual BackendTensorPtr last_hidden() const = 0;
   virtual int64_t position() const = 0;   // tokens processed so far
+  virtual TokenEmbedding token_embedding() const = 0;
 };
 
 struct ContextOptions {

@@ -1,0 +1,328 @@
+// Hyper-parameters of a gemma4-assistant drafter, read the way plugins/gemma4/config.cpp reads a
+// target: GGUF keys under "gemma4-assistant." (with llama.cpp's rope_freqs encoding of proportional
+// RoPE) or config.json's text_config (rope_parameters per attention type).
+#include <cmath>
+#include <cstring>
+
+#include "assistant.hpp"
+#include "specula/error.hpp"
+
+namespace specula::gemma4_assistant {
+namespace {
+
+using json = nlohmann::json;
+
+constexpr const char* kArch = "gemma4-assistant";
+
+int64_t positive(int64_t v, const std::string& what, const std::string& where) {
+  if (v <= 0) fail("{}: {} is {}, expected a positive number", where, what, v);
+  return v;
+}
+
+struct GgufKeys {
+  const json& md;
+  std::string file;
+
+  const json* find(const std::string& key) const {
+    auto it = md.find(std::string(kArch) + "." + key);
+    return it == md.end() ? nullptr : &*it;
+  }
+  int64_t integer(const json& v, const std::string& key) const {
+    if (!v.is_number_integer() && !v.is_number_unsigned())
+      fail("{}: metadata key '{}.{}' is {}, expected an integer", file, kArch, key, v.dump().substr(0, 60));
+    return v.get<int64_t>();
+  }
+  int64_t req_int(const std::string& key) const {
+    const json* v = find(key);
+    if (!v) fail("{}: metadata key '{}.{}' is missing; a gemma4-assistant GGUF must have it", file, kArch, key);
+    return integer(*v, key);
+  }
+  int64_t opt_int(const std::string& key, int64_t fallback) const {
+    const json* v = find(key);
+    return v ? integer(*v, key) : fallback;
+  }
+  float opt_float(const std::string& key, float fallback) const {
+    const json* v = find(key);
+    if (!v) return fallback;
+    if (!v->is_number()) fail("{}: metadata key '{}.{}' is {}, expected a number", file, kArch, key, v->dump());
+    return v->get<float>();
+  }
+  bool opt_bool(const std::string& key, bool fallback) const {
+    const json* v = find(key);
+    if (!v) return fallback;
+    if (v->is_boolean()) return v->get<bool>();
+    if (v->is_number_integer() || v->is_number_unsigned()) return v->get<int64_t>() != 0;
+    fail("{}: metadata key '{}.{}' is {}, expected a boolean", file, kArch, key, v->dump());
+  }
+  std::vector<int64_t> per_layer(const std::string& key, size_t n) const {
+    const json* v = find(key);
+    if (!v) fail("{}: metadata key '{}.{}' is missing", file, kArch, key);
+    if (!v->is_array()) return std::vector<int64_t>(n, integer(*v, key));
+    if (v->size() != n)
+      fail("{}: metadata key '{}.{}' has {} entries, expected one per layer ({})", file, kArch, key, v->size(), n);
+    std::vector<int64_t> out;
+    for (const json& e : *v) out.push_back(integer(e, key));
+    return out;
+  }
+};
+
+void finish(Config& c, const std::string& where) {
+  if (c.layers.empty()) fail("{}: the drafter has no layers", where);
+  positive(c.hidden, "hidden size", where);
+  positive(c.backbone, "backbone hidden size", where);
+  positive(c.heads, "attention head count", where);
+  positive(c.vocab, "vocabulary size", where);
+  if (c.backbone == c.hidden)
+    fail("{}: backbone hidden size {} equals the drafter's hidden size; a gemma4-assistant file states the "
+         "target's width (embedding_length_out / backbone_hidden_size)", where, c.backbone);
+  for (size_t l = 0; l < c.layers.size(); ++l) {
+    positive(c.layers[l].head_dim, fmt::format("head dim of layer {}", l), where);
+    positive(c.layers[l].ffn, fmt::format("feed-forward width of layer {}", l), where);
+  }
+  bool sliding = false;
+  for (const Layer& l : c.layers) sliding = sliding || !l.full;
+  if (sliding && c.window <= 0) fail("{}: sliding window is {}, expected > 0", where, c.window);
+  if (c.has_centroids) {
+    positive(c.centroids, "num_centroids", where);
+    if (c.vocab % c.centroids != 0)
+      fail("{}: vocabulary {} is not a multiple of num_centroids {}", where, c.vocab, c.centroids);
+    if (c.centroid_top_k <= 0 || c.centroid_top_k > c.centroids)
+      fail("{}: centroid_intermediate_top_k {} must be in [1, num_centroids = {}]", where, c.centroid_top_k,
+           c.centroids);
+  }
+}
+
+Config from_gguf(const ModelFile& file) {
+  const std::string where = file.path().string();
+  const json& md = file.metadata();
+  GgufKeys k{md, where};
+  Config c;
+  const int64_t L = positive(k.req_int("block_count"), "block_count", where);
+  c.hidden = positive(k.req_int("embedding_length"), "embedding_length", where);
+  // Upstream llama.cpp states the backbone as embedding_length_out, the fork converter (seed) as
+  // backbone_hidden_size; either is accepted, both must agree.
+  const int64_t out = k.opt_int("embedding_length_out", 0), bb = k.opt_int("backbone_hidden_size", 0);
+  if (out == 0 && bb == 0)
+    fail("{}: metadata keys '{}.embedding_length_out' and '{}.backbone_hidden_size' are both missing; one "
+         "must state the target's hidden size", where, kArch, kArch);
+  if (out != 0 && bb != 0 && out != bb)
+    fail("{}: '{}.embedding_length_out' = {} but '{}.backbone_hidden_size' = {}", where, kArch, out, kArch, bb);
+  c.backbone = out != 0 ? out : bb;
+  c.context = k.opt_int("context_length", 131072);
+  c.heads = positive(k.req_int("attention.head_count"), "attention.head_count", where);
+  const int64_t hd_full = positive(k.req_int("attention.key_length"), "attention.key_length", where);
+  const int64_t hd_swa = positive(k.req_int("attention.key_length_swa"), "attention.key_length_swa", where);
+  c.window = k.opt_int("attention.sliding_window", 0);
+  c.eps = k.opt_float("attention.layer_norm_rms_epsilon", 1e-6f);
+  if (const float cap = k.opt_float("final_logit_softcapping", 0.0f); cap != 0.0f)
+    fail("{}: '{}.final_logit_softcapping' = {}; Gemma 4 drafters have no logit softcap", where, kArch, cap);
+  const auto ffn = k.per_layer("feed_forward_length", static_cast<size_t>(L));
+  const json* pattern = k.find("attention.sliding_window_pattern");
+  if (!pattern) fail("{}: metadata key '{}.attention.sliding_window_pattern' is missing", where, kArch);
+  c.layers.resize(static_cast<size_t>(L));
+  for (int64_t l = 0; l < L; ++l) {
+    bool sliding;
+    if (pattern->is_array()) {
+      if (pattern->size() != static_cast<size_t>(L))
+        fail("{}: attention.sliding_window_pattern has {} entries for {} layers", where, pattern->size(), L);
+      const json& e = (*pattern)[static_cast<size_t>(l)];
+      sliding = e.is_boolean() ? e.get<bool>() : e.get<int64_t>() != 0;
+    } else {
+      const int64_t period = k.integer(*pattern, "attention.sliding_window_pattern");
+      sliding = period <= 0 || (l + 1) % period != 0;
+    }
+    Layer& ly = c.layers[static_cast<size_t>(l)];
+    ly.full = !sliding;
+    ly.head_dim = ly.full ? hd_full : hd_swa;
+    ly.ffn = ffn[static_cast<size_t>(l)];
+  }
+  const TensorInfo* embd = file.find("token_embd.weight");
+  if (!embd || embd->shape.size() != 2)
+    fail("{}: tensor 'token_embd.weight' is missing or not 2-D; the drafter's LM head needs it as [vocab, {}]",
+         where, c.hidden);
+  c.vocab = embd->shape[0];
+
+  // RoPE exactly as the target reads it: plain NeoX on sliding layers, proportional on full layers
+  // (rope_freqs = 1.0 for the rotated pairs, >= 1e20 for the frozen ones).
+  const int64_t dims_swa = k.opt_int("rope.dimension_count_swa", hd_swa);
+  const int64_t dims = k.opt_int("rope.dimension_count", hd_full);
+  c.rope_sliding = {k.opt_float("rope.freq_base_swa", k.opt_float("rope.freq_base", 10000.0f)), dims_swa / 2,
+                    static_cast<float>(dims_swa), 1.0f};
+  c.rope_full = {k.opt_float("rope.freq_base", 10000.0f), dims / 2, static_cast<float>(dims), 1.0f};
+  if (const TensorInfo* rf = file.find("rope_freqs.weight")) {
+    if (rf->type != DType::F32 || rf->elements() != dims / 2)
+      fail("{}: tensor 'rope_freqs.weight' is {} with {} values; expected F32 with rope.dimension_count/2 = {}",
+           where, dtype_name(rf->type), rf->elements(), dims / 2);
+    int64_t rotated = 0;
+    for (int64_t i = 0; i < dims / 2; ++i) {
+      float f;
+      std::memcpy(&f, rf->data.data() + 4 * i, 4);
+      const bool rotate = f == 1.0f, frozen = f >= 1e20f;
+      if (!(rotate || frozen) || (rotate && rotated != i))
+        fail("{}: rope_freqs.weight[{}] = {}; only 1.0 for a leading block of pairs then >= 1e20 "
+             "(proportional RoPE) is supported", where, i, f);
+      if (rotate) ++rotated;
+    }
+    c.rope_full.rotated_pairs = rotated;
+  }
+  if (c.rope_sliding.rotated_pairs > hd_swa / 2 || c.rope_full.rotated_pairs > hd_full / 2)
+    fail("{}: rope.dimension_count(_swa) exceeds the head dims", where);
+
+  // Centroid head: fork keys (seed) and tensors; ollama files carry only the tensors.
+  const TensorInfo* cent = file.find("assist_embed_centroids.weight");
+  const bool seed = cent || file.find("assist_pre_proj.weight");
+  if (!cent) cent = file.find("masked_embd_centroids.weight");
+  c.layout = seed ? "gguf-seed" : file.find("masked_embd_centroids.weight") ? "gguf-ollama" : "gguf";
+  c.has_centroids = cent != nullptr;
+  if (cent) {
+    const int64_t from_tensor = cent->shape.size() == 2 ? cent->shape[0] : 0;
+    c.centroids = k.opt_int("assistant.num_centroids", from_tensor);
+    c.centroid_top_k = k.opt_int("assistant.centroid_intermediate_top_k", 32);
+    c.use_ordered_embeddings = k.opt_bool("assistant.use_ordered_embeddings", true);
+  }
+  finish(c, where);
+  return c;
+}
+
+template <typename T>
+T hf_get(const json& o, const char* key, T fallback, const std::string& where, const char* section) {
+  auto it = o.find(key);
+  if (it == o.end() || it->is_null()) return fallback;
+  try {
+    return it->get<T>();
+  } catch (const json::exception&) {
+    fail("{}: {}{} is {}, which is not the expected type", where, section, key, it->dump());
+  }
+}
+
+Config from_hf(const ModelFile& file) {
+  const std::string where = file.path().string() + "/config.json";
+  const json& md = file.metadata();
+  auto cit = md.find("config");
+  if (cit == md.end() || !cit->is_object()) fail("{}: missing or not a JSON object", where);
+  const json& root = *cit;
+  if (!root.contains("text_config") || !root["text_config"].is_object())
+    fail("{}: text_config is missing; a Gemma4AssistantForCausalLM config nests the decoder there", where);
+  const json& tc = root["text_config"];
+  auto top = [&](const char* key, auto fallback) { return hf_get(root, key, fallback, where, ""); };
+  auto txt = [&](const char* key, auto fallback) { return hf_get(tc, key, fallback, where, "text_config."); };
+
+  Config c;
+  c.layout = "hf";
+  c.backbone = top("backbone_hidden_size", int64_t{1536});
+  c.use_ordered_embeddings = top("use_ordered_embeddings", false);
+  c.centroids = top("num_centroids", int64_t{2048});
+  c.centroid_top_k = top("centroid_intermediate_top_k", int64_t{32});
+  c.vocab = txt("vocab_size", int64_t{262144});
+  c.hidden = txt("hidden_size", int64_t{256});
+  const int64_t ffn = txt("intermediate_size", int64_t{2048});
+  const int64_t L = positive(txt("num_hidden_layers", int64_t{4}), "text_config.num_hidden_layers", where);
+  c.heads = txt("num_attention_heads", int64_t{4});
+  const int64_t hd_swa = txt("head_dim", int64_t{256}), hd_full = txt("global_head_dim", int64_t{512});
+  c.eps = txt("rms_norm_eps", 1e-6f);
+  c.window = txt("sliding_window", int64_t{512});
+  c.context = txt("max_position_embeddings", int64_t{131072});
+  if (const float cap = txt("final_logit_softcapping", 0.0f); cap != 0.0f)
+    fail("{}: text_config.final_logit_softcapping = {}; Gemma 4 drafters have no logit softcap", where, cap);
+  if (const std::string act = txt("hidden_activation", std::string("gelu_pytorch_tanh")); act != "gelu_pytorch_tanh")
+    fail("{}: text_config.hidden_activation '{}' is not supported; Gemma 4 uses gelu_pytorch_tanh", where, act);
+  // transformers' validate_architecture: no per-layer inputs, no MoE, no double-wide MLP.
+  if (txt("hidden_size_per_layer_input", int64_t{0}) != 0 || txt("enable_moe_block", false) ||
+      txt("use_double_wide_mlp", false))
+    fail("{}: text_config enables per-layer inputs, MoE or a double-wide MLP; a Gemma 4 assistant has none", where);
+
+  std::vector<std::string> types = txt("layer_types", std::vector<std::string>{});
+  if (types.empty())
+    for (int64_t l = 0; l < L; ++l) types.push_back(l + 1 == L ? "full_attention" : "sliding_attention");
+  if (types.size() != static_cast<size_t>(L))
+    fail("{}: text_config.layer_types has {} entries for num_hidden_layers = {}", where, types.size(), L);
+  c.layers.resize(static_cast<size_t>(L));
+  for (size_t l = 0; l < types.size(); ++l) {
+    if (types[l] != "full_attention" && types[l] != "sliding_attention")
+      fail("{}: text_config.layer_types[{}] is '{}', expected full_attention or sliding_attention", where, l, types[l]);
+    c.layers[l] = {types[l] == "full_attention", types[l] == "full_attention" ? hd_full : hd_swa, ffn};
+  }
+
+  json rope = tc.value("rope_parameters", json());
+  if (rope.is_null())
+    rope = json::parse(R"({"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0}})");
+  auto rope_for = [&](const char* type, int64_t head_dim) {
+    if (!rope.contains(type) || !rope[type].is_object()) fail("{}: text_config.rope_parameters.{} is missing", where, type);
+    const json& r = rope[type];
+    const std::string kind = r.value("rope_type", "default");
+    const float prf = r.value("partial_rotary_factor", 1.0f);
+    const float factor = r.value("factor", 1.0f);
+    Rope out{r.value("rope_theta", 10000.0f), head_dim / 2, static_cast<float>(head_dim), 1.0f / factor};
+    if (kind == "proportional") {
+      out.rotated_pairs = static_cast<int64_t>(prf * static_cast<float>(head_dim)) / 2;
+    } else if (kind != "default" || prf != 1.0f) {
+      fail("{}: rope_parameters.{} has rope_type '{}' with partial_rotary_factor {}; only 'default' and "
+           "'proportional' are supported", where, type, kind, prf);
+    }
+    return out;
+  };
+  c.rope_sliding = rope_for("sliding_attention", hd_swa);
+  c.rope_full = rope_for("full_attention", hd_full);
+
+  auto find = [&](const std::string& n) -> const TensorInfo* {
+    for (const char* p : {"", "model."})
+      if (const TensorInfo* t = file.find(p + n)) return t;
+    return nullptr;
+  };
+  c.has_centroids = find("masked_embedding.centroids.weight") != nullptr;
+  finish(c, where);
+  return c;
+}
+
+}  // namespace
+
+bool is_assistant(const ModelFile& file) {
+  const json& md = file.metadata();
+  if (file.format() == "gguf") {
+    auto it = md.find("general.architecture");
+    return it != md.end() && it->is_string() && *it == kArch;
+  }
+  auto cfg = md.find("config");
+  return cfg != md.end() && cfg->is_object() && cfg->value("model_type", std::string()) == "gemma4_assistant";
+}
+
+Config read_config(const ModelFile& file) {
+  if (!is_assistant(file))
+    fail("gemma4-assistant: {} is not a Gemma 4 assistant drafter (GGUF general.architecture "
+         "'gemma4-assistant' or config.json model_type 'gemma4_assistant')", file.path().string());
+  return file.format() == "gguf" ? from_gguf(file) : from_hf(file);
+}
+
+json Config::to_json() const {
+  json ls = json::array();
+  for (const Layer& l : layers) ls.push_back({{"type", l.full ? "full" : "sliding"}, {"head_dim", l.head_dim}, {"ffn", l.ffn}});
+  return {{"layout", layout}, {"hidden", hidden}, {"backbone", backbone}, {"vocab", vocab}, {"heads", heads},
+          {"window", window}, {"layers", ls}, {"centroids", has_centroids ? centroids : 0},
+          {"centroid_top_k", centroid_top_k}, {"use_ordered_embeddings", use_ordered_embeddings},
+          {"rope_full", {{"theta", rope_full.theta}, {"rotated_pairs", rope_full.rotated_pairs}}},
+          {"rope_sliding", {{"theta", rope_sliding.theta}, {"rotated_pairs", rope_sliding.rotated_pairs}}}};
+}
+
+Options parse_options(const json& options) {
+  Options o;
+  if (options.is_null()) return o;
+  if (!options.is_object()) fail("gemma4-assistant: drafter options must be a mapping, got {}", options.dump());
+  for (const auto& [key, v] : options.items()) {
+    if (key == "head") {
+      if (!v.is_string() || (v != "auto" && v != "dense" && v != "centroid"))
+        fail("gemma4-assistant: option head = {}; expected auto, dense or centroid", v.dump());
+      o.head = v.get<std::string>();
+    } else if (key == "query_position") {
+      if (!v.is_string() || (v != "p" && v != "p-1"))
+        fail("gemma4-assistant: option query_position = {}; expected \"p\" (HF, llama.cpp) or \"p-1\" (vLLM, sglang)",
+             v.dump());
+      o.query_offset = v == "p" ? 0 : 1;
+    } else {
+      fail("gemma4-assistant: unknown option '{}' (known: head, query_position)", key);
+    }
+  }
+  return o;
+}
+
+}  // namespace specula::gemma4_assistant

@@ -1,0 +1,446 @@
+// The gemma4-assistant drafter: weights (three layouts), one graph per draft step, the greedy K-step
+// loop (gemma4-assistant-spec.md §2-§3).
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include "assistant.hpp"
+#include "specula/error.hpp"
+#include "specula/log.hpp"
+
+namespace specula::gemma4_assistant {
+namespace {
+
+using json = nlohmann::json;
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
+
+template <typename T>
+std::span<const std::byte> bytes_of(const std::vector<T>& v) {
+  return std::as_bytes(std::span<const T>(v));
+}
+
+struct LayerWeights {
+  BackendTensorPtr attn_norm, q, q_norm, o, post_attn_norm, ffn_norm, gate, up, down, post_ffw_norm, scalar;
+};
+
+// Looks tensors up under the names of the file's layout and checks their shapes.
+class Tensors {
+ public:
+  Tensors(const ModelFile& file, ComputeBackend& backend) : file_(file), backend_(backend) {
+    gguf_ = file.format() == "gguf";
+  }
+
+  // Candidate names for a logical tensor, in the order they are tried.
+  std::vector<std::string> names(const std::string& what) const {
+    if (gguf_) {
+      if (what == "embed") return {"token_embd.weight"};
+      if (what == "norm") return {"output_norm.weight"};
+      if (what == "pre") return {"nextn.pre_projection.weight", "assist_pre_proj.weight"};
+      if (what == "post") return {"nextn.post_projection.weight", "assist_post_proj.weight"};
+      if (what == "centroids") return {"assist_embed_centroids.weight", "masked_embd_centroids.weight"};
+      if (what == "ordering") return {"assist_token_ordering.weight", "masked_embd_ordering"};
+      return {what};  // blk.N.*
+    }
+    auto both = [](const std::string& n) { return std::vector<std::string>{n, "model." + n}; };
+    if (what == "embed") return both("embed_tokens.weight");
+    if (what == "norm") return both("norm.weight");
+    if (what == "pre") return both("pre_projection.weight");
+    if (what == "post") return both("post_projection.weight");
+    if (what == "centroids") return both("masked_embedding.centroids.weight");
+    if (what == "ordering") return both("masked_embedding.token_ordering");
+    // blk.N.suffix -> model.layers.N.<hf suffix>
+    static const std::vector<std::pair<std::string, std::string>> layer = {
+        {"attn_norm.weight", "input_layernorm.weight"}, {"attn_q.weight", "self_attn.q_proj.weight"},
+        {"attn_q_norm.weight", "self_attn.q_norm.weight"}, {"attn_output.weight", "self_attn.o_proj.weight"},
+        {"post_attention_norm.weight", "post_attention_layernorm.weight"},
+        {"ffn_norm.weight", "pre_feedforward_layernorm.weight"}, {"ffn_gate.weight", "mlp.gate_proj.weight"},
+        {"ffn_up.weight", "mlp.up_proj.weight"}, {"ffn_down.weight", "mlp.down_proj.weight"},
+        {"post_ffw_norm.weight", "post_feedforward_layernorm.weight"}, {"layer_output_scale.weight", "layer_scalar"}};
+    const size_t d1 = what.find('.'), d2 = what.find('.', d1 + 1);
+    const std::string idx = what.substr(d1 + 1, d2 - d1 - 1), suffix = what.substr(d2 + 1);
+    for (const auto& [g, h] : layer)
+      if (g == suffix) return {"model.layers." + idx + "." + h, "layers." + idx + "." + h};
+    return {what};
+  }
+
+  const TensorInfo* find(const std::string& what) const {
+    for (const std::string& n : names(what))
+      if (const TensorInfo* t = file_.find(n)) return t;
+    return nullptr;
+  }
+
+  const TensorInfo& info(const std::string& what, const std::vector<int64_t>& shape) const {
+    const TensorInfo* t = find(what);
+    if (!t) {
+      const auto n = names(what);
+      fail("{}: tensor '{}'{} is missing; the drafter's configuration needs it with shape {}", file_.path().string(),
+           n.front(), n.size() > 1 && gguf_ ? fmt::format(" (or '{}')", n[1]) : std::string(), shape_str(shape));
+    }
+    if (t->shape != shape)
+      fail("{}: tensor '{}' has shape {}, but the drafter's configuration needs {}", file_.path().string(), t->name,
+           shape_str(t->shape), shape_str(shape));
+    return *t;
+  }
+
+  BackendTensorPtr need(const std::string& what, const std::vector<int64_t>& shape) {
+    return backend_.load_weight(info(what, shape));
+  }
+  BackendTensorPtr optional(const std::string& what, const std::vector<int64_t>& shape) {
+    return find(what) ? need(what, shape) : nullptr;
+  }
+
+ private:
+  const ModelFile& file_;
+  ComputeBackend& backend_;
+  bool gguf_ = false;
+};
+
+// token_ordering as int32, checked to be a permutation of [0, vocab) (§2.6: row c of its [C, S] view
+// lists the vocab ids of cluster c).
+std::vector<int32_t> read_ordering(const ModelFile& file, const TensorInfo& t, int64_t vocab) {
+  const std::string where = file.path().string();
+  if (t.elements() != vocab || t.shape.size() != 1)
+    fail("{}: tensor '{}' has shape {}, but the token ordering must be [{}] (one entry per vocabulary id)", where,
+         t.name, shape_str(t.shape), vocab);
+  std::vector<int32_t> out(static_cast<size_t>(vocab));
+  std::vector<bool> seen(static_cast<size_t>(vocab), false);
+  for (int64_t i = 0; i < vocab; ++i) {
+    double v;
+    const std::byte* p = t.data.data();
+    if (t.type == DType::F32) {
+      float f;
+      std::memcpy(&f, p + 4 * i, 4);
+      v = f;
+    } else if (t.type == DType::I32) {
+      int32_t x;
+      std::memcpy(&x, p + 4 * i, 4);
+      v = x;
+    } else if (t.type == DType::I64) {
+      int64_t x;
+      std::memcpy(&x, p + 8 * i, 8);
+      v = static_cast<double>(x);
+    } else {
+      fail("{}: tensor '{}' is {}; the token ordering must be F32 (integer values), I32 or I64", where, t.name,
+           dtype_name(t.type));
+    }
+    if (!(v >= 0 && v < static_cast<double>(vocab)) || v != std::floor(v))
+      fail("{}: tensor '{}' is not a permutation of the vocabulary: entry {} is {}, expected an integer in [0, {})",
+           where, t.name, i, v, vocab);
+    const auto id = static_cast<int32_t>(v);
+    if (seen[static_cast<size_t>(id)])
+      fail("{}: tensor '{}' is not a permutation of the vocabulary: id {} appears twice (again at entry {})", where,
+           t.name, id, i);
+    seen[static_cast<size_t>(id)] = true;
+    out[static_cast<size_t>(i)] = id;
+  }
+  return out;
+}
+
+// A graph for one draft step. `first`: h comes from the target's last hidden state, else from the
+// drafter's own persistent h (the previous step's post_projection).
+struct Built {
+  Graph graph;
+  Value x, qpos, zero;
+  Value token;   // I32 [1, 1]: argmax over the head's logits (dense: a vocab id; centroid: a candidate index)
+  Value top;     // centroid: I32 [1, Kc] selected clusters
+  Value logits;  // dense: [1, V]; centroid: [1, Kc * S]
+};
+
+class Drafter final : public AssistantDrafter {
+ public:
+  Drafter(std::shared_ptr<const ModelFile> file, std::shared_ptr<ComputeBackend> backend, const ModelInfo& target,
+          const Options& options)
+      : file_(std::move(file)), backend_(std::move(backend)), opt_(options) {
+    const std::string where = file_->path().string();
+    cfg_ = read_config(*file_);
+    const Config& c = cfg_;
+    if (target.hidden_size != c.backbone)
+      fail("{}: the drafter's backbone hidden size is {} but the target ({}) has hidden size {}; this drafter "
+           "belongs to another target", where, c.backbone, target.architecture, target.hidden_size);
+    if (target.vocab_size != c.vocab)
+      fail("{}: the drafter's vocabulary has {} tokens but the target's has {}", where, c.vocab, target.vocab_size);
+
+    if (opt_.head == "centroid" && !c.has_centroids)
+      fail("{}: option head = centroid, but the file has no centroid tensors (masked_embedding.centroids / "
+           "assist_embed_centroids); use head: dense or auto", where);
+    centroid_ = opt_.head == "centroid" || (opt_.head == "auto" && c.has_centroids && c.use_ordered_embeddings);
+
+    Tensors t(*file_, *backend_);
+    const int64_t Hd = c.hidden, Hb = c.backbone;
+    pre_ = t.need("pre", {Hd, 2 * Hb});
+    post_ = t.need("post", {Hb, Hd});
+    norm_ = t.need("norm", {Hd});
+    layers_.resize(c.layers.size());
+    for (size_t l = 0; l < c.layers.size(); ++l) {
+      const Layer& ly = c.layers[l];
+      LayerWeights& w = layers_[l];
+      auto n = [&](const char* s) { return fmt::format("blk.{}.{}", l, s); };
+      const int64_t D = ly.head_dim, I = ly.ffn;
+      w.attn_norm = t.need(n("attn_norm.weight"), {Hd});
+      w.q = t.need(n("attn_q.weight"), {c.heads * D, Hd});
+      w.q_norm = t.need(n("attn_q_norm.weight"), {D});
+      w.o = t.need(n("attn_output.weight"), {Hd, c.heads * D});
+      w.post_attn_norm = t.need(n("post_attention_norm.weight"), {Hd});
+      w.ffn_norm = t.need(n("ffn_norm.weight"), {Hd});
+      w.gate = t.need(n("ffn_gate.weight"), {I, Hd});
+      w.up = t.need(n("ffn_up.weight"), {I, Hd});
+      w.down = t.need(n("ffn_down.weight"), {Hd, I});
+      w.post_ffw_norm = t.need(n("post_ffw_norm.weight"), {Hd});
+      w.scalar = t.optional(n("layer_output_scale.weight"), {1});
+      for (const char* kv : {"attn_k.weight", "attn_v.weight"})
+        if (t.find(n(kv)))
+          fail("{}: tensor '{}' exists, but gemma4-assistant layers are Q-only (K/V come from the target)", where, n(kv));
+    }
+
+    const TensorInfo& embed = t.info("embed", {c.vocab, Hd});
+    if (centroid_) {
+      const TensorInfo* ord = t.find("ordering");
+      if (!ord)
+        fail("{}: tensor '{}' is missing; the centroid head needs the token ordering with shape [{}]", where,
+             t.names("ordering").front(), c.vocab);
+      ordering_ = read_ordering(*file_, *ord, c.vocab);
+      centroids_ = t.need("centroids", {c.centroids, Hd});
+      // The embedding rows in cluster order (sglang's load-time reorder): row i = old row ordering[i], so
+      // cluster k's S rows are one row of a [C, S * Hd] table that GetRows fetches by cluster id.
+      const int64_t S = c.vocab / c.centroids;
+      const auto rb = dtype_row_bytes(embed.type, static_cast<uint64_t>(Hd));
+      if (!rb || embed.type == DType::MLX_AFFINE)
+        fail("{}: tensor '{}' is {}; the centroid head reorders its rows, which needs F32/F16/BF16 or ggml blocks "
+             "(use head: dense)", where, embed.name, dtype_name(embed.type));
+      ordered_.resize(static_cast<size_t>(*rb * c.vocab));
+      for (int64_t i = 0; i < c.vocab; ++i)
+        std::memcpy(ordered_.data() + static_cast<size_t>(i) * *rb,
+                    embed.data.data() + static_cast<size_t>(ordering_[static_cast<size_t>(i)]) * *rb, *rb);
+      TensorInfo oi;
+      oi.name = "gemma4_assistant.embd_cluster_order";
+      oi.type = embed.type;
+      oi.shape = {c.centroids, S * Hd};
+      oi.data = std::span<const std::byte>(ordered_);
+      head_ = backend_->load_weight(oi);
+    } else {
+      head_ = backend_->load_weight(embed);
+    }
+    h_ = backend_->allocate("gemma4_assistant.h", DType::F32, {1, Hb});
+    log_info("gemma4-assistant: {} layers, hidden {}, backbone {}, {} head{} ({}, query position {})", c.layers.size(),
+             Hd, Hb, centroid_ ? "centroid" : "dense",
+             centroid_ ? fmt::format(" (top {} of {} clusters)", c.centroid_top_k, c.centroids) : std::string(),
+             c.layout, opt_.query_offset ? "p-1" : "p");
+  }
+
+  std::vector<int32_t> draft(const TargetView& target, int32_t last, int n) override {
+    std::vector<int32_t> out;
+    run(target, last, n, {}, nullptr, &out);
+    return out;
+  }
+
+  std::vector<StepTrace> trace(const TargetView& target, int32_t last, int n,
+                               std::span<const int32_t> forced) override {
+    std::vector<StepTrace> steps;
+    std::vector<int32_t> out;
+    run(target, last, n, forced, &steps, &out);
+    return steps;
+  }
+
+  const Config& config() const override { return cfg_; }
+  bool centroid_head() const override { return centroid_; }
+
+ private:
+  // The target tensors a graph reads; graphs are rebuilt when they change (another context).
+  struct Bound {
+    KvView sliding, full;
+    BackendTensorPtr hidden;
+    TokenEmbedding embed;
+    std::vector<const void*> key() const {
+      return {sliding.k.get(), sliding.v.get(), sliding.positions.get(), full.k.get(), full.v.get(),
+              full.positions.get(), hidden.get(), embed.table.get()};
+    }
+  };
+
+  Bound bind(const TargetView& target) const {
+    const Config& c = cfg_;
+    const std::string where = file_->path().string();
+    Bound b;
+    auto kv_of = [&](bool full) {
+      const char* type = full ? "full" : "sliding";
+      KvView kv;
+      try {
+        kv = target.kv(type);
+      } catch (const Error& e) {
+        fail("gemma4-assistant ({}): the target has no {}-attention KV cache, which the drafter's {} layers read: {}",
+             where, type, type, e.what());
+      }
+      if (!kv.k || !kv.v || !kv.positions)
+        fail("gemma4-assistant ({}): the target exposes no {}-attention KV cache tensors", where, type);
+      for (size_t l = 0; l < c.layers.size(); ++l) {
+        if (c.layers[l].full != full) continue;
+        const Shape& ks = kv.k->shape();
+        if (ks.size() != 3 || ks[2] != c.layers[l].head_dim || kv.v->shape().size() != 3 ||
+            kv.v->shape()[2] != c.layers[l].head_dim)
+          fail("gemma4-assistant ({}): drafter layer {} ({}) has query head dim {}, but the target's {} KV cache "
+               "'{}' is {} (slots, KV heads, head dim); the drafter belongs to another target", where, l, type,
+               c.layers[l].head_dim, type, kv.k->name(), shape_str(ks));
+        if (c.heads % ks[1] != 0)
+          fail("gemma4-assistant ({}): drafter layer {} has {} query heads, not a multiple of the target's {} {} "
+               "KV heads", where, l, c.heads, ks[1], type);
+      }
+      return kv;
+    };
+    bool any_full = false, any_sliding = false;
+    for (const Layer& l : c.layers) (l.full ? any_full : any_sliding) = true;
+    if (any_sliding) b.sliding = kv_of(false);
+    if (any_full) b.full = kv_of(true);
+    b.hidden = target.last_hidden();
+    if (!b.hidden || b.hidden->shape() != Shape{c.backbone})
+      fail("gemma4-assistant ({}): the target's last hidden state is {}, expected F32 [{}]", where,
+           b.hidden ? shape_str(b.hidden->shape()) : "missing", c.backbone);
+    b.embed = target.token_embedding();
+    if (!b.embed.table || b.embed.table->shape().size() != 2 || b.embed.table->shape()[1] != c.backbone)
+      fail("gemma4-assistant ({}): the target's token embedding is {}, expected [vocab, {}]", where,
+           b.embed.table ? shape_str(b.embed.table->shape()) : "missing", c.backbone);
+    return b;
+  }
+
+  void build(Built& b, const Bound& t, bool first) const {
+    const Config& c = cfg_;
+    Graph& g = b.graph;
+    const int64_t Hd = c.hidden, Hb = c.backbone;
+    b.x = g.input(DType::I32, {1}, "token");
+    b.qpos = g.input(DType::I32, {1}, "query_position");
+    b.zero = g.input(DType::I32, {1}, "row0");
+    // §2.2-2.3: e = E_target[x] * target scale; u = W_pre [e, h] (embedding first).
+    Value e = g.scale(g.get_rows(g.constant(t.embed.table), b.x), t.embed.scale);
+    Value h = first ? g.reshape(g.constant(t.hidden), {1, Hb}) : g.constant(h_);
+    Value r = g.named(g.matmul(g.constant(pre_), g.concat(e, h)), "pre_projection");
+    for (size_t l = 0; l < c.layers.size(); ++l) {
+      const Layer& ly = c.layers[l];
+      const LayerWeights& w = layers_[l];
+      const Rope& rope = ly.full ? c.rope_full : c.rope_sliding;
+      const KvView& kv = ly.full ? t.full : t.sliding;
+      const int64_t D = ly.head_dim;
+      Value a = g.rms_norm(r, g.constant(w.attn_norm), c.eps);
+      Value q = g.reshape(g.matmul(g.constant(w.q), a), {1, c.heads, D});
+      q = g.rms_norm(q, g.constant(w.q_norm), c.eps);
+      q = g.rope(q, b.qpos, rope.rotated_pairs, rope.theta, rope.exponent_divisor, rope.freq_scale);
+      // Scale 1, no mask beyond the window: causality comes from what the target's cache holds (§2.4).
+      Value o = g.attention(q, g.constant(kv.k), g.constant(kv.v), g.constant(kv.positions), b.qpos, 1.0f,
+                            ly.full ? 0 : c.window, false);
+      r = g.add(r, g.rms_norm(g.matmul(g.constant(w.o), o), g.constant(w.post_attn_norm), c.eps));
+      Value f = g.rms_norm(r, g.constant(w.ffn_norm), c.eps);
+      Value m = g.matmul(g.constant(w.down),
+                         g.mul(g.gelu_tanh(g.matmul(g.constant(w.gate), f)), g.matmul(g.constant(w.up), f)));
+      r = g.add(r, g.rms_norm(m, g.constant(w.post_ffw_norm), c.eps));
+      if (w.scalar) r = g.mul(r, g.constant(w.scalar));  // scales the whole residual stream
+      r = g.named(r, fmt::format("blk.{}.out", l));
+    }
+    Value n = g.named(g.rms_norm(r, g.constant(norm_), c.eps), "norm");
+    // §2.5: the next step's h is post_projection(n), kept on the backend.
+    g.mark_output(g.write_rows(h_, g.matmul(g.constant(post_), n), b.zero));
+    if (centroid_) {
+      const int64_t S = c.vocab / c.centroids, K = c.centroid_top_k;
+      b.top = g.top_k(g.matmul(g.constant(centroids_), n), K);  // [1, K] cluster ids
+      Value rows = g.get_rows(g.constant(head_), g.reshape(b.top, {K}));  // [K, S * Hd]
+      b.logits = g.matmul(g.reshape(rows, {K * S, Hd}), n);                // [1, K * S]
+      g.mark_output(b.top);
+    } else {
+      b.logits = g.matmul(g.constant(head_), n);  // [1, V], no softcap (§2.5)
+    }
+    b.logits = g.named(b.logits, "logits");
+    b.token = g.argmax(b.logits);
+    g.mark_output(b.logits);
+    g.mark_output(b.token);
+  }
+
+  void run(const TargetView& target, int32_t last, int n, std::span<const int32_t> forced,
+           std::vector<StepTrace>* steps, std::vector<int32_t>* out) {
+    if (n <= 0) return;
+    const Config& c = cfg_;
+    // Bind (and check) the target once per set of target tensors; the checks then cost nothing.
+    Bound t = bind(target);
+    if (t.key() != key_) {
+      graphs_[0].reset();
+      graphs_[1].reset();
+      key_ = t.key();
+    }
+    for (int first = 0; first < 2; ++first)
+      if (!graphs_[first]) {
+        graphs_[first] = std::make_unique<Built>();
+        build(*graphs_[first], t, first == 1);
+      }
+    const int64_t vocab_t = t.embed.table->shape()[0];
+    const int32_t qpos = static_cast<int32_t>(std::max<int64_t>(0, target.position() - opt_.query_offset));
+    const int32_t zero = 0;
+    int32_t x = last;
+    const int64_t S = centroid_ ? c.vocab / c.centroids : 0, K = c.centroid_top_k;
+    for (int k = 0; k < n; ++k) {
+      if (x < 0 || x >= vocab_t)
+        fail("gemma4-assistant: token {} is outside the target's embedding table [0, {})", x, vocab_t);
+      Built& b = *graphs_[k == 0 ? 1 : 0];
+      RunInputs in;
+      in.inputs = {{b.x, std::as_bytes(std::span(&x, 1))}, {b.qpos, std::as_bytes(std::span(&qpos, 1))},
+                   {b.zero, std::as_bytes(std::span(&zero, 1))}};
+      backend_->run(b.graph, in);
+      int32_t am = 0;
+      backend_->read(b.graph, b.token, std::as_writable_bytes(std::span(&am, 1)));
+      int32_t token = am;
+      std::vector<int32_t> top;
+      if (centroid_) {
+        top.resize(static_cast<size_t>(K));
+        backend_->read(b.graph, b.top, std::as_writable_bytes(std::span(top)));
+        const int32_t cluster = top[static_cast<size_t>(am / S)];
+        token = ordering_[static_cast<size_t>(cluster * S + am % S)];
+      }
+      out->push_back(token);
+      if (steps) {
+        StepTrace st;
+        st.token = token;
+        st.logits.resize(static_cast<size_t>(centroid_ ? K * S : c.vocab));
+        backend_->read(b.graph, b.logits, std::as_writable_bytes(std::span(st.logits)));
+        if (centroid_)
+          for (int32_t cl : top)
+            for (int64_t j = 0; j < S; ++j) st.ids.push_back(ordering_[static_cast<size_t>(cl * S + j)]);
+        st.h_next.resize(static_cast<size_t>(c.backbone));
+        backend_->read(*h_, std::as_writable_bytes(std::span(st.h_next)));
+        steps->push_back(std::move(st));
+      }
+      x = k < static_cast<int>(forced.size()) ? forced[static_cast<size_t>(k)] : token;
+    }
+  }
+
+  std::shared_ptr<const ModelFile> file_;
+  std::shared_ptr<ComputeBackend> backend_;
+  Options opt_;
+  Config cfg_;
+  bool centroid_ = false;
+  BackendTensorPtr pre_, post_, norm_, head_, centroids_, h_;
+  std::vector<LayerWeights> layers_;
+  std::vector<int32_t> ordering_;
+  std::vector<std::byte> ordered_;  // the reordered head; the CPU backend maps weights in place
+  std::vector<const void*> key_;
+  std::unique_ptr<Built> graphs_[2];  // [0]: h from the drafter's own state, [1]: from the target
+};
+
+}  // namespace
+
+std::shared_ptr<AssistantDrafter> load_drafter(std::shared_ptr<const ModelFile> file,
+                                               std::shared_ptr<ComputeBackend> backend, const ModelInfo& target,
+                                               const nlohmann::json& options) {
+  if (!file || !backend) fail("gemma4-assistant: load() needs a file and a backend");
+  const Options o = parse_options(options);
+  return std::make_shared<Drafter>(std::move(file), std::move(backend), target, o);
+}
+
+std::vector<float> scatter_logits(int64_t vocab, std::span<const int32_t> ids, std::span<const float> logits) {
+  if (ids.size() != logits.size() || ids.empty())
+    fail("gemma4-assistant: scatter_logits: {} ids for {} logits", ids.size(), logits.size());
+  const float filler = *std::min_element(logits.begin(), logits.end()) - 1.0f;
+  std::vector<float> out(static_cast<size_t>(vocab), filler);
+  for (size_t i = 0; i < ids.size(); ++i) out[static_cast<size_t>(ids[i])] = logits[i];
+  return out;
+}
+
+}  // namespace specula::gemma4_assistant

@@ -1,0 +1,475 @@
+// gemma4-assistant drafter: parity with a float64 numpy reference (tools/gemma4_assistant_reference.py,
+// golden/e2b-assistant.json) for the three checkpoint layouts, both heads and both query-position
+// conventions; the centroid head against the dense head; lossless greedy speculative decoding with
+// the e2b target fixture; bad input.
+//
+// Fixtures (target e2b F32 GGUF, drafter in every layout) are generated at test time into the build
+// dir by tools/gemma4_fixture.py and tools/gemma4_assistant_fixture.py (bit-reproducible, stamped).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "assistant.hpp"
+#include "specula/core/generator.hpp"
+#include "specula/core/plugin_host.hpp"
+#include "specula/error.hpp"
+#include "specula/model.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+namespace ga = specula::gemma4_assistant;
+using json = nlohmann::json;
+using specula::core::PluginHost;
+
+// F32 weights on both sides; the C++ side computes in float32 (K/V from the float32 target, 4 layers,
+// a 32-wide head). Measured worst differences are ~1e-5; the bound leaves room for summation order.
+constexpr double kLogitTol = 1e-3;
+
+fs::path fixture_dir() {
+  static std::once_flag once;
+  const fs::path dir = fs::path(SPECULA_BINARY_DIR) / "gemma4-assistant-fixtures";
+  std::call_once(once, [&] {
+    const std::string vocab = std::string(SPECULA_SHARED_DIR) + "/gemma4-vocab/ggml-vocab-gemma-4.gguf";
+    for (const std::string& cmd :
+         {std::string(SPECULA_PYTHON) + " " + SPECULA_SOURCE_DIR + "/tools/gemma4_fixture.py --variant e2b --formats f32 --out " +
+              dir.string() + " --vocab " + vocab,
+          std::string(SPECULA_PYTHON) + " " + SPECULA_SOURCE_DIR + "/tools/gemma4_assistant_fixture.py --out " + dir.string() +
+              " --vocab " + vocab}) {
+      if (std::system(cmd.c_str()) != 0) throw std::runtime_error("fixture generation failed: " + cmd);
+    }
+  });
+  return dir;
+}
+
+const json& golden() {
+  static const json g = [] {
+    std::ifstream in(fs::path(SPECULA_SOURCE_DIR) / "tests/gemma4_assistant/golden/e2b-assistant.json");
+    if (!in) throw std::runtime_error("cannot read the golden file");
+    return json::parse(in);
+  }();
+  return g;
+}
+
+PluginHost& host() {
+  static PluginHost* h = [] {
+    auto* p = new PluginHost();
+    p->discover({fs::path(SPECULA_PLUGIN_DIR)});
+    return p;
+  }();
+  return *h;
+}
+
+std::shared_ptr<specula::ComputeBackend> backend() {
+  static auto b = host().make_backend("onednn");
+  return b;
+}
+
+// The e2b target; prefill_chunk 4 makes its sliding cache a ring (window - 1 + 4 = 11 slots), so the
+// drafter reads keys out of position order.
+std::shared_ptr<specula::Model> target() {
+  static auto m = [] {
+    auto file = host().open_model(fixture_dir() / "model-f32.gguf");
+    return host().find_model_loader(*file)->load(file, backend(), json{{"prefill_chunk", 4}});
+  }();
+  return m;
+}
+
+std::shared_ptr<ga::AssistantDrafter> drafter(const std::string& file, const json& options = json::object()) {
+  static std::map<std::string, std::shared_ptr<ga::AssistantDrafter>> loaded;
+  auto& d = loaded[file + options.dump()];
+  if (!d) d = ga::load_drafter(host().open_model(fixture_dir() / file), backend(), target()->info(), options);
+  return d;
+}
+
+// A target context after the golden prompt: KV holds positions 0..p-1.
+std::unique_ptr<specula::ModelContext> prompted() {
+  auto ctx = target()->new_context({64});
+  const auto prompt = golden()["prompt"].get<std::vector<int32_t>>();
+  const auto logits = ctx->forward(prompt, 1);
+  EXPECT_EQ(std::max_element(logits.begin(), logits.end()) - logits.begin(), golden()["x"].get<int64_t>())
+      << "the target's greedy token after the prompt differs from the reference's";
+  return ctx;
+}
+
+struct Err {
+  double logit = 0, h = 0;
+};
+
+// Compares one run (steps forced to the reference's tokens) with the golden run.
+Err compare_run(const std::vector<ga::StepTrace>& got, const json& run, const std::string& what) {
+  Err err;
+  const auto& steps = run["steps"];
+  EXPECT_EQ(got.size(), steps.size()) << what;
+  for (size_t k = 0; k < std::min(got.size(), steps.size()); ++k) {
+    const ga::StepTrace& st = got[k];
+    const json& ref = steps[k];
+    std::map<int32_t, float> by_id;
+    if (st.ids.empty()) {
+      for (const auto& e : ref["top"]) by_id[e[0].get<int32_t>()] = st.logits.at(e[0].get<size_t>());
+    } else {
+      for (size_t i = 0; i < st.ids.size(); ++i) by_id[st.ids[i]] = st.logits[i];
+    }
+    for (const auto& e : ref["top"]) {
+      const int32_t id = e[0];
+      auto it = by_id.find(id);
+      if (it == by_id.end()) {
+        ADD_FAILURE() << what << " step " << k << ": reference candidate " << id << " is not among the selected ids";
+        continue;
+      }
+      err.logit = std::max(err.logit, std::abs(it->second - e[1].get<double>()));
+      EXPECT_NEAR(it->second, e[1].get<double>(), kLogitTol) << what << " step " << k << " token " << id;
+    }
+    if (ref["margin"].get<double>() > 2 * kLogitTol) {
+      EXPECT_EQ(st.token, ref["token"].get<int32_t>()) << what << " step " << k;
+    }
+    const auto& first = ref["h_next"]["first"];
+    for (size_t i = 0; i < first.size(); ++i) {
+      err.h = std::max(err.h, std::abs(st.h_next[i] - first[i].get<double>()));
+      EXPECT_NEAR(st.h_next[i], first[i].get<double>(), kLogitTol) << what << " step " << k << " h_next[" << i << "]";
+    }
+    double norm = 0;
+    for (float v : st.h_next) norm += static_cast<double>(v) * v;
+    EXPECT_NEAR(std::sqrt(norm), ref["h_next"]["norm"].get<double>(), kLogitTol * ref["h_next"]["norm"].get<double>())
+        << what << " step " << k;
+  }
+  return err;
+}
+
+std::vector<int32_t> forced_tokens(const json& run) {
+  std::vector<int32_t> t;
+  for (const auto& s : run["steps"]) t.push_back(s["token"]);
+  return t;
+}
+
+// ---------------------------------------------------------------------------------- parity
+class Parity : public testing::TestWithParam<std::string> {};
+
+TEST_P(Parity, MatchesNumpyReference) {
+  const std::string file = GetParam();
+  auto ctx = prompted();
+  const bool has_centroids = file != "assistant-f32.gguf";  // the upstream converter drops them
+  int compared = 0;
+  for (const auto& [name, run] : golden()["runs"].items()) {
+    const std::string head = run["head"];
+    if (head == "centroid" && !has_centroids) continue;
+    auto d = drafter(file, {{"head", head}, {"query_position", run["query_position"]}});
+    ASSERT_EQ(d->centroid_head(), head == "centroid");
+    const int64_t p = ctx->position();
+    const auto trace = d->trace(ctx->view(), golden()["x"].get<int32_t>(), 4, forced_tokens(run));
+    EXPECT_EQ(ctx->position(), p) << "drafting must not move the target";
+    const Err e = compare_run(trace, run, file + " " + name);
+    std::printf("[gemma4-assistant] %s %s: max |logit diff| %.2e, max |h_next diff| %.2e\n", file.c_str(),
+                name.c_str(), e.logit, e.h);
+    ++compared;
+  }
+  EXPECT_EQ(compared, has_centroids ? 4 : 2);
+}
+
+INSTANTIATE_TEST_SUITE_P(Assistant, Parity,
+                         testing::Values("assistant-f32.gguf", "assistant-seed-f32.gguf", "assistant-hf"),
+                         [](const testing::TestParamInfo<std::string>& i) {
+                           std::string n = i.param;
+                           for (char& c : n)
+                             if (!std::isalnum(static_cast<unsigned char>(c))) c = '_';
+                           return n;
+                         });
+
+TEST(Assistant, AutoHeadFollowsTheFile) {
+  EXPECT_FALSE(drafter("assistant-f32.gguf")->centroid_head());      // upstream GGUF: dense only
+  EXPECT_TRUE(drafter("assistant-seed-f32.gguf")->centroid_head());  // seed: use_ordered_embeddings
+  EXPECT_TRUE(drafter("assistant-hf")->centroid_head());
+  EXPECT_EQ(drafter("assistant-seed-f32.gguf")->config().layout, "gguf-seed");
+  EXPECT_EQ(drafter("assistant-f32.gguf")->config().backbone, 64);
+}
+
+// ---------------------------------------------------------------------------------- centroid head
+TEST(Assistant, CentroidHeadAgreesWithDenseHeadOnTheSameState) {
+  auto ctx = prompted();
+  auto cen = drafter("assistant-hf", {{"head", "centroid"}});
+  auto den = drafter("assistant-hf", {{"head", "dense"}});
+  const int32_t x = golden()["x"];
+  // Both heads see the same n at every step when fed the same tokens (the head does not feed back).
+  const std::vector<int32_t> forced = {100, 2000, 30000, 200000, 7, 262143, 5384};
+  const auto c = cen->trace(ctx->view(), x, 8, forced);
+  const auto d = den->trace(ctx->view(), x, 8, forced);
+  ASSERT_EQ(c.size(), 8u);
+  int inside = 0;
+  for (size_t k = 0; k < c.size(); ++k) {
+    ASSERT_EQ(c[k].ids.size(), 32u * 128u);
+    EXPECT_EQ(std::set<int32_t>(c[k].ids.begin(), c[k].ids.end()).size(), c[k].ids.size()) << "step " << k;
+    for (size_t i = 0; i < c[k].h_next.size(); ++i) ASSERT_EQ(c[k].h_next[i], d[k].h_next[i]) << "step " << k;
+    for (size_t i = 0; i < c[k].ids.size(); ++i)
+      ASSERT_NEAR(c[k].logits[i], d[k].logits[c[k].ids[i]], 1e-4) << "step " << k << " id " << c[k].ids[i];
+    const int32_t dense_best = d[k].token;
+    EXPECT_EQ(dense_best, std::max_element(d[k].logits.begin(), d[k].logits.end()) - d[k].logits.begin());
+    // The centroid draft is the dense head's argmax over the selected ids...
+    int32_t restricted = c[k].ids[0];
+    for (int32_t id : c[k].ids)
+      if (d[k].logits[id] > d[k].logits[restricted]) restricted = id;
+    EXPECT_EQ(c[k].token, restricted) << "step " << k;
+    // ... and so the dense argmax itself whenever that lies in the selected clusters.
+    if (std::find(c[k].ids.begin(), c[k].ids.end(), dense_best) != c[k].ids.end()) {
+      EXPECT_EQ(c[k].token, dense_best) << "step " << k;
+      ++inside;
+    }
+    // The full-vocabulary form: filler below every selected logit, same argmax.
+    const auto full = ga::scatter_logits(262144, c[k].ids, c[k].logits);
+    const float lo = *std::min_element(c[k].logits.begin(), c[k].logits.end());
+    std::set<int32_t> sel(c[k].ids.begin(), c[k].ids.end());
+    for (int32_t v = 0; v < 262144; v += 997)
+      if (!sel.count(v)) {
+        ASSERT_LT(full[v], lo) << "filler at " << v;
+      }
+    EXPECT_EQ(std::max_element(full.begin(), full.end()) - full.begin(), c[k].token);
+  }
+  std::printf("[gemma4-assistant] dense argmax inside the 32 selected clusters at %d of 8 steps\n", inside);
+  // The fixture clusters its embeddings around the centroids (as trained checkpoints do), so the
+  // comparison above happened.
+  EXPECT_GE(inside, 4);
+}
+
+// ---------------------------------------------------------------------------------- lossless
+// Wraps a drafter to count its proposals.
+class Counting final : public specula::Drafter {
+ public:
+  explicit Counting(std::shared_ptr<specula::Drafter> d) : d_(std::move(d)) {}
+  std::vector<int32_t> draft(const specula::TargetView& t, int32_t last, int n) override {
+    auto out = d_->draft(t, last, n);
+    EXPECT_EQ(static_cast<int>(out.size()), n);
+    proposed += static_cast<int64_t>(out.size());
+    ++calls;
+    return out;
+  }
+  int64_t proposed = 0, calls = 0;
+
+ private:
+  std::shared_ptr<specula::Drafter> d_;
+};
+
+// The assistant's drafts with the first m replaced by the target's known greedy continuation (m cycles
+// through 0..n-1), so speculative steps accept partially and the target rolls back into the middle of
+// each verify; the assistant still drafts from the rolled-back state every step.
+class PartlyRight final : public specula::Drafter {
+ public:
+  PartlyRight(std::shared_ptr<specula::Drafter> d, std::vector<int32_t> truth, int64_t prompt)
+      : d_(std::move(d)), truth_(std::move(truth)), prompt_(prompt) {}
+  std::vector<int32_t> draft(const specula::TargetView& t, int32_t last, int n) override {
+    auto out = d_->draft(t, last, n);
+    const int64_t generated = t.position() - prompt_ + 1;  // the context holds all but `last`
+    const int m = static_cast<int>(calls++ % n);
+    for (int i = 0; i < m && generated + i < static_cast<int64_t>(truth_.size()); ++i) {
+      out[i] = truth_[generated + i];
+      ++planted;
+    }
+    return out;
+  }
+  int64_t calls = 0, planted = 0;
+
+ private:
+  std::shared_ptr<specula::Drafter> d_;
+  std::vector<int32_t> truth_;
+  int64_t prompt_;
+};
+
+TEST(Assistant, GreedySpeculativeDecodingIsLossless) {
+  auto sampler = [] { return host().make_sampler("standard", specula::SamplingParams{}); };
+  const std::vector<int32_t> prompt = golden()["prompt"].get<std::vector<int32_t>>();
+  specula::core::GenerationOptions o;
+  o.max_tokens = 16;
+  specula::core::Generator plain(target(), sampler());
+  const auto want = plain.generate(prompt, o, {}, 64);
+  ASSERT_GE(want.tokens.size(), 8u) << "the fixture's greedy continuation is too short to test anything";
+  for (const char* head : {"dense", "centroid"}) {
+    for (int k = 1; k <= 4; ++k) {
+      if (std::string(head) == "centroid" && k != 3) continue;  // the head does not touch the loop: one size
+      auto counting = std::make_shared<Counting>(drafter("assistant-seed-f32.gguf", {{"head", head}}));
+      specula::core::Generator spec(target(), sampler(), counting);
+      o.draft_tokens = k;
+      const auto got = spec.generate(prompt, o, {}, 64);
+      EXPECT_EQ(got.tokens, want.tokens) << head << " head, draft_tokens " << k;
+      EXPECT_EQ(got.stop_reason, want.stop_reason);
+      const auto& s = got.stats;
+      EXPECT_EQ(s.drafted_tokens, counting->proposed);
+      EXPECT_EQ(s.speculative_steps, counting->calls);
+      EXPECT_LE(s.accepted_tokens, s.drafted_tokens);
+      EXPECT_LE(s.drafted_tokens, s.speculative_steps * k);
+      // Every speculative step emits its accepted drafts plus one target token; the first token comes
+      // from the prefill, and a step is plain only when one token is left to generate.
+      const int64_t emitted = 1 + s.speculative_steps + s.accepted_tokens;
+      const int64_t n = static_cast<int64_t>(got.tokens.size()) + (got.stop_reason == specula::core::StopReason::EndToken);
+      EXPECT_TRUE(n == emitted || n == emitted + 1) << "tokens " << n << ", steps " << s.speculative_steps
+                                                    << ", accepted " << s.accepted_tokens;
+      std::printf("[gemma4-assistant] %s head, draft_tokens %d: %lld steps, %lld/%lld drafts accepted (%.0f%%)\n", head,
+                  k, static_cast<long long>(s.speculative_steps), static_cast<long long>(s.accepted_tokens),
+                  static_cast<long long>(s.drafted_tokens), 100 * s.acceptance_rate());
+    }
+  }
+  // Partial acceptance: still the plain output, and at least every planted draft accepted.
+  for (int k : {2, 4}) {
+    auto partly = std::make_shared<PartlyRight>(drafter("assistant-seed-f32.gguf"), want.tokens,
+                                                static_cast<int64_t>(prompt.size()));
+    specula::core::Generator spec(target(), sampler(), partly);
+    o.draft_tokens = k;
+    const auto got = spec.generate(prompt, o, {}, 64);
+    EXPECT_EQ(got.tokens, want.tokens) << "partly right drafts, draft_tokens " << k;
+    EXPECT_GT(partly->planted, 0);
+    EXPECT_GE(got.stats.accepted_tokens, partly->planted) << "draft_tokens " << k;
+    EXPECT_LT(got.stats.accepted_tokens, got.stats.drafted_tokens) << "draft_tokens " << k;
+  }
+}
+
+// ---------------------------------------------------------------------------------- bad input
+class Patched : public specula::ModelFile {
+ public:
+  explicit Patched(std::shared_ptr<const specula::ModelFile> base)
+      : base_(std::move(base)), md_(base_->metadata()), tensors_(base_->tensors()) {}
+  std::string format() const override { return base_->format(); }
+  fs::path path() const override { return base_->path(); }
+  const json& metadata() const override { return md_; }
+  const std::vector<specula::TensorInfo>& tensors() const override { return tensors_; }
+  const specula::TensorInfo* find(const std::string& name) const override {
+    for (const auto& t : tensors_)
+      if (t.name == name) return &t;
+    return nullptr;
+  }
+  void drop(const std::string& name) {
+    std::erase_if(tensors_, [&](const specula::TensorInfo& t) { return t.name == name; });
+  }
+  specula::TensorInfo& tensor(const std::string& name) {
+    for (auto& t : tensors_)
+      if (t.name == name) return t;
+    throw std::runtime_error("no tensor " + name);
+  }
+  json& md() { return md_; }
+  std::vector<std::byte> storage;
+
+ private:
+  std::shared_ptr<const specula::ModelFile> base_;
+  json md_;
+  std::vector<specula::TensorInfo> tensors_;
+};
+
+std::shared_ptr<Patched> patched(const std::string& file) {
+  return std::make_shared<Patched>(host().open_model(fixture_dir() / file));
+}
+
+std::string load_error(const std::shared_ptr<const specula::ModelFile>& f, const specula::ModelInfo& info,
+                       const json& options = json::object()) {
+  try {
+    host().make_drafter_loader("gemma4-assistant")->load(f, backend(), info, options);
+  } catch (const specula::Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+#define EXPECT_HAS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
+
+TEST(AssistantBadInput, WrongBackboneSize) {
+  specula::ModelInfo info = target()->info();
+  info.hidden_size = 48;
+  const std::string e = load_error(host().open_model(fixture_dir() / "assistant-f32.gguf"), info);
+  EXPECT_HAS(e, "assistant-f32.gguf");
+  EXPECT_HAS(e, "backbone hidden size is 64");
+  EXPECT_HAS(e, "hidden size 48");
+}
+
+TEST(AssistantBadInput, MissingTensor) {
+  auto f = patched("assistant-f32.gguf");
+  f->drop("blk.2.attn_q.weight");
+  const std::string e = load_error(f, target()->info());
+  EXPECT_HAS(e, "assistant-f32.gguf");
+  EXPECT_HAS(e, "'blk.2.attn_q.weight' is missing");
+  EXPECT_HAS(e, "[64, 32]");
+  auto h = patched("assistant-hf");
+  h->drop("post_projection.weight");
+  EXPECT_HAS(load_error(h, target()->info()), "'post_projection.weight' is missing");
+}
+
+TEST(AssistantBadInput, MisshapedTensor) {
+  auto f = patched("assistant-hf");
+  f->tensor("pre_projection.weight").shape = {128, 32};  // transposed
+  const std::string e = load_error(f, target()->info());
+  EXPECT_HAS(e, "assistant-hf");
+  EXPECT_HAS(e, "'pre_projection.weight' has shape [128, 32]");
+  EXPECT_HAS(e, "[32, 128]");
+}
+
+TEST(AssistantBadInput, OrderingNotAPermutation) {
+  auto f = patched("assistant-seed-f32.gguf");
+  auto& t = f->tensor("assist_token_ordering.weight");
+  f->storage.assign(t.data.begin(), t.data.end());
+  float first;
+  std::memcpy(&first, f->storage.data(), 4);
+  std::memcpy(f->storage.data() + 4 * 5, &first, 4);  // entry 5 repeats entry 0
+  t.data = f->storage;
+  std::string e = load_error(f, target()->info());
+  EXPECT_HAS(e, "'assist_token_ordering.weight' is not a permutation");
+  EXPECT_HAS(e, fmt::format("id {} appears twice", static_cast<int>(first)));
+  const float big = 262144.0f;
+  std::memcpy(f->storage.data() + 4 * 5, &big, 4);
+  e = load_error(f, target()->info());
+  EXPECT_HAS(e, "entry 5 is 262144");
+  // A dense head never reads the ordering.
+  EXPECT_EQ(load_error(f, target()->info(), {{"head", "dense"}}), "");
+}
+
+TEST(AssistantBadInput, OptionsAndHeads) {
+  EXPECT_HAS(load_error(host().open_model(fixture_dir() / "assistant-f32.gguf"), target()->info(), {{"head", "centroid"}}),
+             "no centroid tensors");
+  EXPECT_THROW(host().make_drafter_loader("gemma4-assistant", {{"draft_temperature", 1}}), specula::Error);
+  EXPECT_THROW(host().make_drafter_loader("gemma4-assistant", {{"query_position", "p+1"}}), specula::Error);
+  auto f = patched("assistant-f32.gguf");
+  f->md().erase("gemma4-assistant.embedding_length_out");
+  EXPECT_HAS(load_error(f, target()->info()), "embedding_length_out");
+}
+
+// A target view that hides or swaps the caches a drafter reads.
+class Broken final : public specula::TargetView {
+ public:
+  Broken(const specula::TargetView& real, std::string mode) : real_(real), mode_(std::move(mode)) {}
+  specula::KvView kv(const std::string& type) const override {
+    if (type == "sliding" && mode_ == "no-sliding") specula::fail("gemma4: the model has no sliding attention layer");
+    if (type == "sliding" && mode_ == "swap") return real_.kv("full");
+    return real_.kv(type);
+  }
+  specula::BackendTensorPtr last_hidden() const override { return real_.last_hidden(); }
+  int64_t position() const override { return real_.position(); }
+  specula::TokenEmbedding token_embedding() const override { return real_.token_embedding(); }
+
+ private:
+  const specula::TargetView& real_;
+  std::string mode_;
+};
+
+TEST(AssistantBadInput, TargetWithoutSlidingLayerOrOtherHeadDims) {
+  auto ctx = prompted();
+  auto d = drafter("assistant-f32.gguf");
+  try {
+    d->draft(Broken(ctx->view(), "no-sliding"), 5, 2);
+    ADD_FAILURE() << "a target without a sliding cache must be refused";
+  } catch (const specula::Error& e) {
+    EXPECT_HAS(std::string(e.what()), "no sliding-attention KV cache");
+  }
+  try {
+    d->draft(Broken(ctx->view(), "swap"), 5, 2);
+    ADD_FAILURE() << "a sliding cache with the full layers' head dim must be refused";
+  } catch (const specula::Error& e) {
+    const std::string m = e.what();
+    EXPECT_HAS(m, "layer 0 (sliding) has query head dim 32");
+    EXPECT_HAS(m, "'gemma4.cache.2.k' is [64, 1, 64]");
+  }
+  EXPECT_EQ(d->draft(ctx->view(), 5, 2).size(), 2u);  // the real view still works afterwards
+}
+
+}  // namespace
