@@ -50,9 +50,11 @@ $(BUILD_ASAN)/build.ninja:
 build-asan: deps $(BUILD_ASAN)/build.ninja
 	cmake --build $(BUILD_ASAN) -j $(JOBS)
 
-# A small deterministic Gemma 4 checkpoint (random weights, real layout and vocab) for the default pipeline.
+# A small deterministic Gemma 4 checkpoint (random weights, real layout and vocab) for the default pipeline,
+# and its assistant drafter (assistant-f32.gguf) for configs/speculative.yaml.
 fixture: build
 	$(PYTHON) tools/gemma4_fixture.py --variant e2b --out $(FIXTURE) --formats q8_0
+	$(PYTHON) tools/gemma4_assistant_fixture.py --out $(FIXTURE) --formats gguf-f32
 
 run: build fixture
 	SPECULA_FIXTURE_DIR=$(abspath $(FIXTURE)) $(BUILD)/bin/specula run $(PIPELINE) --prompt "$(PROMPT)" $(RUN_ARGS)
