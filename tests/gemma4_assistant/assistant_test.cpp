@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -371,6 +372,38 @@ std::string load_error(const std::shared_ptr<const specula::ModelFile>& f, const
     return e.what();
   }
   return "";
+}
+
+// ollama's names for the centroid head (masked_embd_centroids.weight, masked_embd_ordering as I32) with
+// the upstream projection names and no assistant.* keys: the same numbers as the seed file.
+TEST(Assistant, OllamaLayoutMatchesTheReference) {
+  auto f = patched("assistant-seed-f32.gguf");
+  f->tensor("assist_pre_proj.weight").name = "nextn.pre_projection.weight";
+  f->tensor("assist_post_proj.weight").name = "nextn.post_projection.weight";
+  f->tensor("assist_embed_centroids.weight").name = "masked_embd_centroids.weight";
+  auto& ord = f->tensor("assist_token_ordering.weight");
+  std::vector<int32_t> ids(262144);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    float v;
+    std::memcpy(&v, ord.data.data() + 4 * i, 4);
+    ids[i] = static_cast<int32_t>(v);
+  }
+  f->storage.resize(ids.size() * 4);
+  std::memcpy(f->storage.data(), ids.data(), f->storage.size());
+  ord.name = "masked_embd_ordering";
+  ord.type = specula::DType::I32;
+  ord.data = f->storage;
+  for (const char* k : {"backbone_hidden_size", "assistant.num_centroids", "assistant.centroid_intermediate_top_k",
+                        "assistant.use_ordered_embeddings"})
+    f->md().erase(std::string("gemma4-assistant.") + k);
+  f->md()["gemma4-assistant.embedding_length_out"] = 64;
+  auto d = ga::load_drafter(f, backend(), target()->info(), json::object());
+  EXPECT_EQ(d->config().layout, "gguf-ollama");
+  ASSERT_TRUE(d->centroid_head());
+  auto ctx = prompted();
+  const json& run = golden()["runs"]["centroid_p"];
+  const Err e = compare_run(d->trace(ctx->view(), golden()["x"].get<int32_t>(), 4, forced_tokens(run)), run, "ollama");
+  std::printf("[gemma4-assistant] ollama layout centroid_p: max |logit diff| %.2e\n", e.logit);
 }
 
 #define EXPECT_HAS(text, part) EXPECT_NE((text).find(part), std::string::npos) << (text)
