@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <chrono>
 #include <cstring>
+#include <random>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -503,6 +505,72 @@ TEST(AssistantBadInput, TargetWithoutSlidingLayerOrOtherHeadDims) {
     EXPECT_HAS(m, "'gemma4.cache.2.k' is [64, 1, 64]");
   }
   EXPECT_EQ(d->draft(ctx->view(), 5, 2).size(), 2u);  // the real view still works afterwards
+}
+
+// ---------------------------------------------------------------------------------- real shapes
+// Not run by default (writes a 158 MB checkpoint): the real E2B drafter shapes (hidden 256, backbone
+// 1536, head dims 256/512, 2048 centroids) over a synthetic 1024-token target cache, timing a draft.
+// Run with --gtest_also_run_disabled_tests --gtest_filter='*RealShapes*'.
+class SyntheticTarget final : public specula::TargetView {
+ public:
+  explicit SyntheticTarget(int64_t p) : p_(p) {
+    auto& be = *backend();
+    std::mt19937 rng(1);
+    std::normal_distribution<float> nd;
+    auto fill = [&](const specula::BackendTensorPtr& t) {
+      int64_t n = 1;
+      for (int64_t d : t->shape()) n *= d;
+      std::vector<float> x(static_cast<size_t>(n));
+      for (float& v : x) v = nd(rng);
+      be.write(*t, std::as_bytes(std::span(x)));
+    };
+    std::vector<int32_t> pos(static_cast<size_t>(p));
+    for (int64_t i = 0; i < p; ++i) pos[static_cast<size_t>(i)] = static_cast<int32_t>(i);
+    for (auto [type, D] : {std::pair{"sliding", 256}, std::pair{"full", 512}}) {
+      specula::KvView kv;
+      kv.k = be.allocate(std::string(type) + ".k", specula::DType::F32, {p, 1, D});
+      kv.v = be.allocate(std::string(type) + ".v", specula::DType::F32, {p, 1, D});
+      kv.positions = be.allocate(std::string(type) + ".pos", specula::DType::I32, {p});
+      fill(kv.k);
+      fill(kv.v);
+      be.write(*kv.positions, std::as_bytes(std::span(pos)));
+      kv_[type] = kv;
+    }
+    hidden_ = be.allocate("hidden", specula::DType::F32, {1536});
+    fill(hidden_);
+    table_ = be.allocate("embd", specula::DType::BF16, {262144, 1536});  // zeros: only its shape matters here
+  }
+  specula::KvView kv(const std::string& t) const override { return kv_.at(t); }
+  specula::BackendTensorPtr last_hidden() const override { return hidden_; }
+  int64_t position() const override { return p_; }
+  specula::TokenEmbedding token_embedding() const override { return {table_, 39.25f}; }
+
+ private:
+  int64_t p_;
+  std::map<std::string, specula::KvView> kv_;
+  specula::BackendTensorPtr hidden_, table_;
+};
+
+TEST(Assistant, DISABLED_RealShapesDraftTime) {
+  const fs::path dir = fs::path(SPECULA_BINARY_DIR) / "gemma4-assistant-fixtures" / "real";
+  const std::string cmd = std::string(SPECULA_PYTHON) + " " + SPECULA_SOURCE_DIR +
+                          "/tools/gemma4_assistant_fixture.py --real --formats hf --out " + dir.string() + " --vocab " +
+                          SPECULA_SHARED_DIR + "/gemma4-vocab/ggml-vocab-gemma-4.gguf";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  specula::ModelInfo info;
+  info.hidden_size = 1536;
+  info.vocab_size = 262144;
+  SyntheticTarget t(1024);
+  for (const char* head : {"centroid", "dense"}) {
+    auto d = ga::load_drafter(host().open_model(dir / "assistant-hf"), backend(), info, {{"head", head}});
+    d->draft(t, 818, 4);  // builds the graphs, decodes the weights once
+    const auto t0 = std::chrono::steady_clock::now();
+    const int rounds = 5;
+    for (int i = 0; i < rounds; ++i) ASSERT_EQ(d->draft(t, 818, 4).size(), 4u);
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    std::printf("[gemma4-assistant] real E2B drafter shapes, %s head, 1024 target positions: %.2f ms per draft step\n",
+                head, ms / (rounds * 4));
+  }
 }
 
 }  // namespace
