@@ -365,6 +365,10 @@ class Drafter final : public AssistantDrafter {
       graphs_[0].reset();
       graphs_[1].reset();
       key_ = t.key();
+      // A target ring sized for a smaller window may not hold every key the drafter's window reaches.
+      if (t.sliding.window > 0 && t.sliding.window < c.window)
+        log_warn("gemma4-assistant ({}): the drafter's sliding window {} is wider than the target's {}; keys the "
+                 "target's cache has dropped are not seen", file_->path().string(), c.window, t.sliding.window);
     }
     for (int first = 0; first < 2; ++first)
       if (!graphs_[first]) {
