@@ -4,9 +4,10 @@
 # Other targets: deps, build, build-asan, test-asan, fixture, clean.
 
 # Debian packages the build and the tests need. Add yours here (one list, installed only when missing).
+# (ocl-icd-opencl-dev: Debian's oneDNN CMake config looks for OpenCL; it is only a Recommends of libdnnl-dev.)
 DEB_PACKAGES := build-essential cmake ninja-build ccache pkg-config \
   libboost-dev libboost-filesystem-dev libboost-program-options-dev \
-  libfmt-dev libyaml-cpp-dev nlohmann-json3-dev libdnnl-dev \
+  libfmt-dev libyaml-cpp-dev nlohmann-json3-dev libdnnl-dev ocl-icd-opencl-dev \
   libvulkan-dev glslc mesa-vulkan-drivers vulkan-tools \
   libgtest-dev googletest clang python3 python3-numpy zlib1g-dev
 
