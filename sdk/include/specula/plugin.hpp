@@ -16,7 +16,7 @@
 #include "specula/sampler.hpp"
 
 // Bumped whenever an interface in sdk/include/specula changes incompatibly.
-#define SPECULA_PLUGIN_ABI_VERSION 1u
+#define SPECULA_PLUGIN_ABI_VERSION 2u  // 2: TargetView::token_embedding, last_hidden final-normed
 #define SPECULA_PLUGIN_ENTRY_SYMBOL "specula_plugin_entry"
 
 // Compiler, standard library and language standard: C++ objects cross the boundary only between
