@@ -306,12 +306,13 @@ const PluginHost::Entry& PluginHost::entry(std::string_view name, std::string_vi
   for (const auto& e : entries_) {
     if (e.info.has_kind(kind)) names.push_back(e.info.name);
   }
-  std::string available = names.empty() ? std::string("none was found") : "found: " + join(names, ", ");
+  const std::string available = names.empty() ? fmt::format("no {} plugin was found", kind)
+                                              : fmt::format("{} plugins found: {}", kind, join(names, ", "));
   for (const auto& e : entries_) {
     if (e.info.name != name) continue;
     if (!e.info.has_kind(kind)) {
-      fail("plugin '{}' ({}) is not a {} plugin (it provides: {}); {} plugins {}", name, e.info.file.string(),
-           kind, join(e.info.kinds, ", "), kind, available);
+      fail("plugin '{}' ({}) is not a {} plugin (it provides: {}); {}", name, e.info.file.string(), kind,
+           join(e.info.kinds, ", "), available);
     }
     return e;
   }
@@ -321,8 +322,8 @@ const PluginHost::Entry& PluginHost::entry(std::string_view name, std::string_vi
       rejected_note += fmt::format("; a candidate was rejected: {}", r.reason);
     }
   }
-  fail("no {} plugin named '{}' ({} plugins {}){}; run `specula plugins` to see the search path and rejections",
-       kind, name, kind, available, rejected_note);
+  fail("no {} plugin named '{}' ({}){}; run `specula plugins` to see the search path and rejections", kind, name,
+       available, rejected_note);
 }
 
 std::shared_ptr<ModelFormat> PluginHost::make_format(std::string_view name, const nlohmann::json& options) const {

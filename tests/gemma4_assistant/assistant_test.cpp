@@ -580,4 +580,52 @@ TEST(Assistant, DISABLED_RealShapesDraftTime) {
   }
 }
 
+// ---------------------------------------------------------------------------------- specula bench
+std::string run_cli(const std::string& args, int* status) {
+  const std::string cmd = std::string(SPECULA_CLI) + " " + args + " 2>&1";
+  FILE* pipe = popen(cmd.c_str(), "r");
+  if (!pipe) throw std::runtime_error("popen failed: " + cmd);
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, pipe)) > 0) out.append(buf, n);
+  *status = pclose(pipe);
+  return out;
+}
+
+TEST(BenchCli, MeasuresPlainAndSpeculativeDecodingOnTheFixtures) {
+  const std::string common = "bench -q --plugin-path " + std::string(SPECULA_PLUGIN_DIR) + " --model " +
+                             (fixture_dir() / "model-f32.gguf").string() + " --threads 1 ";
+  int status = 0;
+  const std::string out = run_cli(common + "--drafter " + (fixture_dir() / "assistant-f32.gguf").string() +
+                                      " --draft-tokens 2 -n 12 -g 6 -r 2 --json", &status);
+  ASSERT_EQ(status, 0) << out;
+  const json j = json::parse(out);
+  EXPECT_EQ(j["prompt_tokens"], 12);
+  EXPECT_EQ(j["gen_tokens"], 6);
+  EXPECT_EQ(j["threads"], 1);
+  for (const char* key : {"pp_tokens_per_second", "tg_tokens_per_second", "peak_rss_mib", "load_seconds"})
+    EXPECT_GT(j[key].get<double>(), 0.0) << key;
+  EXPECT_LE(j["pp_min"].get<double>(), j["pp_tokens_per_second"].get<double>());
+  EXPECT_GE(j["tg_max"].get<double>(), j["tg_tokens_per_second"].get<double>());
+  const json& spec = j["speculative"];
+  ASSERT_TRUE(spec.is_object()) << out;
+  EXPECT_EQ(spec["draft_tokens"], 2);
+  EXPECT_GT(spec["tokens_per_second"].get<double>(), 0.0);
+  EXPECT_GE(spec["acceptance_rate"].get<double>(), 0.0);
+  EXPECT_LE(spec["acceptance_rate"].get<double>(), 1.0);
+  // Every speculative step makes at least one token and at most draft + 1.
+  EXPECT_GE(spec["tokens_per_step"].get<double>(), 1.0);
+  EXPECT_LE(spec["tokens_per_step"].get<double>(), 3.0);
+
+  // A run that cannot fit the model's context is refused up front, naming the numbers.
+  const std::string big = run_cli(common + "-n 250 -g 100", &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(big.find("--prompt-tokens 250 + --gen-tokens 100 exceed the model's context of 256 tokens"),
+            std::string::npos) << big;
+  const std::string zero = run_cli(common + "-r 0", &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(zero.find("must be at least 1"), std::string::npos) << zero;
+}
+
 }  // namespace

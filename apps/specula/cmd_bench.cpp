@@ -1,0 +1,190 @@
+// `specula bench`: prompt-processing and token-generation speed of a target (llama-bench's pp/tg
+// measures), plus speculative decoding with the pipeline's drafter. bench/compare_llama.sh runs it next
+// to llama.cpp on the same file and prints the ratios.
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <vector>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "cli_common.hpp"
+#include "command.hpp"
+#include "specula/core/generator.hpp"
+#include "specula/error.hpp"
+#include "specula/log.hpp"
+
+namespace {
+
+namespace cli = specula::cli;
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// The fixed pseudo-random prompt of tools/llama-ref/gemma4_goldens.mjs and bench/llama_peer.mjs (BOS,
+// then an LCG over ordinary token ids), so every engine processes the same tokens.
+std::vector<int32_t> synthetic_prompt(int64_t n, int64_t vocab) {
+  std::vector<int32_t> out{2};
+  uint64_t x = 12345;
+  while (static_cast<int64_t>(out.size()) < n) {
+    x = (x * 1103515245 + 12345) % 2147483648;
+    out.push_back(static_cast<int32_t>(300 + x % static_cast<uint64_t>(std::min<int64_t>(30000, vocab - 300))));
+  }
+  out.resize(static_cast<size_t>(n));
+  return out;
+}
+
+int32_t argmax(const std::vector<float>& logits) {
+  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+}
+
+struct Summary {
+  double median = 0, min = 0, max = 0;
+};
+Summary summarize(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return {v[v.size() / 2], v.front(), v.back()};
+}
+
+double peak_rss_mib() {
+  rusage u{};
+  getrusage(RUSAGE_SELF, &u);
+  return static_cast<double>(u.ru_maxrss) / 1024.0;  // KiB on Linux
+}
+
+int run_bench(const std::vector<std::string>& args) {
+  cli::ModelArgs model;
+  int64_t prompt_tokens = 512, gen_tokens = 128;
+  int repetitions = 3, threads = 0;
+  bool as_json = false, no_drafter = false;
+  cli::po::options_description desc(
+      "usage: specula bench PIPELINE.yaml [options]\n"
+      "       specula bench --model PATH [--backend NAME] [options]\n\n"
+      "Measures, on a fixed synthetic prompt, prompt processing (one forward over --prompt-tokens, as\n"
+      "llama-bench's pp) and token generation (--gen-tokens single-token forwards, greedy, as its tg),\n"
+      "each --repetitions times on a fresh context; reports the median (min-max). With a drafter in the\n"
+      "pipeline it also times greedy speculative generation and its acceptance. The first, untimed run\n"
+      "pages the weights in.\n\noptions");
+  desc.add_options()("help,h", "show this help")(
+      "prompt-tokens,n", cli::po::value(&prompt_tokens)->default_value(prompt_tokens), "prompt length")(
+      "gen-tokens,g", cli::po::value(&gen_tokens)->default_value(gen_tokens), "tokens generated")(
+      "repetitions,r", cli::po::value(&repetitions)->default_value(repetitions), "timed runs")(
+      "threads,t", cli::po::value(&threads)->default_value(0), "backend threads (0 = the pipeline's or all cores)")(
+      "json", cli::po::bool_switch(&as_json), "print one JSON object")(
+      "no-drafter", cli::po::bool_switch(&no_drafter), "skip the speculative measurement");
+  cli::add_model_options(desc, model);
+  cli::add_log_options(desc);
+  cli::po::positional_options_description pos;
+  pos.add("pipeline", 1);
+  cli::po::variables_map vm;
+  if (!cli::parse_args(args, desc, pos, vm)) return 0;
+  if (prompt_tokens < 1 || gen_tokens < 1 || repetitions < 1)
+    specula::fail("--prompt-tokens, --gen-tokens and --repetitions must be at least 1");
+  if (threads < 0) specula::fail("--threads {} must be 0 (all cores) or more", threads);
+
+  const auto t_load = Clock::now();
+  specula::core::Pipeline pipeline = cli::resolve_pipeline(model);
+  if (threads > 0) pipeline.backend.options["threads"] = threads;
+  auto host = cli::make_host(pipeline, model.plugin_paths);
+  specula::core::BuildOptions build;
+  build.load_drafter = !no_drafter;
+  specula::core::BuiltPipeline built = specula::core::build_pipeline(pipeline, *host, build);
+  const double load_seconds = seconds_since(t_load);
+  auto& target = built.target;
+
+  const int64_t vocab = target->info().vocab_size;
+  const int draft = built.drafter ? (pipeline.drafter ? pipeline.drafter->draft_tokens : 3) : 0;
+  specula::ContextOptions copts;
+  copts.context_length = prompt_tokens + gen_tokens + draft + 1;
+  if (target->info().context_length > 0 && copts.context_length > target->info().context_length)
+    specula::fail("--prompt-tokens {} + --gen-tokens {} exceed the model's context of {} tokens", prompt_tokens,
+                  gen_tokens, target->info().context_length);
+  const std::vector<int32_t> prompt = synthetic_prompt(prompt_tokens, vocab);
+
+  // One plain run: prefill, then `gen` greedy single-token steps. Returns {pp seconds, tg seconds}.
+  auto plain_run = [&](int64_t gen) {
+    auto ctx = target->new_context(copts);
+    auto t0 = Clock::now();
+    std::vector<float> logits = ctx->forward(prompt, 1);
+    const double pp = seconds_since(t0);
+    t0 = Clock::now();
+    for (int64_t i = 0; i < gen; ++i) {
+      const int32_t next = argmax(logits);
+      logits = ctx->forward(std::span<const int32_t>(&next, 1), 1);
+    }
+    return std::pair{pp, seconds_since(t0)};
+  };
+
+  plain_run(std::min<int64_t>(gen_tokens, 4));  // warm-up: pages the weights in, builds graphs
+  std::vector<double> pp, tg;
+  for (int r = 0; r < repetitions; ++r) {
+    auto [p, t] = plain_run(gen_tokens);
+    pp.push_back(static_cast<double>(prompt_tokens) / p);
+    tg.push_back(static_cast<double>(gen_tokens) / t);
+    specula::log_debug("bench run {}: pp {:.2f} tok/s, tg {:.2f} tok/s", r + 1, pp.back(), tg.back());
+  }
+  const Summary pps = summarize(pp), tgs = summarize(tg);
+
+  nlohmann::json spec = nullptr;
+  if (built.drafter) {
+    // Greedy speculative generation; a model's end token may stop it early, so the rate is per token made.
+    specula::SamplingParams greedy_params;  // temperature 0: greedy
+    auto greedy = host->make_sampler(pipeline.sampler.plugin, greedy_params, pipeline.sampler.options);
+    specula::core::Generator generator(target, greedy, built.drafter);
+    specula::core::GenerationOptions o;
+    o.max_tokens = static_cast<int>(gen_tokens);
+    o.draft_tokens = draft;
+    std::vector<double> rate;
+    specula::core::GenerationStats last;
+    for (int r = 0; r < repetitions; ++r) {
+      auto result = generator.generate(prompt, o, {}, copts.context_length);
+      last = result.stats;
+      rate.push_back(last.decode_tokens_per_second());
+    }
+    const Summary s = summarize(rate);
+    spec = {{"draft_tokens", draft},          {"tokens_per_second", s.median},
+            {"min", s.min},                   {"max", s.max},
+            {"generated_tokens", last.generated_tokens},
+            {"acceptance_rate", last.acceptance_rate()}, {"tokens_per_step", last.tokens_per_step()},
+            {"speedup_vs_tg", s.median / tgs.median}};
+  }
+
+  const auto& dev = built.backend->device();
+  if (as_json) {
+    nlohmann::json j = {{"model", pipeline.target.model.string()},
+                        {"backend", built.backend->name()},
+                        {"device", dev.name},
+                        {"threads", pipeline.backend.options.value("threads", 0)},
+                        {"prompt_tokens", prompt_tokens},
+                        {"gen_tokens", gen_tokens},
+                        {"repetitions", repetitions},
+                        {"load_seconds", load_seconds},
+                        {"pp_tokens_per_second", pps.median},
+                        {"pp_min", pps.min},
+                        {"pp_max", pps.max},
+                        {"tg_tokens_per_second", tgs.median},
+                        {"tg_min", tgs.min},
+                        {"tg_max", tgs.max},
+                        {"peak_rss_mib", peak_rss_mib()},
+                        {"speculative", spec}};
+    fmt::print("{}\n", j.dump(2));
+    return 0;
+  }
+  fmt::print("model    {}\nbackend  {} ({})\nload     {:.2f} s, peak RSS {:.0f} MiB\n", pipeline.target.model.string(),
+             built.backend->name(), dev.name, load_seconds, peak_rss_mib());
+  fmt::print("pp{:<6} {:8.2f} tok/s  ({:.2f}-{:.2f})\n", prompt_tokens, pps.median, pps.min, pps.max);
+  fmt::print("tg{:<6} {:8.2f} tok/s  ({:.2f}-{:.2f})\n", gen_tokens, tgs.median, tgs.min, tgs.max);
+  if (!spec.is_null())
+    fmt::print("spec{:<4} {:8.2f} tok/s  ({:.2f}-{:.2f}), draft {}, acceptance {:.1f}%, {:.2f} tokens/step, x{:.2f} vs tg\n",
+               gen_tokens, spec["tokens_per_second"].get<double>(), spec["min"].get<double>(),
+               spec["max"].get<double>(), draft, 100 * spec["acceptance_rate"].get<double>(),
+               spec["tokens_per_step"].get<double>(), spec["speedup_vs_tg"].get<double>());
+  return 0;
+}
+
+}  // namespace
+
+SPECULA_COMMAND("bench", "prompt-processing and generation speed (llama-bench's pp/tg), speculative too", run_bench);
