@@ -160,6 +160,29 @@ GenerationResult Generator::generate(ModelContext& ctx, std::span<const int32_t>
     if (t < 0 || t >= vocab) fail("sampler returned token {} outside the vocabulary [0, {})", t, vocab);
     return t;
   };
+  // Plain steps (prefill's last chunk, undrafted decode steps): forward and sampling in one graph unless
+  // sampler.device is off; speculative verification samples its n + 1 rows on the host.
+  const SamplingDevice device = sampler_->params().device;
+  auto forward_sample = [&](std::span<const int32_t> tokens) {
+    if (device == SamplingDevice::Off) {
+      std::vector<float> row = ctx.forward(tokens, 1);
+      ++stats.host_sampled_tokens;
+      return sample_row(row);
+    }
+    SamplingState state{history, static_cast<int32_t>(result.tokens.size()), info.end_tokens};
+    const float u = sampler_->next_uniform();
+    const SampledToken s = ctx.forward_sample(tokens, *sampler_, state, u, device == SamplingDevice::On);
+    if (s.token < 0 || s.token >= vocab)
+      fail("{} sampling returned token {} outside the vocabulary [0, {})", s.on_device ? "device" : "host", s.token,
+           vocab);
+    if (s.on_device) {
+      ++stats.device_sampled_tokens;
+    } else {
+      ++stats.host_sampled_tokens;
+      if (stats.host_sampling_reason.empty()) stats.host_sampling_reason = s.host_reason;
+    }
+    return s.token;
+  };
   bool done = false;
   // Accepts one token; returns false when generation has ended.
   auto emit = [&](int32_t t) {
@@ -182,24 +205,22 @@ GenerationResult Generator::generate(ModelContext& ctx, std::span<const int32_t>
     return true;
   };
 
-  // Prefill.
+  // Prefill; its last chunk ends in the first sampled token (counted in prefill_seconds).
   auto t0 = Clock::now();
   std::vector<float> logits;
+  int32_t last = -1;
   {
     const int64_t n = static_cast<int64_t>(prompt.size());
     const int64_t chunk = options.prefill_chunk > 0 ? options.prefill_chunk : n;
     for (int64_t at = 0; at < n; at += chunk) {
-      int64_t len = std::min(chunk, n - at);
-      logits = ctx.forward(prompt.subspan(at, len), 1);
+      const int64_t len = std::min(chunk, n - at);
+      if (at + len < n) ctx.forward(prompt.subspan(at, len), 1);
+      else last = forward_sample(prompt.subspan(at, len));
     }
   }
   stats.prefill_seconds = seconds_since(t0);
-  if (static_cast<int64_t>(logits.size()) != vocab) {
-    fail("model returned {} logits for the prompt, expected vocab_size {}", logits.size(), vocab);
-  }
 
   auto t1 = Clock::now();
-  int32_t last = sample_row(logits);
   emit(last);
   while (!done) {
     const int64_t room = capacity - ctx.position();  // positions the context can still take
@@ -221,8 +242,7 @@ GenerationResult Generator::generate(ModelContext& ctx, std::span<const int32_t>
       }
     }
     if (drafts.empty()) {
-      logits = ctx.forward(std::span<const int32_t>(&last, 1), 1);
-      last = sample_row(logits);
+      last = forward_sample(std::span<const int32_t>(&last, 1));
       emit(last);
       continue;
     }
@@ -245,6 +265,7 @@ GenerationResult Generator::generate(ModelContext& ctx, std::span<const int32_t>
     int64_t accepted = 0;
     for (int64_t i = 0; i <= n && !done; ++i) {
       int32_t t = sample_row(std::span<const float>(logits).subspan(i * vocab, vocab));
+      ++stats.host_sampled_tokens;
       last = t;
       bool agrees = i < n && t == drafts[i];
       if (agrees) ++accepted;

@@ -322,7 +322,7 @@ Pipeline parse_pipeline(std::string_view yaml_text, const fs::path& source, cons
     r.check_section(s, "sampler", {{"plugin", Kind::String}, {"temperature", Kind::Float}, {"top_k", Kind::Int},
                                    {"top_p", Kind::Float}, {"repetition_penalty", Kind::Float},
                                    {"penalty_window", Kind::Int}, {"min_length", Kind::Int}, {"seed", Kind::Int},
-                                   {"max_tokens", Kind::Int}, {"options", Kind::Map}});
+                                   {"max_tokens", Kind::Int}, {"device", Kind::String}, {"options", Kind::Map}});
     auto& sp = p.sampler.params;
     if (auto n = s["plugin"]) p.sampler.plugin = r.string(n, "sampler.plugin");
     if (auto n = s["temperature"]) sp.temperature = static_cast<float>(r.number(n, "sampler.temperature", 0, 100));
@@ -336,6 +336,13 @@ Pipeline parse_pipeline(std::string_view yaml_text, const fs::path& source, cons
     if (auto n = s["seed"]) sp.seed = static_cast<uint64_t>(r.integer(n, "sampler.seed", 0, std::numeric_limits<int64_t>::max()));
     if (auto n = s["max_tokens"]) p.sampler.max_tokens = static_cast<int>(r.integer(n, "sampler.max_tokens", 1, kMaxInt));
     if (auto o = s["options"]) p.sampler.options = r.json(o, "sampler.options");
+    if (auto n = s["device"]) {
+      const std::string d = r.string(n, "sampler.device");
+      if (d == "auto") sp.device = SamplingDevice::Auto;
+      else if (d == "on") sp.device = SamplingDevice::On;
+      else if (d == "off") sp.device = SamplingDevice::Off;
+      else fail("{}: key 'sampler.device' must be auto, on or off, got '{}'", r.where(n), d);
+    }
   }
   if (auto s = root["chat"]; s && !s.IsNull()) {
     r.check_section(s, "chat", {{"system", Kind::String}, {"enable_thinking", Kind::Bool}, {"show_thoughts", Kind::Bool}});

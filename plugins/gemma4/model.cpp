@@ -46,6 +46,8 @@ class Gemma4Context final : public ModelContext, public TargetView {
   Gemma4Context(std::shared_ptr<const Gemma4Model> model, int64_t capacity);
 
   std::vector<float> forward(std::span<const int32_t> tokens, int64_t n_logits) override;
+  SampledToken forward_sample(std::span<const int32_t> tokens, const Sampler& sampler, const SamplingState& state,
+                              float uniform, bool require_device) override;
   int64_t position() const override { return position_; }
   int64_t capacity() const override { return capacity_; }
   void truncate(int64_t pos) override;
@@ -57,7 +59,16 @@ class Gemma4Context final : public ModelContext, public TargetView {
 
  private:
   std::vector<float> run_chunk(std::span<const int32_t> tokens, int64_t n_logits);
+  void run(Built& b, std::span<const int32_t> tokens, std::vector<std::pair<Value, std::span<const std::byte>>> extra);
+  void check_tokens(std::span<const int32_t> tokens, int64_t n_logits) const;
   Built& graph_for(int64_t T, int64_t n_logits);
+  // The forward of T tokens ending in the sampler's device form; null (with `why`) when it has none.
+  struct Sampling {
+    std::unique_ptr<Built> built;  // null: the sampler or backend cannot (why says which)
+    Value ids, uniform, token;
+    std::string why;
+  };
+  Sampling& sampling_graph_for(int64_t T, const Sampler& sampler, const SamplingState& state);
   int64_t ring_slots() const;
 
   std::shared_ptr<const Gemma4Model> m_;
@@ -68,6 +79,7 @@ class Gemma4Context final : public ModelContext, public TargetView {
   BackendTensorPtr chunk_hidden_;  // F32 [prefill_chunk, hidden]: every (normed) row of the last chunk, for rollback
   int64_t chunk_start_ = 0, chunk_len_ = 0;
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Built>> graphs_;
+  std::map<std::pair<int64_t, std::string>, Sampling> sampling_graphs_;  // by T and Sampler::device_key
 };
 
 class Gemma4Model final : public Model, public std::enable_shared_from_this<Gemma4Model> {
@@ -323,7 +335,7 @@ Built& Gemma4Context::graph_for(int64_t T, int64_t n_logits) {
   return *slot;
 }
 
-std::vector<float> Gemma4Context::forward(std::span<const int32_t> tokens, int64_t n_logits) {
+void Gemma4Context::check_tokens(std::span<const int32_t> tokens, int64_t n_logits) const {
   const int64_t n = static_cast<int64_t>(tokens.size());
   const Config& c = m_->cfg();
   if (n == 0) fail("gemma4: forward() called with no tokens");
@@ -334,8 +346,13 @@ std::vector<float> Gemma4Context::forward(std::span<const int32_t> tokens, int64
   for (int64_t i = 0; i < n; ++i)
     if (tokens[i] < 0 || tokens[i] >= c.vocab)
       fail("gemma4: token id {} at index {} is outside the vocabulary [0, {})", tokens[i], i, c.vocab);
+}
+
+std::vector<float> Gemma4Context::forward(std::span<const int32_t> tokens, int64_t n_logits) {
+  check_tokens(tokens, n_logits);
+  const int64_t n = static_cast<int64_t>(tokens.size());
   std::vector<float> out;
-  out.reserve(static_cast<size_t>(n_logits * c.vocab));
+  out.reserve(static_cast<size_t>(n_logits * m_->cfg().vocab));
   for (int64_t start = 0; start < n; start += m_->chunk()) {
     const int64_t len = std::min(m_->chunk(), n - start);
     const int64_t want = std::clamp<int64_t>(n_logits - (n - start - len), 0, len);
@@ -345,9 +362,62 @@ std::vector<float> Gemma4Context::forward(std::span<const int32_t> tokens, int64
   return out;
 }
 
+Gemma4Context::Sampling& Gemma4Context::sampling_graph_for(int64_t T, const Sampler& sampler,
+                                                           const SamplingState& state) {
+  auto [it, fresh] = sampling_graphs_.try_emplace({T, sampler.device_key(state)});
+  Sampling& s = it->second;
+  if (!fresh) return s;
+  auto b = std::make_unique<Built>();
+  m_->build(*b, T, 1, caches_, last_hidden_, chunk_hidden_);
+  Graph& g = b->graph;
+  const std::vector<int32_t> ids = sampler.device_ids(state);
+  s.ids = ids.empty() ? Value{} : g.input(DType::I32, {static_cast<int64_t>(ids.size())}, "sampler_ids");
+  s.uniform = g.input(DType::F32, {1}, "uniform");
+  s.token = sampler.sample_in_graph(g, g.reshape(b->logits, {m_->cfg().vocab}), s.ids, s.uniform, state,
+                                    m_->backend(), &s.why);
+  if (s.token) {
+    g.mark_output(s.token);
+    s.built = std::move(b);
+  }
+  return s;
+}
+
+SampledToken Gemma4Context::forward_sample(std::span<const int32_t> tokens, const Sampler& sampler,
+                                           const SamplingState& state, float uniform, bool require_device) {
+  check_tokens(tokens, 1);
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t last = (n - 1) / m_->chunk() * m_->chunk();  // start of the last chunk
+  Sampling& s = sampling_graph_for(n - last, sampler, state);
+  if (!s.built) {
+    if (require_device) fail("gemma4: device sampling required but unavailable: {}", s.why);
+    const std::vector<float> logits = forward(tokens, 1);
+    return {sampler.sample(logits, state, uniform), false, s.why};
+  }
+  for (int64_t start = 0; start < last; start += m_->chunk()) run_chunk(tokens.subspan(start, m_->chunk()), 0);
+  const std::vector<int32_t> ids = sampler.device_ids(state);
+  std::vector<std::pair<Value, std::span<const std::byte>>> extra{
+      {s.uniform, std::as_bytes(std::span<const float>(&uniform, 1))}};
+  if (s.ids) extra.emplace_back(s.ids, bytes_of(ids));
+  run(*s.built, tokens.subspan(last), std::move(extra));
+  int32_t token = -1;
+  m_->backend().read(s.built->graph, s.token, std::as_writable_bytes(std::span<int32_t>(&token, 1)));
+  return {token, true, {}};
+}
+
 std::vector<float> Gemma4Context::run_chunk(std::span<const int32_t> tokens, int64_t n_logits) {
+  Built& b = graph_for(static_cast<int64_t>(tokens.size()), n_logits);
+  run(b, tokens, {});
+  std::vector<float> logits;
+  if (n_logits > 0) {
+    logits.resize(static_cast<size_t>(n_logits * m_->cfg().vocab));
+    m_->backend().read(b.graph, b.logits, std::as_writable_bytes(std::span<float>(logits)));
+  }
+  return logits;
+}
+
+void Gemma4Context::run(Built& b, std::span<const int32_t> tokens,
+                        std::vector<std::pair<Value, std::span<const std::byte>>> extra) {
   const int64_t T = static_cast<int64_t>(tokens.size());
-  Built& b = graph_for(T, n_logits);
   const int64_t H = m_->cfg().hidden;
   std::vector<int32_t> ids(tokens.begin(), tokens.end()), pos(T), ring(T), iota_t(T), iota_h(H);
   for (int64_t i = 0; i < std::max(T, H); ++i) {
@@ -362,17 +432,11 @@ std::vector<float> Gemma4Context::run_chunk(std::span<const int32_t> tokens, int
   RunInputs in;
   in.inputs = {{b.ids, bytes_of(ids)}, {b.pos, bytes_of(pos)}, {b.ring_slot, bytes_of(ring)},
                {b.iota_t, bytes_of(iota_t)}, {b.iota_h, bytes_of(iota_h)}};
-  ComputeBackend& be = m_->backend();
-  be.run(b.graph, in);
+  in.inputs.insert(in.inputs.end(), extra.begin(), extra.end());
+  m_->backend().run(b.graph, in);
   chunk_start_ = position_;
   chunk_len_ = T;
   position_ += T;
-  std::vector<float> logits;
-  if (n_logits > 0) {
-    logits.resize(static_cast<size_t>(n_logits * m_->cfg().vocab));
-    be.read(b.graph, b.logits, std::as_writable_bytes(std::span<float>(logits)));
-  }
-  return logits;
 }
 
 void Gemma4Context::truncate(int64_t pos) {

@@ -373,7 +373,8 @@ void CpuBackend::execute(const Graph& g, int32_t id) {
       return;
     }
     case Op::Add:
-    case Op::Mul: {
+    case Op::Mul:
+    case Op::Div: {
       const float* a = fsrc(0);
       const float* b = fsrc(1);
       binary(pool_, n.op, a, src(0).shape, b, src(1).shape, reinterpret_cast<float*>(output(n, id)));
@@ -481,6 +482,16 @@ void CpuBackend::execute(const Graph& g, int32_t id) {
       slot.tensor = &t;
       return;
     }
+    case Op::Clamp:
+      clamp(fsrc(0), elements(n.shape), n.f[0], n.f[1], reinterpret_cast<float*>(output(n, id)));
+      return;
+    case Op::Scatter:
+      scatter(fsrc(0), n.shape[0], ints(1), fsrc(2), src(1).shape[0], reinterpret_cast<float*>(output(n, id)), n.name);
+      return;
+    case Op::TopPDraw:
+      *reinterpret_cast<int32_t*>(output(n, id)) =
+          top_p_draw(fsrc(0), ints(2), src(0).shape[0], *fsrc(1), n.f[0], n.f[1]);
+      return;
     case Op::Copy: {
       const float* x = fsrc(0);
       const int64_t cols = n.shape.back(), rows = elements(n.shape) / cols;

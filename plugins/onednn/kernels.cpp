@@ -287,6 +287,9 @@ void binary(ThreadPool& pool, Op op, const float* a, const Shape& as, const floa
       if (op == Op::Add) {
         if (row_b) for (int64_t c = 0; c < cols; ++c) o[c] = ar[c] + br[c];
         else for (int64_t c = 0; c < cols; ++c) o[c] = ar[c] + br[0];
+      } else if (op == Op::Div) {
+        if (row_b) for (int64_t c = 0; c < cols; ++c) o[c] = ar[c] / br[c];
+        else for (int64_t c = 0; c < cols; ++c) o[c] = ar[c] / br[0];
       } else {
         if (row_b) for (int64_t c = 0; c < cols; ++c) o[c] = ar[c] * br[c];
         else for (int64_t c = 0; c < cols; ++c) o[c] = ar[c] * br[0];

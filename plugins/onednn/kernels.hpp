@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <string>
 
 #include "specula/compute.hpp"
 #include "thread_pool.hpp"
@@ -71,5 +72,12 @@ void softcap(ThreadPool& pool, const float* x, int64_t n, float cap, float* out)
 void scale(ThreadPool& pool, const float* x, int64_t n, float s, float* out);
 void softmax(ThreadPool& pool, const float* x, int64_t rows, int64_t cols, float* out);
 void top_k(const float* x, int64_t rows, int64_t cols, int64_t k, int32_t* out);
+
+// The device sampler's ops (compute.hpp has their exact semantics); draw.cpp.
+void clamp(const float* x, int64_t n, float lo, float hi, float* out);
+void scatter(const float* a, int64_t n, const int32_t* ids, const float* values, int64_t m, float* out,
+             const std::string& node_name);
+int32_t top_p_draw(const float* logits, const int32_t* ids, int64_t k, float uniform, float temperature,
+                   float top_p);
 
 }  // namespace specula::cpu

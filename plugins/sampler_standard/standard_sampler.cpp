@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <cfloat>
 #include <cmath>
+#include <limits>
 #include <numeric>
+
+#include <fmt/format.h>
 
 #include "specula/error.hpp"
 
@@ -93,13 +96,92 @@ int32_t StandardSampler::sample(std::span<const float> logits, const SamplingSta
   return order[keep - 1];
 }
 
-Value StandardSampler::sample_in_graph(Graph& graph, Value logits, Value, Value, const SamplingState& state) const {
-  const bool penalty = params_.repetition_penalty != 1.0f && params_.penalty_window > 0 && !state.history.empty();
-  const bool suppression = state.generated < params_.min_length && !state.end_tokens.empty();
-  if (params_.temperature != 0.0f || penalty || suppression) return {};
-  if (graph.shape(logits).size() != 1)
-    fail("sampler 'standard': device logits must be F32 [vocab], got {} axes", graph.shape(logits).size());
-  return graph.argmax(logits);  // ties: the lowest index, as the host's strict '>' scan
+bool StandardSampler::penalty_active(const SamplingState& state) const {
+  return params_.repetition_penalty != 1.0f && params_.penalty_window > 0 && !state.history.empty();
+}
+
+bool StandardSampler::suppression_active(const SamplingState& state) const {
+  return state.generated < params_.min_length && !state.end_tokens.empty();
+}
+
+// The window's ids, padded to a fixed length by repeating the newest one (the penalty applies once per
+// distinct id, so a repeat changes nothing) so that the graph keeps one shape while the history grows.
+int64_t StandardSampler::window_slots(const SamplingState& state) const {
+  if (!penalty_active(state)) return 0;
+  const auto w = static_cast<int64_t>(params_.penalty_window);
+  return std::max(std::min<int64_t>(w, static_cast<int64_t>(state.history.size())), std::min<int64_t>(w, kPaddedWindow));
+}
+
+std::vector<int32_t> StandardSampler::device_ids(const SamplingState& state) const {
+  const int64_t slots = window_slots(state);
+  const int64_t n = std::min<int64_t>(slots, static_cast<int64_t>(state.history.size()));
+  std::vector<int32_t> ids(state.history.end() - n, state.history.end());
+  ids.resize(static_cast<size_t>(slots), slots ? state.history.back() : 0);
+  if (suppression_active(state)) ids.insert(ids.end(), state.end_tokens.begin(), state.end_tokens.end());
+  return ids;
+}
+
+std::string StandardSampler::device_key(const SamplingState& state) const {
+  const SamplingParams& p = params_;
+  return fmt::format("standard t={} k={} p={} rp={} window={} ends={}", p.temperature, p.top_k, p.top_p,
+                     p.repetition_penalty, window_slots(state),
+                     suppression_active(state) ? static_cast<int64_t>(state.end_tokens.size()) : 0);
+}
+
+Value StandardSampler::sample_in_graph(Graph& g, Value logits, Value ids, Value uniform, const SamplingState& state,
+                                       const ComputeBackend& backend, std::string* why) const {
+  const Node& ln = g.node(logits);
+  if (ln.shape.size() != 1 || ln.type != DType::F32)
+    fail("sampler 'standard': device logits must be F32 [vocab], got {} with {} axes", dtype_name(ln.type),
+         ln.shape.size());
+  const int64_t vocab = ln.shape[0];
+  const int64_t slots = window_slots(state);
+  const int64_t ends = suppression_active(state) ? static_cast<int64_t>(state.end_tokens.size()) : 0;
+  const bool greedy = params_.temperature == 0.0f;
+  if (slots + ends > 0 && (!ids || g.shape(ids) != Shape{slots + ends}))
+    fail("sampler 'standard': the ids input must be I32 [{}] (device_ids), got {}", slots + ends,
+         ids ? fmt::format("{} values", g.shape(ids)[0]) : std::string("none"));
+  if (!greedy && (!uniform || g.shape(uniform) != Shape{1}))
+    fail("sampler 'standard': the uniform input must be F32 [1]");
+
+  // Every op this state's rules need, asked before anything is added to the graph.
+  std::vector<Op> need{Op::Reshape};
+  if (slots + ends > 0) need.insert(need.end(), {Op::GetRows, Op::Clamp, Op::Scatter});
+  if (slots > 0 && ends > 0) need.push_back(Op::Slice);
+  if (slots > 0) need.insert(need.end(), {Op::Div, Op::Scale, Op::Add});
+  if (greedy) need.push_back(Op::Argmax);
+  else need.insert(need.end(), {Op::TopK, Op::GetRows, Op::TopPDraw});
+  for (Op op : need) {
+    const Support s = backend.supports(op, DType::F32);
+    if (!s.ok) {
+      if (why) *why = fmt::format("backend '{}' lacks {} on F32 ({})", backend.name(), op_name(op), s.reason);
+      return {};
+    }
+  }
+
+  // Values read at `at` (I32 [m]) of x (F32 [vocab]) -> F32 [m].
+  auto gather = [&](Value x, Value at) {
+    return g.reshape(g.get_rows(g.reshape(x, {vocab, 1}), at), {g.shape(at)[0]});
+  };
+  Value x = logits;
+  if (ends > 0) {
+    Value end_ids = slots > 0 ? g.slice(ids, slots, ends) : ids;
+    x = g.scatter(x, end_ids, g.clamp(gather(x, end_ids), -FLT_MAX, -FLT_MAX));
+  }
+  if (slots > 0) {
+    // where(v > 0, v / p, v * p) = max(v, 0) / p + min(v, 0) * p, exactly: one term is always +-0.
+    const float p = params_.repetition_penalty;
+    const float inf = std::numeric_limits<float>::infinity();
+    Value hist = ends > 0 ? g.slice(ids, 0, slots) : ids;
+    Value v = gather(x, hist);
+    Value pos = g.div(g.clamp(v, 0.0f, inf), g.clamp(v, p, p));
+    Value neg = g.scale(g.clamp(v, -inf, 0.0f), p);
+    x = g.scatter(x, hist, g.add(pos, neg));
+  }
+  if (greedy) return g.argmax(x);  // ties: the lowest index, as the host's strict '>' scan
+  const int64_t k = params_.top_k > 0 ? std::min<int64_t>(params_.top_k, vocab) : vocab;
+  Value order = g.top_k(x, k);  // by logit, ties: lower index first, as the host's partial sort
+  return g.top_p_draw(gather(x, order), uniform, order, params_.temperature, params_.top_p);
 }
 
 }  // namespace specula::sampling

@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <random>
+#include <string>
 #include <span>
 #include <vector>
 
@@ -26,16 +27,25 @@ class StandardSampler final : public Sampler {
   const SamplingParams& params() const override { return params_; }
   int32_t sample(std::span<const float> logits, const SamplingState& state, float uniform) const override;
   float next_uniform() override;
-  // Device form, for the steps where the rules reduce to an argmax of the raw logits (greedy, no
-  // penalty, no suppression in force); Value{} otherwise, and the engine samples on the host. The
-  // graph ops have no cumulative sum, select or scatter for the rest (see docs/sampling.md).
-  Value sample_in_graph(Graph& graph, Value logits, Value history_ids, Value uniform,
-                        const SamplingState& state) const override;
+  // Device form: the same rules as graph ops (Scatter, Clamp, Div, TopK, TopPDraw; docs/sampling.md),
+  // equal to sample() token for token on the CPU backend.
+  Value sample_in_graph(Graph& graph, Value logits, Value ids, Value uniform, const SamplingState& state,
+                        const ComputeBackend& backend, std::string* why = nullptr) const override;
+  // The penalty window (padded to a fixed length, see window_slots) followed by the end tokens while
+  // they are suppressed.
+  std::vector<int32_t> device_ids(const SamplingState& state) const override;
+  std::string device_key(const SamplingState& state) const override;
 
   // Steps 1-2 on a copy: what the sampler ranks. Exposed for tests and the device form's reference.
   std::vector<float> adjusted_logits(std::span<const float> logits, const SamplingState& state) const;
 
  private:
+  // Windows up to this many ids keep one graph shape while the history is shorter than the window.
+  static constexpr int64_t kPaddedWindow = 1024;
+  bool penalty_active(const SamplingState& state) const;
+  bool suppression_active(const SamplingState& state) const;
+  int64_t window_slots(const SamplingState& state) const;
+
   SamplingParams params_;
   std::mt19937_64 rng_;
 };

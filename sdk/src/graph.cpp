@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <cmath>
 #include <limits>
 
 #include "specula/compute.hpp"
@@ -33,6 +34,10 @@ std::string_view op_name(Op op) {
     case Op::Concat: return "Concat";
     case Op::WriteRows: return "WriteRows";
     case Op::Copy: return "Copy";
+    case Op::Div: return "Div";
+    case Op::Clamp: return "Clamp";
+    case Op::Scatter: return "Scatter";
+    case Op::TopPDraw: return "TopPDraw";
   }
   return "unknown op";
 }
@@ -468,6 +473,62 @@ Value Graph::copy(Value x, DType type) {
   if (!is_plain_float(type))
     fail("graph: Copy '{}': target type {} must be F32, F16 or BF16", n.name, dtype_name(type));
   n.type = type;
+  return push(std::move(n));
+}
+
+Value Graph::div(Value a, Value b) { return push(binary(*this, Op::Div, a, b, nodes_.size())); }
+
+Value Graph::clamp(Value x, float lo, float hi) {
+  Node n = unary(*this, Op::Clamp, x, nodes_.size());
+  if (!(lo <= hi)) fail("graph: Clamp '{}': lo {} must be <= hi {}", n.name, lo, hi);
+  n.f[0] = lo;
+  n.f[1] = hi;
+  return push(std::move(n));
+}
+
+Value Graph::scatter(Value a, Value ids, Value values) {
+  Checker c{*this, Op::Scatter, fmt::format("Scatter#{}", nodes_.size())};
+  const Node& x = c.get(a, "a");
+  const Node& id = c.get(ids, "ids");
+  const Node& v = c.get(values, "values");
+  c.rank(x, "a", 1, 1);
+  c.rank(id, "ids", 1, 1);
+  c.rank(v, "values", 1, 1);
+  if (x.type != DType::F32 || v.type != DType::F32)
+    c.error(fmt::format("a {} and values {} must be F32", describe(x), describe(v)));
+  c.type_i32(id, "ids");
+  if (v.shape[0] != id.shape[0])
+    c.error(fmt::format("values {} must have one entry per id of {}", describe(v), describe(id)));
+  Node n;
+  n.op = Op::Scatter;
+  n.shape = x.shape;
+  n.src = {a.id, ids.id, values.id, -1, -1};
+  return push(std::move(n));
+}
+
+Value Graph::top_p_draw(Value logits, Value uniform, Value ids, float temperature, float top_p) {
+  Checker c{*this, Op::TopPDraw, fmt::format("TopPDraw#{}", nodes_.size())};
+  const Node& x = c.get(logits, "logits");
+  const Node& u = c.get(uniform, "uniform");
+  const Node& id = c.get(ids, "ids");
+  c.rank(x, "logits", 1, 1);
+  c.rank(id, "ids", 1, 1);
+  if (x.type != DType::F32 || u.type != DType::F32)
+    c.error(fmt::format("logits {} and uniform {} must be F32", describe(x), describe(u)));
+  if (u.shape != Shape{1}) c.error(fmt::format("uniform {} must be [1]", describe(u)));
+  c.type_i32(id, "ids");
+  if (id.shape[0] != x.shape[0])
+    c.error(fmt::format("ids {} must have one entry per logit of {}", describe(id), describe(x)));
+  if (!(temperature > 0.0f) || !std::isfinite(temperature))
+    c.error(fmt::format("temperature {} must be a finite number > 0", temperature));
+  if (!(top_p > 0.0f && top_p <= 1.0f)) c.error(fmt::format("top_p {} must be in (0, 1]", top_p));
+  Node n;
+  n.op = Op::TopPDraw;
+  n.type = DType::I32;
+  n.shape = {1};
+  n.src = {logits.id, uniform.id, ids.id, -1, -1};
+  n.f[0] = temperature;
+  n.f[1] = top_p;
   return push(std::move(n));
 }
 

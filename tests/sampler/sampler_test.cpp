@@ -6,7 +6,9 @@
 #include <cfloat>
 #include <cmath>
 #include <random>
+#include <map>
 #include <set>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -228,37 +230,216 @@ TEST(StandardSampler, LoadsAsPluginThroughTheHost) {
 namespace specula {
 namespace {
 
-// Host and device forms over the same logits, token for token, on the CPU backend (onednn plugin's
-// kernels): greedy with ties, and the cases where the device form must decline.
-TEST(StandardSampler, DeviceFormMatchesHostWhereItApplies) {
-  auto backend = cpu::make_cpu_backend({});
-  const StandardSampler greedy({.temperature = 0.0f});
-  for (uint32_t trial = 0; trial < 40; ++trial) {
-    auto x = random_logits(1000, 900 + trial, 1.0f);
-    if (trial % 2) {  // exact ties at the maximum
-      const float top = *std::max_element(x.begin(), x.end()) + 1.0f;
-      x[5 + trial] = top;
-      x[500 + trial] = top;
-      x[999] = top;
+// The device form (sample_in_graph) run by the CPU backend, against the host form, token for token.
+// Both rank candidates by (logit, then lower index) and repeat the same double arithmetic, so they
+// agree on every input, exact ties included: no divergence is allowed here (unlike the seed's MLX
+// device form, whose argSort may order equal logits differently from the host's sort).
+class Device {
+ public:
+  Device() : backend_(cpu::make_cpu_backend({{"threads", 1}})) {}
+  ComputeBackend& backend() { return *backend_; }
+
+  // Builds the graph for (sampler, state) once per device_key, runs it with `uniform`.
+  int32_t sample(const Sampler& s, const std::vector<float>& logits, const SamplingState& state, float uniform) {
+    const std::string key = s.device_key(state) + "|" + std::to_string(logits.size());
+    auto& b = built_[key];
+    if (!b.g) {
+      b.g = std::make_unique<Graph>();
+      b.logits = b.g->input(DType::F32, {static_cast<int64_t>(logits.size())}, "logits");
+      const auto ids = s.device_ids(state);
+      if (!ids.empty()) b.ids = b.g->input(DType::I32, {static_cast<int64_t>(ids.size())}, "ids");
+      b.uniform = b.g->input(DType::F32, {1}, "uniform");
+      b.token = s.sample_in_graph(*b.g, b.logits, b.ids, b.uniform, state, *backend_);
+      if (!b.token) throw Error("device form declined on the CPU backend");
+      b.g->mark_output(b.token);
     }
-    Graph g;
-    const Value in = g.input(DType::F32, {1000}, "logits");
-    const Value token = greedy.sample_in_graph(g, in, Value{}, Value{}, {});
-    ASSERT_TRUE(token);
-    g.mark_output(token);
-    backend->run(g, RunInputs{{{in, std::as_bytes(std::span<const float>(x))}}});
-    int32_t device = -1;
-    backend->read(g, token, std::as_writable_bytes(std::span<int32_t>(&device, 1)));
-    EXPECT_EQ(device, greedy.sample(x, {}, 0.5f)) << "trial " << trial;
+    const auto ids = s.device_ids(state);
+    RunInputs in{{{b.logits, std::as_bytes(std::span<const float>(logits))},
+                  {b.uniform, std::as_bytes(std::span<const float>(&uniform, 1))}}};
+    if (b.ids) in.inputs.emplace_back(b.ids, std::as_bytes(std::span<const int32_t>(ids)));
+    backend_->run(*b.g, in);
+    int32_t token = -1;
+    backend_->read(*b.g, b.token, std::as_writable_bytes(std::span<int32_t>(&token, 1)));
+    return token;
   }
-  // Rules the graph cannot express: the host form is used.
+
+ private:
+  struct Built {
+    std::unique_ptr<Graph> g;
+    Value logits, ids, uniform, token;
+  };
+  std::unique_ptr<ComputeBackend> backend_;
+  std::map<std::string, Built> built_;
+};
+
+// bf16 keeps 8 mantissa bits: logits rounded to it tie often, as a real lm_head's do.
+std::vector<float> bf16_logits(int n, uint32_t seed) {
+  auto x = random_logits(n, seed, 2.0f);
+  for (float& v : x) {
+    int e = 0;
+    const double m = std::frexp(static_cast<double>(v), &e);
+    v = static_cast<float>(std::ldexp(std::nearbyint(std::ldexp(m, 8)), e - 8));
+  }
+  return x;
+}
+
+TEST(StandardSamplerDevice, MatchesHostOverUniformSweeps) {
+  const std::vector<SamplingParams> configs = {
+      {.temperature = 0.0f},
+      {.temperature = 1.0f},
+      {.temperature = 0.7f, .top_k = 50, .top_p = 0.9f, .repetition_penalty = 1.05f},
+      {.temperature = 0.3f, .top_k = 5},
+      {.temperature = 1.3f, .top_p = 0.5f},
+      {.temperature = 1.0f, .top_k = 1},
+      {.temperature = 0.9f, .top_k = 40, .top_p = 0.95f, .repetition_penalty = 1.3f, .min_length = 4},
+      {.temperature = 0.0f, .repetition_penalty = 1.5f, .penalty_window = 8, .min_length = 4},
+      {.temperature = 1.0f, .top_p = 0.8f, .repetition_penalty = 0.8f, .penalty_window = 5000},
+  };
+  Device dev;
+  int compared = 0;
+  for (size_t c = 0; c < configs.size(); ++c) {
+    const StandardSampler sampler(configs[c]);
+    for (uint32_t trial = 0; trial < 2; ++trial) {
+      const auto logits = trial ? bf16_logits(1000, 70 + c) : random_logits(1000, 100 * c + trial);
+      std::vector<int32_t> history;
+      for (int i = 0; i < (trial ? 30 : 100); ++i) history.push_back((i * 37 + trial) % 1000);
+      const std::vector<int32_t> ends{1, 106, 1};
+      for (int32_t generated : {0, 10}) {
+        const auto state = state_of(history, generated, ends);
+        for (int u = 0; u < 1000; ++u) {
+          const float uniform = u == 999 ? 0x1.fffffep-1f : static_cast<float>(u) / 1000.0f;
+          ASSERT_EQ(dev.sample(sampler, logits, state, uniform), sampler.sample(logits, state, uniform))
+              << "config " << c << " trial " << trial << " generated " << generated << " u " << uniform;
+          ++compared;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(compared, 9 * 2 * 2 * 1000);
+}
+
+TEST(StandardSamplerDevice, GreedyTiesTakeTheLowestIndex) {
+  Device dev;
+  const StandardSampler greedy({.temperature = 0.0f});
+  for (uint32_t trial = 0; trial < 20; ++trial) {
+    auto x = random_logits(1000, 900 + trial, 1.0f);
+    const float top = *std::max_element(x.begin(), x.end()) + 1.0f;
+    x[5 + trial] = x[500 + trial] = x[999] = top;
+    EXPECT_EQ(dev.sample(greedy, x, {}, 0.5f), static_cast<int32_t>(5 + trial));
+    EXPECT_EQ(dev.sample(greedy, x, {}, 0.5f), greedy.sample(x, {}, 0.5f));
+  }
+  EXPECT_EQ(dev.sample(greedy, std::vector<float>(10, 0.25f), {}, 0.7f), 0);
+}
+
+TEST(StandardSamplerDevice, RepetitionPenaltyAndSuppression) {
+  Device dev;
+  const StandardSampler s({.temperature = 0.0f, .repetition_penalty = 2.0f, .penalty_window = 3});
+  const std::vector<float> x{4.0f, -1.0f, 0.0f, 3.0f, 2.5f};
+  const std::vector<int32_t> recent{0, 3}, old{0, 0, 1, 2, 1};
+  EXPECT_EQ(dev.sample(s, x, state_of(recent, 0, {}), 0.0f), 4);  // 2.5 beats 4/2 and 3/2
+  EXPECT_EQ(dev.sample(s, x, state_of(old, 0, {}), 0.0f), 0);     // id 0 is outside the window
+  // Negative logits are multiplied: -1 * 2 = -2 makes id 1 lose to id 2's 0 under a sampled draw too.
+  const StandardSampler t({.temperature = 1.0f, .top_k = 2, .repetition_penalty = 2.0f, .penalty_window = 1});
+  const std::vector<float> y{-1.0f, -0.6f, -0.7f};
+  for (int u = 0; u < 100; ++u)
+    EXPECT_NE(dev.sample(t, y, state_of(std::vector<int32_t>{1}, 0, {}), u / 100.0f), 1);
+  // End tokens at -FLT_MAX while generated < min_length, reachable after; the penalty then turns
+  // -FLT_MAX * p into -inf on both sides.
+  const StandardSampler m({.temperature = 0.0f, .repetition_penalty = 1.5f, .min_length = 3});
+  const std::vector<float> z{0.0f, 9.0f, 1.0f, 8.0f};
+  const std::vector<int32_t> ends{1}, hist{1, 2};
+  const std::vector<int32_t> no_end{2};
+  EXPECT_EQ(dev.sample(m, z, state_of(hist, 2, ends), 0.0f), 3);
+  EXPECT_EQ(dev.sample(m, z, state_of(hist, 3, ends), 0.0f), 3);     // 9 / 1.5 = 6 < 8
+  EXPECT_EQ(dev.sample(m, z, state_of(no_end, 3, ends), 0.0f), 1);
+  for (const auto& st : {state_of(hist, 2, ends), state_of(hist, 3, ends), state_of(no_end, 3, ends)})
+    EXPECT_EQ(dev.sample(m, z, st, 0.0f), m.sample(z, st, 0.0f));
+  const StandardSampler flat({.temperature = 1.0f, .min_length = 3});
+  for (int u = 0; u < 1000; ++u)
+    EXPECT_NE(dev.sample(flat, std::vector<float>(4, 0.0f), state_of({}, 0, ends), u / 1000.0f), 1);
+}
+
+TEST(StandardSamplerDevice, TopKAndTopPReachableSets) {
+  Device dev;
+  auto reach = [&](const StandardSampler& s, const std::vector<float>& x) {
+    std::set<int32_t> out;
+    for (int u = 0; u < 1000; ++u) out.insert(dev.sample(s, x, {}, u / 1000.0f));
+    return out;
+  };
+  auto x = random_logits(200, 7, 0.5f);
+  x[17] = 5.0f;
+  x[3] = 4.9f;
+  x[150] = 4.8f;
+  EXPECT_EQ(reach(StandardSampler({.temperature = 1.0f, .top_k = 3}), x), (std::set<int32_t>{3, 17, 150}));
+  std::vector<float> tie(10, 0.0f);
+  tie[4] = 1.0f;
+  EXPECT_EQ(reach(StandardSampler({.temperature = 1.0f, .top_k = 3}), tie), (std::set<int32_t>{0, 1, 4}));
+  const std::vector<float> eight(8, 1.5f);  // every probability exactly 1/8
+  EXPECT_EQ(reach(StandardSampler({.temperature = 1.0f, .top_p = 0.375f}), eight), (std::set<int32_t>{0, 1, 2}));
+  EXPECT_EQ(reach(StandardSampler({.temperature = 1.0f, .top_p = 0.376f}), eight), (std::set<int32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(reach(StandardSampler({.temperature = 1.0f}), eight).size(), 8u);
+}
+
+TEST(StandardSamplerDevice, WindowIdsKeepOneShapeAsHistoryGrows) {
+  const StandardSampler s({.temperature = 0.7f, .repetition_penalty = 1.1f, .penalty_window = 4, .min_length = 2});
+  const std::vector<int32_t> ends{7, 8};
+  std::vector<int32_t> h{5};
+  EXPECT_EQ(s.device_ids(state_of(h, 0, ends)), (std::vector<int32_t>{5, 5, 5, 5, 7, 8}));
+  const std::string key = s.device_key(state_of(h, 0, ends));
+  h = {1, 2, 3, 4, 5, 6};
+  EXPECT_EQ(s.device_ids(state_of(h, 1, ends)), (std::vector<int32_t>{3, 4, 5, 6, 7, 8}));
+  EXPECT_EQ(s.device_key(state_of(h, 1, ends)), key);
+  EXPECT_EQ(s.device_ids(state_of(h, 2, ends)), (std::vector<int32_t>{3, 4, 5, 6}));  // suppression over
+  EXPECT_NE(s.device_key(state_of(h, 2, ends)), key);
+  EXPECT_TRUE(StandardSampler({}).device_ids(state_of(h, 0, {})).empty());
+  EXPECT_NE(StandardSampler({.temperature = 0.5f}).device_key({}), StandardSampler({.temperature = 0.6f}).device_key({}));
+}
+
+// A CPU backend that lacks one op: the device form declines, names it, and leaves the graph alone.
+class Lacking final : public ComputeBackend {
+ public:
+  Lacking(Op missing) : inner_(cpu::make_cpu_backend({})), missing_(missing) {}
+  std::string name() const override { return "lacking"; }
+  DeviceInfo device() const override { return inner_->device(); }
+  Support supports(Op op, DType type) const override {
+    return op == missing_ ? Support::no("not implemented") : inner_->supports(op, type);
+  }
+  BackendTensorPtr load_weight(const TensorInfo& i) override { return inner_->load_weight(i); }
+  BackendTensorPtr allocate(const std::string& n, DType t, const Shape& s) override { return inner_->allocate(n, t, s); }
+  void run(const Graph& g, const RunInputs& in) override { inner_->run(g, in); }
+  void read(const Graph& g, Value v, std::span<std::byte> d) override { inner_->read(g, v, d); }
+  void read(const BackendTensor& t, std::span<std::byte> d) override { inner_->read(t, d); }
+  void write(BackendTensor& t, std::span<const std::byte> s) override { inner_->write(t, s); }
+
+ private:
+  std::unique_ptr<ComputeBackend> inner_;
+  Op missing_;
+};
+
+TEST(StandardSamplerDevice, DeclinesNamingTheMissingOp) {
+  const std::vector<int32_t> history{1, 2};
+  for (auto [op, params] : {std::pair<Op, SamplingParams>{Op::TopPDraw, {.temperature = 0.7f}},
+                            {Op::Scatter, {.repetition_penalty = 1.1f}}, {Op::Div, {.repetition_penalty = 1.1f}},
+                            {Op::Argmax, {}}}) {
+    const Lacking be(op);
+    const StandardSampler s(params);
+    const auto state = state_of(history, 0, {});
+    Graph g;
+    const Value in = g.input(DType::F32, {10}, "logits");
+    const auto ids = s.device_ids(state);
+    const Value idv = ids.empty() ? Value{} : g.input(DType::I32, {static_cast<int64_t>(ids.size())}, "ids");
+    const Value u = g.input(DType::F32, {1}, "u");
+    const size_t nodes = g.nodes().size();
+    std::string why;
+    EXPECT_FALSE(s.sample_in_graph(g, in, idv, u, state, be, &why));
+    EXPECT_EQ(g.nodes().size(), nodes);
+    EXPECT_NE(why.find(std::string(op_name(op))), std::string::npos) << why;
+  }
+  // Greedy without penalty or suppression needs Argmax only.
+  const Lacking be(Op::TopPDraw);
   Graph g;
   const Value in = g.input(DType::F32, {10}, "logits");
-  const std::vector<int32_t> history{1, 2}, ends{3};
-  EXPECT_FALSE(StandardSampler({.temperature = 0.7f}).sample_in_graph(g, in, Value{}, Value{}, {}));
-  EXPECT_FALSE(StandardSampler({.repetition_penalty = 1.1f}).sample_in_graph(g, in, Value{}, Value{}, state_of(history, 0, {})));
-  EXPECT_FALSE(StandardSampler({.min_length = 2}).sample_in_graph(g, in, Value{}, Value{}, state_of({}, 1, ends)));
-  EXPECT_TRUE(StandardSampler({.min_length = 2}).sample_in_graph(g, in, Value{}, Value{}, state_of({}, 2, ends)));
+  EXPECT_TRUE(StandardSampler({}).sample_in_graph(g, in, Value{}, g.input(DType::F32, {1}, "u"), {}, be));
 }
 
 }  // namespace

@@ -68,6 +68,19 @@ enum class Op : uint32_t {
                // converting to src0's dtype (F32, F16, BF16; I32 rows into I32); -> src0 (use this
                // value, not the Constant, to read the tensor after the write). Ids must be in [0, R).
   Copy,        // convert src0 to dtype of the node: F32, F16 or BF16 (e.g. F32 -> F16 for a cache)
+  // Ops of the device sampler (docs/sampling.md); all F32 in, plain loops out.
+  Div,         // a / b (IEEE division, not a * (1 / b)), same broadcast as Add
+  Clamp,       // x < f[0] ? f[0] : (x > f[1] ? f[1] : x); f[0] <= f[1]. f[0] == f[1] fills with f[0]
+  Scatter,     // src0 a F32 [N], src1 ids I32 [M], src2 values F32 [M] -> F32 [N]: a copy of a with
+               // out[ids[m]] = values[m]. Ids must be in [0, N); repeated ids must carry equal values
+               // (which one lands is otherwise unspecified).
+  TopPDraw,    // src0 logits F32 [K] highest first, src1 uniform F32 [1], src2 ids I32 [K]; f[0] =
+               // temperature (> 0), f[1] = top_p in (0, 1] -> I32 [1] = ids[pick]. In double, in this
+               // order: it = 1.0 / double(t), m = max_j x_j, w_k = exp(x_k * it - m * it),
+               // p_k = w_k / sum(w); keep the shortest prefix whose running sum of p reaches top_p (all
+               // K when top_p = 1); mass = sum of the kept p; pick = the first k whose running sum
+               // exceeds clamp(u, 0, 1) * mass, else the last kept. Sequential sums: the result is
+               // bit-for-bit the host sampler's draw (plugins/sampler_standard).
 };
 
 // "MatMul", "RmsNorm", ... for errors and profiles.
@@ -118,6 +131,10 @@ class Graph {
   Value concat(Value a, Value b);
   Value write_rows(const BackendTensorPtr& dst, Value rows, Value row_ids);
   Value copy(Value x, DType type);
+  Value div(Value a, Value b);
+  Value clamp(Value x, float lo, float hi);
+  Value scatter(Value a, Value ids, Value values);
+  Value top_p_draw(Value logits, Value uniform, Value ids, float temperature, float top_p);
 
   // Gives a node a name for errors and profiles ("blk.3.attn_q"); returns v.
   Value named(Value v, std::string name);

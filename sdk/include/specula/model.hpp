@@ -11,7 +11,9 @@
 #include <nlohmann/json.hpp>
 
 #include "specula/compute.hpp"
+#include "specula/error.hpp"
 #include "specula/model_file.hpp"
+#include "specula/sampler.hpp"
 #include "specula/tokenizer.hpp"
 
 namespace specula {
@@ -55,6 +57,13 @@ class TargetView {
   virtual TokenEmbedding token_embedding() const = 0;
 };
 
+// What ModelContext::forward_sample picked, and where.
+struct SampledToken {
+  int32_t token = -1;
+  bool on_device = false;    // sampled inside the model's graph: only the id left the backend
+  std::string host_reason;   // when sampled on the host: why not on the device
+};
+
 struct ContextOptions {
   int64_t context_length = 0;  // 0 = the model's own
 };
@@ -72,6 +81,19 @@ class ModelContext {
   // Forgets every position >= pos (speculative rollback). pos <= position().
   virtual void truncate(int64_t pos) = 0;
   virtual const TargetView& view() const = 0;
+  // One step that ends in a token: processes `tokens` like forward() and returns what `sampler` picks
+  // from the last position's logits with `state` and `uniform`. Models that can append the sampler's
+  // device form (Sampler::sample_in_graph) to their graph run forward and sampling as one graph; the
+  // default (and the fallback when the sampler or backend cannot) is forward() then sampler.sample().
+  // With `require_device`, a step that cannot sample in the graph throws, naming why, before any
+  // token is processed.
+  virtual SampledToken forward_sample(std::span<const int32_t> tokens, const Sampler& sampler,
+                                      const SamplingState& state, float uniform, bool require_device = false) {
+    const std::string why = "the model plugin samples on the host only (no ModelContext::forward_sample)";
+    if (require_device) fail("device sampling required: {}", why);
+    const std::vector<float> logits = forward(tokens, 1);
+    return {sampler.sample(logits, state, uniform), false, why};
+  }
 };
 
 // Plugin kind "model": a loaded target model.

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <span>
+#include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -11,6 +12,11 @@
 #include "specula/compute.hpp"
 
 namespace specula {
+
+// Where the engine samples plain decode steps: auto = in the model's graph when the model and the
+// backend can (Sampler::sample_in_graph, ModelContext::forward_sample), else on the host; on = in the
+// graph or an error naming what is missing; off = always on the host.
+enum class SamplingDevice { Auto, On, Off };
 
 struct SamplingParams {
   float temperature = 0.0f;        // 0 = greedy
@@ -20,6 +26,7 @@ struct SamplingParams {
   int32_t penalty_window = 64;     // last ids the penalty looks at
   int32_t min_length = 0;          // end tokens suppressed while fewer tokens were generated
   uint64_t seed = 0;
+  SamplingDevice device = SamplingDevice::Auto;  // engine setting; the rules ignore it
 };
 
 struct SamplingState {
@@ -37,11 +44,26 @@ class Sampler {
   virtual int32_t sample(std::span<const float> logits, const SamplingState& state, float uniform) const = 0;
   // Next uniform of the seeded generator.
   virtual float next_uniform() = 0;
-  // Device form: appends the same rules to `graph` after `logits` (F32 [vocab]) and returns an I32 [1]
-  // value; `history_ids` is an I32 input holding the penalty window. Returns Value{} when unsupported.
-  virtual Value sample_in_graph(Graph& graph, Value logits, Value history_ids, Value uniform,
-                                const SamplingState& state) const {
-    (void)graph; (void)logits; (void)history_ids; (void)uniform; (void)state;
+  // Device form: appends the same rules to `graph` after `logits` (F32 [vocab]) and returns the token
+  // as I32 [1], so that only the id leaves the backend. The graph reads two inputs the caller creates
+  // and fills before each run: `ids`, I32 [n] holding device_ids(state) (Value{} when that is empty),
+  // and `uniform`, F32 [1]. Graphs built for states with equal device_key() are the same graph and
+  // may be run again with the new step's inputs. When `backend` lacks an op the rules need, returns
+  // Value{} without touching `graph` and, if `why` is given, says which op.
+  virtual Value sample_in_graph(Graph& graph, Value logits, Value ids, Value uniform, const SamplingState& state,
+                                const ComputeBackend& backend, std::string* why = nullptr) const {
+    (void)graph; (void)logits; (void)ids; (void)uniform; (void)state; (void)backend;
+    if (why) *why = "the sampler has no device form";
+    return {};
+  }
+  // Host data of the `ids` input for this step (may be empty).
+  virtual std::vector<int32_t> device_ids(const SamplingState& state) const {
+    (void)state;
+    return {};
+  }
+  // Everything the device graph's structure depends on for this state (parameters included).
+  virtual std::string device_key(const SamplingState& state) const {
+    (void)state;
     return {};
   }
 };

@@ -35,6 +35,14 @@ struct GenerationStats {
   int64_t drafted_tokens = 0;           // proposed by the drafter
   int64_t accepted_tokens = 0;          // proposals the target agreed with
   double draft_seconds = 0;             // time spent inside Drafter::draft
+  // Where tokens were sampled (sampler.device): in the model's graph, or on the host from logits.
+  int64_t device_sampled_tokens = 0;
+  int64_t host_sampled_tokens = 0;
+  std::string host_sampling_reason;     // why a plain step sampled on the host (first reason seen)
+  // "device", "host" or "mixed" (speculative steps always sample on the host).
+  std::string sampling_path() const {
+    return !host_sampled_tokens ? "device" : (!device_sampled_tokens ? "host" : "mixed");
+  }
 
   double prefill_tokens_per_second() const { return prefill_seconds > 0 ? prompt_tokens / prefill_seconds : 0; }
   // Tokens produced by the decode loop (all but the first, which comes from the prefill logits).
