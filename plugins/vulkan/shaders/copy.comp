@@ -1,0 +1,51 @@
+#version 450
+// Data movement and conversion, one thread per output word:
+//  op 0 Slice   out[r, j] = a[r, start + j]                         (32-bit values)
+//  op 1 Concat  out[r, j] = j < ca ? a[r, j] : b[r, j - ca]           (32-bit values)
+//  op 2 Copy    F32 -> dst type (F32, F16, BF16), flat
+//  op 3 WriteRows: rows b0 [N, C] into dst bo at rows ids b2 [N] (dst type F32/I32/F16/BF16)
+// p: 0 op, 1 words out, 2 cols (Slice: src cols; Concat: ca; WriteRows: C), 3 (Slice: start, Concat: cb,
+//    WriteRows: R), 4 out cols (Slice: len), 5 dst type, 6 N, 7 node, 8 count of values (Copy)
+#include "common.glsl"
+layout(local_size_x = 256) in;
+
+uint encode(uint type, float v) { return type == T_F16 ? f32_to_f16(v) : f32_to_bf16(v); }
+
+void main() {
+  uint w = wg_linear() * 256u + gl_LocalInvocationID.x;
+  if (w >= pc.p[1]) return;
+  uint op = pc.p[0];
+  if (op == 0u) {
+    uint len = pc.p[4], r = w / len, j = w % len;
+    bo.d[w] = b0.d[r * pc.p[2] + pc.p[3] + j];
+  } else if (op == 1u) {
+    uint ca = pc.p[2], cb = pc.p[3], cc = ca + cb, r = w / cc, j = w % cc;
+    bo.d[w] = j < ca ? b0.d[r * ca + j] : b1.d[r * cb + j - ca];
+  } else if (op == 2u) {
+    uint type = pc.p[5];
+    if (type == T_F32) {
+      bo.d[w] = b0.d[w];
+    } else {
+      uint n = pc.p[8], i = 2u * w;
+      uint lo = encode(type, uintBitsToFloat(b0.d[i]));
+      uint hi = i + 1u < n ? encode(type, uintBitsToFloat(b0.d[i + 1u])) : 0u;
+      bo.d[w] = lo | (hi << 16);
+    }
+  } else {
+    uint type = pc.p[5], C = pc.p[2], R = pc.p[3];
+    bool wide = type == T_F32 || type == T_I32;
+    uint per_row = wide ? C : C / 2u;
+    uint r = w / per_row, j = w % per_row;
+    int id = int(b2.d[r]);
+    if (id < 0 || uint(id) >= R) {
+      if (j == 0u) report(pc.p[7], uint(id), r);
+      return;
+    }
+    if (wide) {
+      bo.d[uint(id) * C + j] = b0.d[r * C + j];
+    } else {
+      float a = uintBitsToFloat(b0.d[r * C + 2u * j]), b = uintBitsToFloat(b0.d[r * C + 2u * j + 1u]);
+      bo.d[(uint(id) * C) / 2u + j] = encode(type, a) | (encode(type, b) << 16);
+    }
+  }
+}

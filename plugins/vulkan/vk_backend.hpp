@@ -1,0 +1,19 @@
+// The Vulkan compute backend (plugin "vulkan"): weights and persistent tensors live in device-local
+// buffers (uploaded through host-visible staging), and each graph is compiled once into a plan — an
+// arena of intermediates, descriptor sets and one recorded command buffer — that every later run of a
+// graph with the same structure replays with one vkQueueSubmit and one fence wait.
+#pragma once
+
+#include <memory>
+
+#include <nlohmann/json.hpp>
+
+#include "specula/compute.hpp"
+
+namespace specula::vulkan {
+
+// Options: {"device": N or "name substring"}. Throws specula::Error when no Vulkan device exists, the
+// option names no device, or an option is unknown.
+std::unique_ptr<ComputeBackend> make_vulkan_backend(const nlohmann::json& options);
+
+}  // namespace specula::vulkan

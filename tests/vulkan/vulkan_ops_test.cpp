@@ -1,0 +1,431 @@
+// Every op of compute.hpp on the Vulkan backend against the CPU backend (an independent
+// implementation), on random inputs including odd sizes. Tolerances: F32 ops 1e-5 relative plus a
+// small absolute term for values near 0 (the two backends sum in different orders); quantized
+// matrix products use activations that the CPU's 8-bit activation kernels represent exactly, so both
+// equal "SDK dequantization, then F32 product" to the same tolerance (also checked against a double
+// reference here).
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <numeric>
+
+#include "specula/error.hpp"
+#include "test_util.hpp"
+#include "vk_backend.hpp"
+
+namespace specula {
+namespace {
+
+using test::bytes_of;
+
+// One Vulkan backend for the whole suite: device creation and shader compilation are slow on lavapipe.
+ComputeBackend* vulkan(std::string* why = nullptr) {
+  static std::unique_ptr<ComputeBackend> b;
+  static std::string error;
+  static bool tried = false;
+  if (!tried) {
+    tried = true;
+    try {
+      b = vulkan::make_vulkan_backend(nlohmann::json::object());
+    } catch (const Error& e) {
+      error = e.what();
+    }
+  }
+  if (why) *why = error;
+  return b.get();
+}
+
+#define REQUIRE_VULKAN()                                     \
+  std::string why_;                                          \
+  if (!vulkan(&why_)) GTEST_SKIP() << "no Vulkan device: " << why_
+
+// A backend plus the weight storage its tensors point into.
+struct Side {
+  ComputeBackend* b;
+  std::vector<std::shared_ptr<std::vector<std::byte>>> storage;
+  BackendTensorPtr weight(const std::string& name, DType type, Shape shape, std::vector<std::byte> data) {
+    auto held = std::make_shared<std::vector<std::byte>>(std::move(data));
+    storage.push_back(held);
+    TensorInfo info;
+    info.name = name;
+    info.type = type;
+    info.shape = std::move(shape);
+    info.data = std::span<const std::byte>(held->data(), held->size());
+    return b->load_weight(info);
+  }
+};
+
+struct Built {
+  Graph g;
+  std::vector<Value> outs;
+  std::vector<std::pair<Value, std::vector<std::byte>>> in;
+  template <typename T>
+  Value input(DType t, Shape s, const std::vector<T>& data, const std::string& name) {
+    Value v = g.input(t, std::move(s), name);
+    auto b = bytes_of(data);
+    in.emplace_back(v, std::vector<std::byte>(b.begin(), b.end()));
+    return v;
+  }
+  void out(Value v) {
+    g.mark_output(v);
+    outs.push_back(v);
+  }
+};
+
+struct Result {
+  std::vector<std::vector<float>> f;
+  std::vector<std::vector<int32_t>> i;
+};
+
+Result run_on(ComputeBackend* b, const std::function<void(Side&, Built&)>& build) {
+  Side side{b, {}};
+  Built bt;
+  build(side, bt);
+  RunInputs in;
+  for (auto& [v, bytes] : bt.in) in.inputs.emplace_back(v, std::span<const std::byte>(bytes));
+  b->run(bt.g, in);
+  Result r;
+  for (Value v : bt.outs) {
+    int64_t n = 1;
+    for (int64_t d : bt.g.shape(v)) n *= d;
+    if (bt.g.node(v).type == DType::I32) {
+      std::vector<int32_t> o(static_cast<size_t>(n));
+      b->read(bt.g, v, std::as_writable_bytes(std::span<int32_t>(o)));
+      r.i.push_back(o);
+      r.f.emplace_back();
+    } else {
+      std::vector<float> o(static_cast<size_t>(n));
+      b->read(bt.g, v, std::as_writable_bytes(std::span<float>(o)));
+      r.f.push_back(o);
+      r.i.emplace_back();
+    }
+  }
+  return r;
+}
+
+ComputeBackend* cpu() {
+  static auto b = cpu::make_cpu_backend({{"threads", 1}});
+  return b.get();
+}
+
+// Runs `build` on both backends; F32 outputs within abs + rel * |cpu|, I32 outputs equal.
+void compare(const std::function<void(Side&, Built&)>& build, double abs_tol, double rel_tol, const std::string& what) {
+  const Result want = run_on(cpu(), build);
+  const Result got = run_on(vulkan(), build);
+  ASSERT_EQ(want.f.size(), got.f.size());
+  for (size_t k = 0; k < want.f.size(); ++k) {
+    EXPECT_EQ(got.i[k], want.i[k]) << what << ": I32 output " << k;
+    std::vector<double> w(want.f[k].begin(), want.f[k].end());
+    test::expect_close(got.f[k], w, abs_tol, rel_tol, what + ": output " + std::to_string(k));
+  }
+}
+
+// Weight bytes of `type` from random values, and the values the SDK decodes them to.
+std::vector<std::byte> make_weight(DType type, int64_t rows, int64_t cols, uint32_t seed, std::vector<float>* decoded = nullptr) {
+  auto w = test::random_floats(static_cast<size_t>(rows * cols), seed);
+  const size_t rb = *dtype_row_bytes(type, static_cast<uint64_t>(cols));
+  std::vector<std::byte> packed(rb * static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) quantize_row(type, w.data() + r * cols, packed.data() + r * rb, cols);
+  if (decoded) {
+    decoded->resize(w.size());
+    for (int64_t r = 0; r < rows; ++r) dequantize_row(type, packed.data() + r * rb, decoded->data() + r * cols, cols);
+  }
+  return packed;
+}
+
+// Activations the CPU's 8-bit activation kernels represent exactly (one code at 127 per 32 values).
+std::vector<float> exact_activations(size_t n, uint32_t seed) {
+  auto x = test::random_floats(n, seed);
+  for (size_t i = 0; i < n; ++i) x[i] = (i % 32 == 5 ? 127.0f : std::round(x[i] * 127.0f)) / 128.0f;
+  return x;
+}
+
+class VulkanMatMul : public ::testing::TestWithParam<DType> {};
+
+TEST_P(VulkanMatMul, MatchesCpuAndDequantizedReference) {
+  REQUIRE_VULKAN();
+  const DType type = GetParam();
+  const int64_t blk = dtype_traits(type)->block_elems;
+  // Odd output counts, 1..9 activation rows (remainders of the 4-row groups), odd widths for plain types.
+  std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes{{37, 256, 1}, {13, 512, 6}, {5, 256, 9}};
+  if (blk == 1) shapes.push_back({19, 37, 3});
+  for (auto [O, I, N] : shapes) {
+    std::vector<float> deq;
+    auto packed = make_weight(type, O, I, 7, &deq);
+    auto x = exact_activations(static_cast<size_t>(N * I), 8);
+    const std::string what = fmt::format("matmul {} O={} I={} N={}", dtype_name(type), O, I, N);
+    compare([&](Side& s, Built& b) {
+      Value xv = b.input(DType::F32, {N, I}, x, "x");
+      b.out(b.g.matmul(b.g.constant(s.weight("w", type, {O, I}, packed)), xv));
+    }, 1e-5, 1e-5, what);
+    // Independent: double-precision product of the SDK-dequantized weight.
+    Result r = run_on(vulkan(), [&](Side& s, Built& b) {
+      Value xv = b.input(DType::F32, {N, I}, x, "x");
+      b.out(b.g.matmul(b.g.constant(s.weight("w", type, {O, I}, packed)), xv));
+    });
+    std::vector<double> ref(static_cast<size_t>(N * O));
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t o = 0; o < O; ++o) {
+        double acc = 0;
+        for (int64_t i = 0; i < I; ++i) acc += double(deq[o * I + i]) * x[n * I + i];
+        ref[n * O + o] = acc;
+      }
+    test::expect_close(r.f[0], ref, 1e-5, 1e-5, what + " vs double reference");
+  }
+}
+
+TEST_P(VulkanMatMul, GetRowsDecodesLikeTheSdk) {
+  REQUIRE_VULKAN();
+  const DType type = GetParam();
+  const int64_t C = dtype_traits(type)->block_elems == 1 ? 45 : 512, R = 11;
+  auto packed = make_weight(type, R, C, 9);
+  std::vector<int32_t> ids{3, 0, 10, 3, 7};
+  compare([&](Side& s, Built& b) {
+    Value iv = b.input(DType::I32, {5}, ids, "ids");
+    b.out(b.g.get_rows(b.g.constant(s.weight("table", type, {R, C}, packed)), iv));
+  }, 0, 0, std::string("get_rows ") + std::string(dtype_name(type)));
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, VulkanMatMul,
+                         ::testing::Values(DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+TEST(VulkanOps, MatMulIdSharedAndPerSlotInputs) {
+  REQUIRE_VULKAN();
+  const int64_t E = 5, O = 7, I = 64, N = 3, K = 2;
+  for (DType type : {DType::F32, DType::Q8_0}) {
+    auto packed = make_weight(type, E * O, I, 31);
+    std::vector<int32_t> ids{4, 0, 2, 2, 1, 3};
+    auto x1 = exact_activations(N * I, 32), xk = exact_activations(N * K * I, 33);
+    compare([&](Side& s, Built& b) {
+      Value e = b.g.constant(s.weight("experts", type, {E, O, I}, packed));
+      Value iv = b.input(DType::I32, {N, K}, ids, "ids");
+      b.out(b.g.matmul_id(e, b.input(DType::F32, {N, 1, I}, x1, "x1"), iv));
+      b.out(b.g.matmul_id(e, b.input(DType::F32, {N, K, I}, xk, "xk"), iv));
+    }, 1e-5, 1e-5, std::string("matmul_id ") + std::string(dtype_name(type)));
+  }
+}
+
+TEST(VulkanOps, ElementwiseAndRowOps) {
+  REQUIRE_VULKAN();
+  const int64_t N = 3, K = 5, C = 67;
+  auto a = test::random_floats(N * K * C, 1, -3.0f, 3.0f);
+  auto bc = test::random_floats(C, 2), bk = test::random_floats(N * K, 3), b1 = test::random_floats(1, 4);
+  auto w16 = test::exact_floats(C, 5, DType::F16);
+  compare([&](Side& s, Built& b) {
+    auto& g = b.g;
+    Value av = b.input(DType::F32, {N, K, C}, a, "a");
+    b.out(g.add(av, b.input(DType::F32, {C}, bc, "bc")));
+    b.out(g.mul(av, b.input(DType::F32, {N, K, 1}, bk, "bk")));
+    b.out(g.add(av, b.input(DType::F32, {1}, b1, "b1")));
+    Value w = g.constant(s.weight("w16", DType::F16, {C}, test::encode(w16, DType::F16)));
+    b.out(g.mul(av, w));  // an F16 operand, converted first
+    b.out(g.scale(av, -0.37f));
+    b.out(g.gelu_tanh(av));
+    b.out(g.softcap(av, 2.5f));
+    b.out(g.rms_norm(av, w, 1e-6f));
+    b.out(g.rms_norm(av, Value{}, 1e-3f));
+    b.out(g.softmax(g.scale(av, 4.0f)));
+  }, 1e-6, 1e-5, "elementwise and row ops");
+  // A long row (a vocabulary-sized softmax) spanning 40 in logits: Vulkan's exp may be off by
+  // 3 + 2|x| ulp (spec precision), i.e. ~1e-5 relative at |x - max| = 40, hence 3e-5 here.
+  auto big = test::random_floats(40000, 6, -20.0f, 20.0f);
+  compare([&](Side&, Built& b) { b.out(b.g.softmax(b.input(DType::F32, {1, 40000}, big, "x"))); }, 1e-9, 3e-5, "softmax 40000");
+}
+
+TEST(VulkanOps, Rope) {
+  REQUIRE_VULKAN();
+  const int64_t H = 3, D = 16;
+  std::vector<int32_t> pos{0, 1, 7, 130, 4000, 70000};
+  const int64_t T = static_cast<int64_t>(pos.size());
+  auto x = test::random_floats(T * H * D, 4);
+  struct Case { int64_t pairs; float theta, divisor, fscale; };
+  for (Case c : {Case{8, 10000.0f, 16.0f, 1.0f}, Case{2, 1e6f, 16.0f, 1.0f}, Case{8, 10000.0f, 16.0f, 0.125f}, Case{0, 1e4f, 16.0f, 1.0f}})
+    compare([&](Side&, Built& b) {
+      b.out(b.g.rope(b.input(DType::F32, {T, H, D}, x, "x"), b.input(DType::I32, {T}, pos, "pos"), c.pairs, c.theta,
+                     c.divisor, c.fscale));
+    }, 2e-6, 1e-5, "rope pairs=" + std::to_string(c.pairs) + " fscale=" + std::to_string(c.fscale));
+}
+
+struct AttCase {
+  int64_t T, S, Hq, Hkv, D, Dv, window;
+  bool causal;
+  std::vector<int32_t> kpos, qpos;
+};
+
+void check_attention(const AttCase& c, DType kv, const std::string& what) {
+  auto q = test::random_floats(c.T * c.Hq * c.D, 11, -2.0f, 2.0f);
+  auto k = test::exact_floats(c.S * c.Hkv * c.D, 12, kv);
+  auto v = test::exact_floats(c.S * c.Hkv * c.Dv, 13, kv);
+  compare([&](Side& s, Built& b) {
+    auto kc = s.b->allocate("k_cache", kv, {c.S, c.Hkv, c.D});
+    auto vc = s.b->allocate("v_cache", kv, {c.S, c.Hkv, c.Dv});
+    s.b->write(*kc, bytes_of(k));
+    s.b->write(*vc, bytes_of(v));
+    b.out(b.g.attention(b.input(DType::F32, {c.T, c.Hq, c.D}, q, "q"), b.g.constant(kc), b.g.constant(vc),
+                        b.input(DType::I32, {c.S}, c.kpos, "kpos"), b.input(DType::I32, {c.T}, c.qpos, "qpos"), 0.7f,
+                        c.window, c.causal));
+  }, 2e-6, 1e-5, what);
+}
+
+TEST(VulkanOps, Attention) {
+  REQUIRE_VULKAN();
+  check_attention({1, 8, 4, 2, 16, 16, 0, true, {8, 9, 10, 3, 4, 5, 6, 7}, {10}}, DType::F32, "ring buffer");
+  check_attention({1, 8, 4, 2, 16, 16, 0, true, {8, -1, 2, 3, -1, 5, 6, 7}, {8}}, DType::F32, "empty slots");
+  check_attention({6, 10, 2, 1, 8, 8, 3, true, {5, 0, 9, 2, 7, 4, 1, 8, 3, 6}, {4, 5, 6, 7, 8, 9}}, DType::F32, "window 3");
+  check_attention({3, 5, 8, 2, 32, 24, 0, true, {0, 1, 2, 3, 4}, {2, 3, 4}}, DType::F32, "GQA 8/2, Dv != D");
+  check_attention({4, 6, 2, 2, 8, 8, 2, false, {0, 1, 2, 3, 4, 5}, {0, 1, 2, 3}}, DType::F32, "bidirectional window 2");
+  check_attention({2, 7, 4, 1, 16, 16, 4, true, {3, 4, 5, 6, 0, 1, 2}, {5, 6}}, DType::F16, "F16 cache");
+  check_attention({2, 7, 4, 1, 16, 16, 4, true, {3, 4, 5, 6, 0, 1, 2}, {5, 6}}, DType::BF16, "BF16 cache");
+  check_attention({1, 3, 1, 1, 4, 4, 0, true, {5, 6, -1}, {2}}, DType::F32, "nothing visible");
+  check_attention({2, 300, 2, 1, 64, 64, 0, true, [] {
+                     std::vector<int32_t> p(300);
+                     std::iota(p.begin(), p.end(), 0);
+                     return p;
+                   }(), {298, 299}}, DType::F16, "300 slots");
+}
+
+TEST(VulkanOps, TopKArgmaxTiesAndDataMovement) {
+  REQUIRE_VULKAN();
+  std::vector<float> x{1, 5, 3, 5, -2, 0, 7, 7, 7, 1, 2, 7};
+  auto r = run_on(vulkan(), [&](Side&, Built& b) {
+    Value xv = b.input(DType::F32, {2, 6}, x, "x");
+    b.out(b.g.top_k(xv, 3));
+    b.out(b.g.argmax(xv));
+  });
+  EXPECT_EQ(r.i[0], (std::vector<int32_t>{1, 3, 2, 0, 1, 2}));
+  EXPECT_EQ(r.i[1], (std::vector<int32_t>{1, 0}));
+  auto big = test::random_floats(3 * 1001, 40);
+  for (size_t i = 0; i < big.size(); i += 7) big[i] = 0.5f;  // many ties
+  std::vector<int32_t> ints(12);
+  std::iota(ints.begin(), ints.end(), -4);
+  auto a = test::random_floats(3 * 5, 41), bb = test::random_floats(3 * 2, 42);
+  compare([&](Side&, Built& b) {
+    auto& g = b.g;
+    Value bv = b.input(DType::F32, {3, 1001}, big, "big");
+    b.out(g.top_k(bv, 40));
+    b.out(g.argmax(bv));
+    Value av = b.input(DType::F32, {3, 5}, a, "a");
+    b.out(g.reshape(av, {5, 3}));
+    b.out(g.slice(av, 1, 3));
+    b.out(g.concat(g.slice(av, 2, 3), b.input(DType::F32, {3, 2}, bb, "b")));
+    Value iv = b.input(DType::I32, {3, 4}, ints, "ints");
+    b.out(g.concat(g.slice(iv, 1, 2), iv));
+    b.out(g.copy(av, DType::F16));
+    b.out(g.copy(g.scale(av, 3.3f), DType::BF16));
+  }, 0, 0, "top_k, argmax, reshape, slice, concat, copy");
+}
+
+TEST(VulkanOps, CopyRoundsToNearestEven) {
+  REQUIRE_VULKAN();
+  std::vector<float> x{1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f, -2.5f, 65504.0f, 1e-7f};
+  compare([&](Side&, Built& b) {
+    Value xv = b.input(DType::F32, {7}, x, "x");
+    b.out(b.g.copy(xv, DType::BF16));
+    b.out(b.g.copy(xv, DType::F16));
+  }, 0, 0, "copy rounding");
+}
+
+TEST(VulkanOps, WriteRowsDecodeLoopAndPlanReuse) {
+  REQUIRE_VULKAN();
+  // The decode pattern over 6 steps with a ring of 4 slots: the same graph structure every step, so
+  // the Vulkan backend replays one plan with new inputs; caches persist between runs.
+  const int64_t S = 4, H = 2, D = 8;
+  struct State {
+    BackendTensorPtr kc, vc, pc;
+  };
+  auto step_graph = [&](State& st, int32_t p, Built& b) {
+    auto k = test::random_floats(H * D, 100 + p), v = test::random_floats(H * D, 200 + p), q = test::random_floats(H * D, 300 + p);
+    std::vector<int32_t> slot{p % static_cast<int32_t>(S)}, pos{p};
+    Value sv = b.input(DType::I32, {1}, slot, "slot");
+    Value pv = b.input(DType::I32, {1}, pos, "pos");
+    Value K = b.g.write_rows(st.kc, b.input(DType::F32, {1, H, D}, k, "k"), sv);
+    Value V = b.g.write_rows(st.vc, b.input(DType::F32, {1, H, D}, v, "v"), sv);
+    Value P = b.g.write_rows(st.pc, pv, sv);
+    b.out(b.g.attention(b.input(DType::F32, {1, H, D}, q, "q"), K, V, P, pv, 1.0f, 3, true));
+    b.out(P);
+  };
+  State cs, vs;
+  for (auto [st, be] : {std::pair{&cs, cpu()}, std::pair{&vs, vulkan()}}) {
+    st->kc = be->allocate("k", DType::F16, {S, H, D});
+    st->vc = be->allocate("v", DType::BF16, {S, H, D});
+    st->pc = be->allocate("pos", DType::I32, {S});
+    std::vector<int32_t> empty(S, -1);
+    be->write(*st->pc, bytes_of(empty));
+  }
+  for (int32_t p = 0; p < 6; ++p) {
+    auto want = run_on(cpu(), [&](Side&, Built& b) { step_graph(cs, p, b); });
+    auto got = run_on(vulkan(), [&](Side&, Built& b) { step_graph(vs, p, b); });
+    EXPECT_EQ(got.i[1], want.i[1]) << "positions after step " << p;
+    test::expect_close(got.f[0], std::vector<double>(want.f[0].begin(), want.f[0].end()), 2e-6, 1e-5,
+                       "decode step " + std::to_string(p));
+  }
+  std::vector<float> kv(S * H * D), kc(S * H * D);
+  vulkan()->read(*vs.kc, std::as_writable_bytes(std::span<float>(kv)));
+  cpu()->read(*cs.kc, std::as_writable_bytes(std::span<float>(kc)));
+  EXPECT_EQ(kv, kc) << "F16 cache contents (rounded identically)";
+}
+
+TEST(VulkanErrors, BadOptionsDeviceAndIds) {
+  REQUIRE_VULKAN();
+  auto message = [](auto&& f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_NE(message([] { vulkan::make_vulkan_backend({{"threads", 2}}); }).find("unknown option 'threads'"), std::string::npos);
+  EXPECT_NE(message([] { vulkan::make_vulkan_backend({{"device", 99}}); }).find("'device' = 99"), std::string::npos);
+  EXPECT_NE(message([] { vulkan::make_vulkan_backend({{"device", "no such gpu"}}); }).find("names none"), std::string::npos);
+  EXPECT_NE(message([] { vulkan::make_vulkan_backend({{"device", -1}}); }).find("device index"), std::string::npos);
+
+  ComputeBackend* vk = vulkan();
+  EXPECT_TRUE(vk->supports(Op::MatMul, DType::Q4_K).ok);
+  const Support no = vk->supports(Op::MatMul, DType::IQ4_NL);
+  EXPECT_FALSE(no.ok);
+  EXPECT_NE(no.reason.find("IQ4_NL"), std::string::npos) << no.reason;
+  EXPECT_FALSE(vk->supports(Op::Attention, DType::Q8_0).ok);
+
+  Side s{vk, {}};
+  auto packed = make_weight(DType::IQ4_NL, 4, 32, 5);
+  auto w = s.weight("blk.0.ffn_up.weight", DType::IQ4_NL, {4, 32}, packed);
+  Graph g;
+  Value x = g.input(DType::F32, {1, 32}, "x");
+  Value y = g.named(g.matmul(g.constant(w), x), "blk.0.ffn_up");
+  g.mark_output(y);
+  std::vector<float> xs(32, 1.0f);
+  const std::string m = message([&] { vk->run(g, {{{x, bytes_of(xs)}}}); });
+  EXPECT_NE(m.find("MatMul 'blk.0.ffn_up'"), std::string::npos) << m;
+  EXPECT_NE(m.find("IQ4_NL"), std::string::npos) << m;
+
+  Graph g2;
+  Value ids = g2.input(DType::I32, {3}, "ids");
+  auto table = s.weight("emb", DType::F32, {4, 32}, test::encode(test::random_floats(128, 3), DType::F32));
+  g2.mark_output(g2.named(g2.get_rows(g2.constant(table), ids), "embed"));
+  std::vector<int32_t> bad{1, 4, 0};
+  const std::string m2 = message([&] { vk->run(g2, {{{ids, bytes_of(bad)}}}); });
+  EXPECT_NE(m2.find("GetRows 'embed': id 4 at index 1 is outside [0, 4)"), std::string::npos) << m2;
+  std::vector<int32_t> good{1, 3, 0};
+  EXPECT_NO_THROW(vk->run(g2, {{{ids, bytes_of(good)}}}));  // the error record is reset per run
+
+  const std::string m3 = message([&] { vk->run(g2, {{{ids, bytes_of(xs)}}}); });
+  EXPECT_NE(m3.find("needs 12 bytes"), std::string::npos) << m3;
+  Graph g3;
+  Value x3 = g3.input(DType::F32, {2}, "x");
+  g3.mark_output(g3.scale(x3, 2.0f));
+  const std::string m4 = message([&] { vk->read(g2, Value{0}, {}); });
+  EXPECT_NE(m4.find("not the last one run"), std::string::npos) << m4;
+}
+
+TEST(VulkanDevice, InfoNamesTheDevice) {
+  REQUIRE_VULKAN();
+  const DeviceInfo d = vulkan()->device();
+  EXPECT_NE(d.name.find("Vulkan 1."), std::string::npos) << d.name;
+  EXPECT_GT(d.memory_bytes, 0u);
+  EXPECT_EQ(vulkan()->name(), "vulkan");
+}
+
+}  // namespace
+}  // namespace specula
