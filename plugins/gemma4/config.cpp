@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "specula/error.hpp"
+#include "specula/metadata.hpp"
 
 namespace specula::gemma4 {
 namespace {
@@ -11,74 +12,6 @@ namespace {
 using json = nlohmann::json;
 
 std::string where_of(const ModelFile& file) { return file.path().string(); }
-
-// GGUF keys -------------------------------------------------------------------------------------
-struct GgufKeys {
-  const json& md;
-  std::string file;
-  std::string arch;
-
-  const json* find(const std::string& key) const {
-    auto it = md.find(arch + "." + key);
-    return it == md.end() ? nullptr : &*it;
-  }
-  int64_t integer(const json& v, const std::string& key) const {
-    if (!v.is_number_integer() && !v.is_number_unsigned())
-      fail("{}: metadata key '{}.{}' is {}, expected an integer", file, arch, key, v.dump().substr(0, 60));
-    return v.get<int64_t>();
-  }
-  int64_t req_int(const std::string& key) const {
-    const json* v = find(key);
-    if (!v) fail("{}: metadata key '{}.{}' is missing; a gemma4 GGUF must have it", file, arch, key);
-    return integer(*v, key);
-  }
-  int64_t opt_int(const std::string& key, int64_t fallback) const {
-    const json* v = find(key);
-    return v ? integer(*v, key) : fallback;
-  }
-  float opt_float(const std::string& key, float fallback) const {
-    const json* v = find(key);
-    if (!v) return fallback;
-    if (!v->is_number()) fail("{}: metadata key '{}.{}' is {}, expected a number", file, arch, key, v->dump());
-    return v->get<float>();
-  }
-  // A scalar for every layer, or an array with one entry per layer (llama.cpp's "key or array").
-  std::vector<int64_t> per_layer(const std::string& key, size_t n, bool required, int64_t fallback) const {
-    const json* v = find(key);
-    if (!v) {
-      if (required) fail("{}: metadata key '{}.{}' is missing", file, arch, key);
-      return std::vector<int64_t>(n, fallback);
-    }
-    if (!v->is_array()) return std::vector<int64_t>(n, integer(*v, key));
-    if (v->size() != n)
-      fail("{}: metadata key '{}.{}' has {} entries, expected one per layer ({})", file, arch, key, v->size(), n);
-    std::vector<int64_t> out;
-    for (const json& e : *v) out.push_back(integer(e, key));
-    return out;
-  }
-};
-
-int64_t positive(int64_t v, const std::string& what, const std::string& where) {
-  if (v <= 0) fail("{}: {} is {}, expected a positive number", where, what, v);
-  return v;
-}
-
-// HF config -------------------------------------------------------------------------------------
-struct HfKeys {
-  const json& tc;
-  std::string file;
-
-  template <typename T>
-  T get(const char* key, T fallback) const {
-    auto it = tc.find(key);
-    if (it == tc.end() || it->is_null()) return fallback;
-    try {
-      return it->get<T>();
-    } catch (const json::exception&) {
-      fail("{}: config.json text_config.{} is {}, which is not the expected type", file, key, it->dump());
-    }
-  }
-};
 
 }  // namespace
 
@@ -92,9 +25,9 @@ void finish_layers(Config& c, const std::string& where) {
   if (c.heads <= 0) fail("{}: attention head count is {}", where, c.heads);
   for (int64_t l = 0; l < L; ++l) {
     LayerConfig& lc = c.layers[l];
-    positive(lc.head_dim, fmt::format("head dim of layer {}", l), where);
-    positive(lc.kv_heads, fmt::format("KV heads of layer {}", l), where);
-    positive(lc.ffn, fmt::format("feed-forward width of layer {}", l), where);
+    require_positive(lc.head_dim, fmt::format("head dim of layer {}", l), where);
+    require_positive(lc.kv_heads, fmt::format("KV heads of layer {}", l), where);
+    require_positive(lc.ffn, fmt::format("feed-forward width of layer {}", l), where);
     if (c.heads % lc.kv_heads != 0)
       fail("{}: layer {} has {} query heads, not a multiple of its {} KV heads", where, l, c.heads, lc.kv_heads);
     lc.producer = -1;
@@ -126,32 +59,32 @@ Config config_from_gguf(const ModelFile& file) {
   auto arch_it = md.find("general.architecture");
   if (arch_it == md.end() || !arch_it->is_string())
     fail("{}: metadata key 'general.architecture' is missing", where);
-  GgufKeys k{md, where, arch_it->get<std::string>()};
+  GgufKeys k(md, where, arch_it->get<std::string>());
 
   Config c;
-  const int64_t L = positive(k.req_int("block_count"), "block_count", where);
-  c.hidden = positive(k.req_int("embedding_length"), "embedding_length", where);
-  c.context = positive(k.req_int("context_length"), "context_length", where);
-  c.heads = positive(k.req_int("attention.head_count"), "attention.head_count", where);
-  c.head_dim_full = positive(k.req_int("attention.key_length"), "attention.key_length", where);
-  c.head_dim_sliding = positive(k.req_int("attention.key_length_swa"), "attention.key_length_swa", where);
-  if (k.opt_int("attention.value_length", c.head_dim_full) != c.head_dim_full ||
-      k.opt_int("attention.value_length_swa", c.head_dim_sliding) != c.head_dim_sliding)
+  const int64_t L = require_positive(k.required_int("block_count"), "block_count", where);
+  c.hidden = require_positive(k.required_int("embedding_length"), "embedding_length", where);
+  c.context = require_positive(k.required_int("context_length"), "context_length", where);
+  c.heads = require_positive(k.required_int("attention.head_count"), "attention.head_count", where);
+  c.head_dim_full = require_positive(k.required_int("attention.key_length"), "attention.key_length", where);
+  c.head_dim_sliding = require_positive(k.required_int("attention.key_length_swa"), "attention.key_length_swa", where);
+  if (k.optional_int("attention.value_length", c.head_dim_full) != c.head_dim_full ||
+      k.optional_int("attention.value_length_swa", c.head_dim_sliding) != c.head_dim_sliding)
     fail("{}: attention.value_length(_swa) differs from key_length(_swa); Gemma 4 uses equal K and V head dims",
          where);
-  c.window = k.req_int("attention.sliding_window");
-  c.eps = k.opt_float("attention.layer_norm_rms_epsilon", 1e-6f);
-  c.ple = k.req_int("embedding_length_per_layer_input");
-  c.shared_kv_layers = k.opt_int("attention.shared_kv_layers", 0);
-  c.softcap = k.opt_float("final_logit_softcapping", 0.0f);
-  c.experts = k.opt_int("expert_count", 0);
-  c.experts_used = k.opt_int("expert_used_count", 0);
-  c.expert_ffn = k.opt_int("expert_feed_forward_length", 0);
+  c.window = k.required_int("attention.sliding_window");
+  c.eps = k.optional_float("attention.layer_norm_rms_epsilon", 1e-6f);
+  c.ple = k.required_int("embedding_length_per_layer_input");
+  c.shared_kv_layers = k.optional_int("attention.shared_kv_layers", 0);
+  c.softcap = k.optional_float("final_logit_softcapping", 0.0f);
+  c.experts = k.optional_int("expert_count", 0);
+  c.experts_used = k.optional_int("expert_used_count", 0);
+  c.expert_ffn = k.optional_int("expert_feed_forward_length", 0);
 
   const auto ffn = k.per_layer("feed_forward_length", L, true, 0);
   const auto kv = k.per_layer("attention.head_count_kv", L, false, c.heads);
   const json* pattern = k.find("attention.sliding_window_pattern");
-  if (!pattern) fail("{}: metadata key '{}.attention.sliding_window_pattern' is missing", where, k.arch);
+  if (!pattern) fail("{}: metadata key '{}.attention.sliding_window_pattern' is missing", where, k.arch());
   c.layers.resize(L);
   for (int64_t l = 0; l < L; ++l) {
     bool sliding;
@@ -178,11 +111,11 @@ Config config_from_gguf(const ModelFile& file) {
 
   // Sliding layers: plain NeoX RoPE. Full layers: proportional RoPE, encoded by llama.cpp's converter
   // as rope_freqs = 1.0 for the rotated pairs and 1e30 (no rotation) for the rest.
-  const int64_t dims_swa = k.opt_int("rope.dimension_count_swa", c.head_dim_sliding);
-  const int64_t dims = k.opt_int("rope.dimension_count", c.head_dim_full);
-  c.rope_sliding = {k.opt_float("rope.freq_base_swa", k.opt_float("rope.freq_base", 10000.0f)), dims_swa / 2,
+  const int64_t dims_swa = k.optional_int("rope.dimension_count_swa", c.head_dim_sliding);
+  const int64_t dims = k.optional_int("rope.dimension_count", c.head_dim_full);
+  c.rope_sliding = {k.optional_float("rope.freq_base_swa", k.optional_float("rope.freq_base", 10000.0f)), dims_swa / 2,
                     static_cast<float>(dims_swa), 1.0f};
-  c.rope_full = {k.opt_float("rope.freq_base", 10000.0f), dims / 2, static_cast<float>(dims), 1.0f};
+  c.rope_full = {k.optional_float("rope.freq_base", 10000.0f), dims / 2, static_cast<float>(dims), 1.0f};
   if (const TensorInfo* rf = file.find("rope_freqs.weight")) {
     if (rf->type != DType::F32 || rf->elements() != dims / 2)
       fail("{}: tensor 'rope_freqs.weight' is {} with {} values; expected F32 with rope.dimension_count/2 = {}",
@@ -225,13 +158,13 @@ Config config_from_hf(const ModelFile& file) {
   if (cit == md.end() || !cit->is_object()) fail("{}: missing or not a JSON object", where);
   const json& root = *cit;
   const json& tc = root.contains("text_config") && root["text_config"].is_object() ? root["text_config"] : root;
-  HfKeys k{tc, where};
+  JsonFields k(tc, where, &tc != &root ? "text_config." : "");
 
   Config c;
   c.vocab = k.get<int64_t>("vocab_size", 262144);
   c.hidden = k.get<int64_t>("hidden_size", 2304);
   const int64_t ffn = k.get<int64_t>("intermediate_size", 9216);
-  const int64_t L = positive(k.get<int64_t>("num_hidden_layers", 30), "num_hidden_layers", where);
+  const int64_t L = require_positive(k.get<int64_t>("num_hidden_layers", 30), "num_hidden_layers", where);
   c.heads = k.get<int64_t>("num_attention_heads", 8);
   const int64_t kv = k.get<int64_t>("num_key_value_heads", 4);
   c.head_dim_sliding = k.get<int64_t>("head_dim", 256);

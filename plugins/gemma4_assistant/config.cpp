@@ -6,6 +6,7 @@
 
 #include "assistant.hpp"
 #include "specula/error.hpp"
+#include "specula/metadata.hpp"
 
 namespace specula::gemma4_assistant {
 namespace {
@@ -14,76 +15,24 @@ using json = nlohmann::json;
 
 constexpr const char* kArch = "gemma4-assistant";
 
-int64_t positive(int64_t v, const std::string& what, const std::string& where) {
-  if (v <= 0) fail("{}: {} is {}, expected a positive number", where, what, v);
-  return v;
-}
-
-struct GgufKeys {
-  const json& md;
-  std::string file;
-
-  const json* find(const std::string& key) const {
-    auto it = md.find(std::string(kArch) + "." + key);
-    return it == md.end() ? nullptr : &*it;
-  }
-  int64_t integer(const json& v, const std::string& key) const {
-    if (!v.is_number_integer() && !v.is_number_unsigned())
-      fail("{}: metadata key '{}.{}' is {}, expected an integer", file, kArch, key, v.dump().substr(0, 60));
-    return v.get<int64_t>();
-  }
-  int64_t req_int(const std::string& key) const {
-    const json* v = find(key);
-    if (!v) fail("{}: metadata key '{}.{}' is missing; a gemma4-assistant GGUF must have it", file, kArch, key);
-    return integer(*v, key);
-  }
-  int64_t opt_int(const std::string& key, int64_t fallback) const {
-    const json* v = find(key);
-    return v ? integer(*v, key) : fallback;
-  }
-  float opt_float(const std::string& key, float fallback) const {
-    const json* v = find(key);
-    if (!v) return fallback;
-    if (!v->is_number()) fail("{}: metadata key '{}.{}' is {}, expected a number", file, kArch, key, v->dump());
-    return v->get<float>();
-  }
-  bool opt_bool(const std::string& key, bool fallback) const {
-    const json* v = find(key);
-    if (!v) return fallback;
-    if (v->is_boolean()) return v->get<bool>();
-    if (v->is_number_integer() || v->is_number_unsigned()) return v->get<int64_t>() != 0;
-    fail("{}: metadata key '{}.{}' is {}, expected a boolean", file, kArch, key, v->dump());
-  }
-  std::vector<int64_t> per_layer(const std::string& key, size_t n) const {
-    const json* v = find(key);
-    if (!v) fail("{}: metadata key '{}.{}' is missing", file, kArch, key);
-    if (!v->is_array()) return std::vector<int64_t>(n, integer(*v, key));
-    if (v->size() != n)
-      fail("{}: metadata key '{}.{}' has {} entries, expected one per layer ({})", file, kArch, key, v->size(), n);
-    std::vector<int64_t> out;
-    for (const json& e : *v) out.push_back(integer(e, key));
-    return out;
-  }
-};
-
 void finish(Config& c, const std::string& where) {
   if (c.layers.empty()) fail("{}: the drafter has no layers", where);
-  positive(c.hidden, "hidden size", where);
-  positive(c.backbone, "backbone hidden size", where);
-  positive(c.heads, "attention head count", where);
-  positive(c.vocab, "vocabulary size", where);
+  require_positive(c.hidden, "hidden size", where);
+  require_positive(c.backbone, "backbone hidden size", where);
+  require_positive(c.heads, "attention head count", where);
+  require_positive(c.vocab, "vocabulary size", where);
   if (c.backbone == c.hidden)
     fail("{}: backbone hidden size {} equals the drafter's hidden size; a gemma4-assistant file states the "
          "target's width (embedding_length_out / backbone_hidden_size)", where, c.backbone);
   for (size_t l = 0; l < c.layers.size(); ++l) {
-    positive(c.layers[l].head_dim, fmt::format("head dim of layer {}", l), where);
-    positive(c.layers[l].ffn, fmt::format("feed-forward width of layer {}", l), where);
+    require_positive(c.layers[l].head_dim, fmt::format("head dim of layer {}", l), where);
+    require_positive(c.layers[l].ffn, fmt::format("feed-forward width of layer {}", l), where);
   }
   bool sliding = false;
   for (const Layer& l : c.layers) sliding = sliding || !l.full;
   if (sliding && c.window <= 0) fail("{}: sliding window is {}, expected > 0", where, c.window);
   if (c.has_centroids) {
-    positive(c.centroids, "num_centroids", where);
+    require_positive(c.centroids, "num_centroids", where);
     if (c.vocab % c.centroids != 0)
       fail("{}: vocabulary {} is not a multiple of num_centroids {}", where, c.vocab, c.centroids);
     if (c.centroid_top_k <= 0 || c.centroid_top_k > c.centroids)
@@ -95,26 +44,26 @@ void finish(Config& c, const std::string& where) {
 Config from_gguf(const ModelFile& file) {
   const std::string where = file.path().string();
   const json& md = file.metadata();
-  GgufKeys k{md, where};
+  GgufKeys k(md, where, kArch);
   Config c;
-  const int64_t L = positive(k.req_int("block_count"), "block_count", where);
-  c.hidden = positive(k.req_int("embedding_length"), "embedding_length", where);
+  const int64_t L = require_positive(k.required_int("block_count"), "block_count", where);
+  c.hidden = require_positive(k.required_int("embedding_length"), "embedding_length", where);
   // Upstream llama.cpp states the backbone as embedding_length_out, the fork converter (seed) as
   // backbone_hidden_size; either is accepted, both must agree.
-  const int64_t out = k.opt_int("embedding_length_out", 0), bb = k.opt_int("backbone_hidden_size", 0);
+  const int64_t out = k.optional_int("embedding_length_out", 0), bb = k.optional_int("backbone_hidden_size", 0);
   if (out == 0 && bb == 0)
     fail("{}: metadata keys '{}.embedding_length_out' and '{}.backbone_hidden_size' are both missing; one "
          "must state the target's hidden size", where, kArch, kArch);
   if (out != 0 && bb != 0 && out != bb)
     fail("{}: '{}.embedding_length_out' = {} but '{}.backbone_hidden_size' = {}", where, kArch, out, kArch, bb);
   c.backbone = out != 0 ? out : bb;
-  c.context = k.opt_int("context_length", 131072);
-  c.heads = positive(k.req_int("attention.head_count"), "attention.head_count", where);
-  const int64_t hd_full = positive(k.req_int("attention.key_length"), "attention.key_length", where);
-  const int64_t hd_swa = positive(k.req_int("attention.key_length_swa"), "attention.key_length_swa", where);
-  c.window = k.opt_int("attention.sliding_window", 0);
-  c.eps = k.opt_float("attention.layer_norm_rms_epsilon", 1e-6f);
-  if (const float cap = k.opt_float("final_logit_softcapping", 0.0f); cap != 0.0f)
+  c.context = k.optional_int("context_length", 131072);
+  c.heads = require_positive(k.required_int("attention.head_count"), "attention.head_count", where);
+  const int64_t hd_full = require_positive(k.required_int("attention.key_length"), "attention.key_length", where);
+  const int64_t hd_swa = require_positive(k.required_int("attention.key_length_swa"), "attention.key_length_swa", where);
+  c.window = k.optional_int("attention.sliding_window", 0);
+  c.eps = k.optional_float("attention.layer_norm_rms_epsilon", 1e-6f);
+  if (const float cap = k.optional_float("final_logit_softcapping", 0.0f); cap != 0.0f)
     fail("{}: '{}.final_logit_softcapping' = {}; Gemma 4 drafters have no logit softcap", where, kArch, cap);
   const auto ffn = k.per_layer("feed_forward_length", static_cast<size_t>(L));
   const json* pattern = k.find("attention.sliding_window_pattern");
@@ -144,11 +93,11 @@ Config from_gguf(const ModelFile& file) {
 
   // RoPE exactly as the target reads it: plain NeoX on sliding layers, proportional on full layers
   // (rope_freqs = 1.0 for the rotated pairs, >= 1e20 for the frozen ones).
-  const int64_t dims_swa = k.opt_int("rope.dimension_count_swa", hd_swa);
-  const int64_t dims = k.opt_int("rope.dimension_count", hd_full);
-  c.rope_sliding = {k.opt_float("rope.freq_base_swa", k.opt_float("rope.freq_base", 10000.0f)), dims_swa / 2,
+  const int64_t dims_swa = k.optional_int("rope.dimension_count_swa", hd_swa);
+  const int64_t dims = k.optional_int("rope.dimension_count", hd_full);
+  c.rope_sliding = {k.optional_float("rope.freq_base_swa", k.optional_float("rope.freq_base", 10000.0f)), dims_swa / 2,
                     static_cast<float>(dims_swa), 1.0f};
-  c.rope_full = {k.opt_float("rope.freq_base", 10000.0f), dims / 2, static_cast<float>(dims), 1.0f};
+  c.rope_full = {k.optional_float("rope.freq_base", 10000.0f), dims / 2, static_cast<float>(dims), 1.0f};
   if (const TensorInfo* rf = file.find("rope_freqs.weight")) {
     if (rf->type != DType::F32 || rf->elements() != dims / 2)
       fail("{}: tensor 'rope_freqs.weight' is {} with {} values; expected F32 with rope.dimension_count/2 = {}",
@@ -176,23 +125,12 @@ Config from_gguf(const ModelFile& file) {
   c.has_centroids = cent != nullptr;
   if (cent) {
     const int64_t from_tensor = cent->shape.size() == 2 ? cent->shape[0] : 0;
-    c.centroids = k.opt_int("assistant.num_centroids", from_tensor);
-    c.centroid_top_k = k.opt_int("assistant.centroid_intermediate_top_k", 32);
-    c.use_ordered_embeddings = k.opt_bool("assistant.use_ordered_embeddings", true);
+    c.centroids = k.optional_int("assistant.num_centroids", from_tensor);
+    c.centroid_top_k = k.optional_int("assistant.centroid_intermediate_top_k", 32);
+    c.use_ordered_embeddings = k.optional_bool("assistant.use_ordered_embeddings", true);
   }
   finish(c, where);
   return c;
-}
-
-template <typename T>
-T hf_get(const json& o, const char* key, T fallback, const std::string& where, const char* section) {
-  auto it = o.find(key);
-  if (it == o.end() || it->is_null()) return fallback;
-  try {
-    return it->get<T>();
-  } catch (const json::exception&) {
-    fail("{}: {}{} is {}, which is not the expected type", where, section, key, it->dump());
-  }
 }
 
 Config from_hf(const ModelFile& file) {
@@ -204,8 +142,9 @@ Config from_hf(const ModelFile& file) {
   if (!root.contains("text_config") || !root["text_config"].is_object())
     fail("{}: text_config is missing; a Gemma4AssistantForCausalLM config nests the decoder there", where);
   const json& tc = root["text_config"];
-  auto top = [&](const char* key, auto fallback) { return hf_get(root, key, fallback, where, ""); };
-  auto txt = [&](const char* key, auto fallback) { return hf_get(tc, key, fallback, where, "text_config."); };
+  const JsonFields top_fields(root, where), text_fields(tc, where, "text_config.");
+  auto top = [&](const char* key, auto fallback) { return top_fields.get(key, fallback); };
+  auto txt = [&](const char* key, auto fallback) { return text_fields.get(key, fallback); };
 
   Config c;
   c.layout = "hf";
@@ -216,7 +155,7 @@ Config from_hf(const ModelFile& file) {
   c.vocab = txt("vocab_size", int64_t{262144});
   c.hidden = txt("hidden_size", int64_t{256});
   const int64_t ffn = txt("intermediate_size", int64_t{2048});
-  const int64_t L = positive(txt("num_hidden_layers", int64_t{4}), "text_config.num_hidden_layers", where);
+  const int64_t L = require_positive(txt("num_hidden_layers", int64_t{4}), "text_config.num_hidden_layers", where);
   c.heads = txt("num_attention_heads", int64_t{4});
   const int64_t hd_swa = txt("head_dim", int64_t{256}), hd_full = txt("global_head_dim", int64_t{512});
   c.eps = txt("rms_norm_eps", 1e-6f);

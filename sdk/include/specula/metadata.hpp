@@ -1,0 +1,70 @@
+// Checked reads of model metadata for model plugins: GGUF keys under an architecture prefix
+// ("gemma4.block_count") and fields of a JSON config object (config.json or its text_config). Every
+// error names the file, the key, the value found and what was expected.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "specula/error.hpp"
+
+namespace specula {
+
+class GgufKeys {
+ public:
+  // `file` names the model in messages; `arch` is the key prefix (general.architecture).
+  GgufKeys(const nlohmann::json& metadata, std::string file, std::string arch);
+
+  const nlohmann::json* find(const std::string& key) const;  // "{arch}.{key}", or null
+  int64_t integer(const nlohmann::json& value, const std::string& key) const;
+  int64_t required_int(const std::string& key) const;
+  int64_t optional_int(const std::string& key, int64_t fallback) const;
+  float optional_float(const std::string& key, float fallback) const;
+  bool optional_bool(const std::string& key, bool fallback) const;  // a bool, or an integer (0 = false)
+  // A scalar for every layer, or an array with one entry per layer (llama.cpp's "key or array").
+  std::vector<int64_t> per_layer(const std::string& key, size_t layers, bool required = true,
+                                 int64_t fallback = 0) const;
+
+  const std::string& file() const { return file_; }
+  const std::string& arch() const { return arch_; }
+
+ private:
+  const nlohmann::json& md_;
+  std::string file_;
+  std::string arch_;
+};
+
+// The fields of one JSON object; `where` ("model/config.json") and `prefix` ("text_config.") name a
+// field in messages.
+class JsonFields {
+ public:
+  JsonFields(const nlohmann::json& object, std::string where, std::string prefix = "")
+      : object_(object), where_(std::move(where)), prefix_(std::move(prefix)) {}
+
+  // The field, or `fallback` when it is absent or null; a field of another type is an error.
+  template <typename T>
+  T get(const char* key, T fallback) const {
+    auto it = object_.find(key);
+    if (it == object_.end() || it->is_null()) return fallback;
+    try {
+      return it->template get<T>();
+    } catch (const nlohmann::json::exception&) {
+      fail("{}: {}{} is {}, which is not the expected type", where_, prefix_, key, it->dump());
+    }
+  }
+  const nlohmann::json& object() const { return object_; }
+
+ private:
+  const nlohmann::json& object_;
+  std::string where_;
+  std::string prefix_;
+};
+
+// `value` when it is > 0; otherwise an error "{where}: {what} is {value}, expected a positive number".
+int64_t require_positive(int64_t value, const std::string& what, const std::string& where);
+
+}  // namespace specula

@@ -1,0 +1,67 @@
+#include "specula/metadata.hpp"
+
+namespace specula {
+
+using json = nlohmann::json;
+
+GgufKeys::GgufKeys(const json& metadata, std::string file, std::string arch)
+    : md_(metadata), file_(std::move(file)), arch_(std::move(arch)) {}
+
+const json* GgufKeys::find(const std::string& key) const {
+  auto it = md_.find(arch_ + "." + key);
+  return it == md_.end() ? nullptr : &*it;
+}
+
+int64_t GgufKeys::integer(const json& v, const std::string& key) const {
+  if (!v.is_number_integer() && !v.is_number_unsigned())
+    fail("{}: metadata key '{}.{}' is {}, expected an integer", file_, arch_, key, v.dump().substr(0, 60));
+  return v.get<int64_t>();
+}
+
+int64_t GgufKeys::required_int(const std::string& key) const {
+  const json* v = find(key);
+  if (!v) fail("{}: metadata key '{}.{}' is missing; a {} GGUF must have it", file_, arch_, key, arch_);
+  return integer(*v, key);
+}
+
+int64_t GgufKeys::optional_int(const std::string& key, int64_t fallback) const {
+  const json* v = find(key);
+  return v ? integer(*v, key) : fallback;
+}
+
+float GgufKeys::optional_float(const std::string& key, float fallback) const {
+  const json* v = find(key);
+  if (!v) return fallback;
+  if (!v->is_number()) fail("{}: metadata key '{}.{}' is {}, expected a number", file_, arch_, key, v->dump());
+  return v->get<float>();
+}
+
+bool GgufKeys::optional_bool(const std::string& key, bool fallback) const {
+  const json* v = find(key);
+  if (!v) return fallback;
+  if (v->is_boolean()) return v->get<bool>();
+  if (v->is_number_integer() || v->is_number_unsigned()) return v->get<int64_t>() != 0;
+  fail("{}: metadata key '{}.{}' is {}, expected a boolean", file_, arch_, key, v->dump());
+}
+
+std::vector<int64_t> GgufKeys::per_layer(const std::string& key, size_t layers, bool required,
+                                         int64_t fallback) const {
+  const json* v = find(key);
+  if (!v) {
+    if (required) fail("{}: metadata key '{}.{}' is missing", file_, arch_, key);
+    return std::vector<int64_t>(layers, fallback);
+  }
+  if (!v->is_array()) return std::vector<int64_t>(layers, integer(*v, key));
+  if (v->size() != layers)
+    fail("{}: metadata key '{}.{}' has {} entries, expected one per layer ({})", file_, arch_, key, v->size(), layers);
+  std::vector<int64_t> out;
+  for (const json& e : *v) out.push_back(integer(e, key));
+  return out;
+}
+
+int64_t require_positive(int64_t value, const std::string& what, const std::string& where) {
+  if (value <= 0) fail("{}: {} is {}, expected a positive number", where, what, value);
+  return value;
+}
+
+}  // namespace specula
