@@ -363,6 +363,14 @@ class VulkanBackend final : public ComputeBackend {
       case Op::Concat:
         if (type == DType::F32 || type == DType::I32) return Support::yes();
         return Support::no(fmt::format("{} takes F32 or I32 values on the Vulkan backend, not {}", op_name(op), tr->name));
+      case Op::TopPDraw:
+        return Support::no(
+            "TopPDraw must reproduce the host sampler's double-precision exp bit for bit, which GLSL has no "
+            "double exp for; sample on the host (sampler.device off/auto)");
+      case Op::Scatter:
+        if (type == DType::F32) return Support::yes();
+        return Support::no(fmt::format("Scatter takes F32 values, not {}", tr->name));
+      case Op::Div: case Op::Clamp:
       case Op::GetRows: case Op::MatMul: case Op::MatMulId: case Op::Add: case Op::Mul: case Op::Scale:
       case Op::RmsNorm: case Op::GeluTanh: case Op::Softcap: case Op::Rope: case Op::Softmax: case Op::TopK:
       case Op::Argmax:
@@ -623,6 +631,30 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
     p.dispatches.push_back(d);
     return d.bind[5];
   };
+  // Row windows [first, end) of a weight that fit maxStorageBufferRange at an aligned offset (one
+  // window when it fits whole); `unit` rows move together (an expert's O rows).
+  const VkDeviceSize max_range = dev_->props.limits.maxStorageBufferRange;
+  auto windows = [&](const Loc& w, DType type, int64_t rows, int64_t cols, int64_t unit) {
+    std::vector<std::pair<int64_t, int64_t>> out;
+    if (w.size <= max_range) return std::vector<std::pair<int64_t, int64_t>>{{0, rows}};
+    const uint64_t rb = *dtype_row_bytes(type, static_cast<uint64_t>(cols)) * static_cast<uint64_t>(unit);
+    uint64_t step = std::max<uint64_t>(1, (max_range - 4) / rb);
+    while (step > 1 && (step * rb) % align != 0) --step;
+    if ((step * rb) % align != 0 || step * rb > max_range)
+      fail("Vulkan backend: weight rows of {} bytes cannot be bound in windows of at most {} bytes", rb, max_range);
+    const int64_t units = rows / unit;
+    for (int64_t u = 0; u < units; u += static_cast<int64_t>(step))
+      out.emplace_back(u * unit, std::min<int64_t>(units, u + static_cast<int64_t>(step)) * unit);
+    return out;
+  };
+  auto window_loc = [&](const Loc& w, DType type, int64_t cols, std::pair<int64_t, int64_t> win) {
+    if (w.size <= max_range) return w;
+    const uint64_t rb = *dtype_row_bytes(type, static_cast<uint64_t>(cols));
+    Loc l = w;
+    l.off = w.off + static_cast<VkDeviceSize>(win.first) * rb;
+    l.size = std::min<VkDeviceSize>((static_cast<VkDeviceSize>(win.second - win.first) * rb + 3) / 4 * 4, w.size - (l.off - w.off));
+    return l;
+  };
   auto need_weight = [&](const Node& n, int k) {
     const Node& w = src_node(n, k);
     const Support ok = supports(n.op, w.type);
@@ -657,12 +689,17 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
         const Node& t = src_node(n, 0);
         const int64_t R = t.shape[0], C = t.shape[1], rows = elements(src_node(n, 1).shape);
         d.shader = "get_rows";
-        d.bind[0] = loc_of(n.src[0]);
         d.bind[1] = loc_of(n.src[1]);
         d.bind[5] = result();
-        d.pc = {static_cast<uint32_t>(t.type), u32(R), u32(C), u32(rows), 0, u32(i)};
         d.groups = (static_cast<uint64_t>(rows) * static_cast<uint64_t>((C + 31) / 32) + 63) / 64;
         p.id_bound[static_cast<size_t>(i)] = R;
+        const Loc table = loc_of(n.src[0]);
+        for (auto win : windows(table, t.type, R, C, 1)) {
+          d.bind[0] = window_loc(table, t.type, C, win);
+          d.pc = {static_cast<uint32_t>(t.type), u32(R), u32(C), u32(rows), 0, u32(i), u32(win.first), u32(win.second)};
+          p.dispatches.push_back(d);
+        }
+        d.shader.clear();
         break;
       }
       case Op::MatMul:
@@ -670,32 +707,47 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
         need_weight(n, 0);
         const Node& w = src_node(n, 0);
         d.shader = "matmul";
-        d.bind[0] = loc_of(n.src[0]);
         d.bind[1] = as_f32(n, i, 1, false);
         d.bind[5] = result();
+        const Loc wl = loc_of(n.src[0]);
         if (n.op == Op::MatMul) {
           const int64_t O = w.shape[0], I = w.shape[1], N = elements(src_node(n, 1).shape) / I;
-          d.pc = {static_cast<uint32_t>(w.type), u32(O), u32(I), u32(N), 0};
-          d.groups = static_cast<uint64_t>(O) * static_cast<uint64_t>((N + 3) / 4);
+          for (auto win : windows(wl, w.type, O, I, 1)) {
+            d.bind[0] = window_loc(wl, w.type, I, win);
+            d.pc = {static_cast<uint32_t>(w.type), u32(O), u32(I), u32(N), 0};
+            d.pc[8] = u32(i);
+            d.pc[9] = u32(win.first);
+            d.pc[10] = u32(win.second - win.first);
+            d.groups = static_cast<uint64_t>(win.second - win.first) * static_cast<uint64_t>((N + 3) / 4);
+            p.dispatches.push_back(d);
+          }
         } else {
           const int64_t E = w.shape[0], O = w.shape[1], I = w.shape[2], N = n.shape[0], K = n.shape[1];
           d.bind[2] = loc_of(n.src[2]);
           const bool shared = src_node(n, 1).shape[1] == 1 && K != 1;
-          d.pc = {static_cast<uint32_t>(w.type), u32(O), u32(I), u32(N * K), 1, u32(K), shared ? 1u : 0u, u32(E), u32(i)};
-          d.groups = static_cast<uint64_t>(O) * static_cast<uint64_t>((N * K + 3) / 4);
+          for (auto win : windows(wl, w.type, E * O, I, O)) {
+            d.bind[0] = window_loc(wl, w.type, I, win);
+            d.pc = {static_cast<uint32_t>(w.type), u32(O), u32(I), u32(N * K), 1, u32(K), shared ? 1u : 0u, u32(E), u32(i),
+                    u32(win.first / O), u32(win.second / O)};
+            d.groups = static_cast<uint64_t>(O) * static_cast<uint64_t>((N * K + 3) / 4);
+            p.dispatches.push_back(d);
+          }
           p.id_bound[static_cast<size_t>(i)] = E;
         }
+        d.shader.clear();
         break;
       }
       case Op::Add:
       case Op::Mul:
+      case Op::Div:
       case Op::Scale:
       case Op::GeluTanh:
-      case Op::Softcap: {
+      case Op::Softcap:
+      case Op::Clamp: {
         d.shader = "elementwise";
         d.bind[0] = as_f32(n, i, 0, false);
         d.pc[1] = u32(elements(n.shape));
-        if (n.op == Op::Add || n.op == Op::Mul) {
+        if (n.op == Op::Add || n.op == Op::Mul || n.op == Op::Div) {
           d.bind[1] = as_f32(n, i, 1, false);
           const Shape& as = n.shape;
           const Shape& bs = src_node(n, 1).shape;
@@ -708,14 +760,15 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
             bstride[static_cast<size_t>(k)] = bdim[static_cast<size_t>(k)] == 1 ? 0 : stride;
             stride *= bdim[static_cast<size_t>(k)];
           }
-          d.pc[0] = n.op == Op::Add ? 0 : 1;
+          d.pc[0] = n.op == Op::Add ? 0 : n.op == Op::Mul ? 1 : 5;
           for (int k = 0; k < 6; ++k) {
             d.pc[static_cast<size_t>(3 + k)] = u32(adim[static_cast<size_t>(k)]);
             d.pc[static_cast<size_t>(9 + k)] = u32(bstride[static_cast<size_t>(k)]);
           }
         } else {
-          d.pc[0] = n.op == Op::Scale ? 2 : n.op == Op::GeluTanh ? 3 : 4;
+          d.pc[0] = n.op == Op::Scale ? 2 : n.op == Op::GeluTanh ? 3 : n.op == Op::Softcap ? 4 : 6;
           d.pc[15] = fbits(n.f[0]);
+          d.pc[16] = fbits(n.f[1]);
         }
         d.bind[5] = result();
         d.groups = (static_cast<uint64_t>(elements(n.shape)) + 255) / 256;
@@ -793,6 +846,26 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
         d.groups = (words + 255) / 256;
         break;
       }
+      case Op::Scatter: {
+        // A copy of a, then the scattered values (the barrier between them comes from the overlap).
+        const int64_t N = n.shape[0], M = src_node(n, 1).shape[0];
+        Dispatch c;
+        c.shader = "copy";
+        c.node = i;
+        c.bind[0] = as_f32(n, i, 0, false);
+        c.bind[5] = result();
+        c.pc = {0, u32(N), u32(N), 0, u32(N)};
+        c.groups = (static_cast<uint64_t>(N) + 255) / 256;
+        p.dispatches.push_back(c);
+        d.shader = "copy";
+        d.bind[1] = loc_of(n.src[1]);
+        d.bind[2] = as_f32(n, i, 2, false);
+        d.bind[5] = out;
+        d.pc = {4, u32(M), 0, u32(N), 0, 0, 0, u32(i)};
+        d.groups = (static_cast<uint64_t>(M) + 255) / 256;
+        p.id_bound[static_cast<size_t>(i)] = N;
+        break;
+      }
       case Op::Copy: {
         if (!plain_float(n.type))
           fail("Vulkan backend: Copy '{}' to {}: {}", n.name, dtype_name(n.type), supports(Op::Copy, n.type).reason);
@@ -849,7 +922,6 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
   p.readback = dev_->buffer(std::max<VkDeviceSize>(readback_size, 16), true, "graph outputs", dev_);
   p.err = dev_->buffer(16, true, "error record", dev_);
   if (!p.consts.empty()) std::memcpy(static_cast<std::byte*>(p.staging->map) + p.consts_staging, p.consts.data(), p.consts.size());
-  const VkDeviceSize max_range = dev_->props.limits.maxStorageBufferRange;
   for (const Dispatch& d : p.dispatches)
     for (const Loc& l : d.bind)
       if (l.valid() && l.size > max_range)
@@ -878,7 +950,7 @@ void VulkanBackend::record(Plan& p, const std::vector<Node>& graph_nodes) {
   check(vkAllocateDescriptorSets(d, &ai, ds.data()), "vkAllocateDescriptorSets");
 
   auto info = [&](const Loc& l) -> VkDescriptorBufferInfo {
-    if (l.tensor) return {l.tensor->buf->buf, 0, VK_WHOLE_SIZE};
+    if (l.tensor) return {l.tensor->buf->buf, l.off, l.size};
     if (l.size > 0) return {p.arena->buf, l.off, l.size};
     return {dummy_->buf, 0, VK_WHOLE_SIZE};
   };
@@ -924,7 +996,7 @@ void VulkanBackend::record(Plan& p, const std::vector<Node>& graph_nodes) {
     VkDeviceSize off, size;
   };
   auto range = [&](const Loc& l) -> Range {
-    if (l.tensor) return {l.tensor->buf->buf, 0, l.tensor->buf->size};
+    if (l.tensor) return {l.tensor->buf->buf, l.off, l.size};
     return {p.arena->buf, l.off, l.size};
   };
   auto overlaps = [](const std::vector<Range>& v, const Range& r) {

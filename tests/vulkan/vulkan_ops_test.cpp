@@ -316,6 +316,28 @@ TEST(VulkanOps, TopKArgmaxTiesAndDataMovement) {
   }, 0, 0, "top_k, argmax, reshape, slice, concat, copy");
 }
 
+TEST(VulkanOps, DeviceSamplerOpsDivClampScatter) {
+  REQUIRE_VULKAN();
+  // Bit-exact with the CPU: Div is IEEE division (the shader corrects Vulkan's 2.5-ulp '/'), Clamp and
+  // Scatter move values.
+  auto a = test::random_floats(3 * 257, 50, -30.0f, 30.0f), b = test::random_floats(257, 51, 0.3f, 7.0f);
+  std::vector<float> p{1.1f};
+  std::vector<int32_t> ids{5, 0, 256, 17};
+  std::vector<float> vals{-1e30f, 2.0f, 3.5f, -0.0f};
+  auto x = test::random_floats(257, 52, -2.0f, 2.0f);
+  compare([&](Side&, Built& bt) {
+    auto& g = bt.g;
+    Value av = bt.input(DType::F32, {3, 257}, a, "a");
+    bt.out(g.div(av, bt.input(DType::F32, {257}, b, "b")));
+    bt.out(g.div(av, bt.input(DType::F32, {1}, p, "p")));
+    bt.out(g.clamp(av, -3.0f, 2.5f));
+    bt.out(g.clamp(av, -1e30f, -1e30f));
+    bt.out(g.scatter(bt.input(DType::F32, {257}, x, "x"), bt.input(DType::I32, {4}, ids, "ids"),
+                     bt.input(DType::F32, {4}, vals, "vals")));
+  }, 0, 0, "div, clamp, scatter");
+  EXPECT_FALSE(vulkan()->supports(Op::TopPDraw, DType::F32).ok);
+}
+
 TEST(VulkanOps, CopyRoundsToNearestEven) {
   REQUIRE_VULKAN();
   std::vector<float> x{1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f, -2.5f, 65504.0f, 1e-7f};

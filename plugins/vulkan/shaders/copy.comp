@@ -4,6 +4,7 @@
 //  op 1 Concat  out[r, j] = j < ca ? a[r, j] : b[r, j - ca]           (32-bit values)
 //  op 2 Copy    F32 -> dst type (F32, F16, BF16), flat
 //  op 3 WriteRows: rows b0 [N, C] into dst bo at rows ids b2 [N] (dst type F32/I32/F16/BF16)
+//  op 4 Scatter (after a copy of a into bo): bo[ids b1[m]] = values b2[m], one thread per m; p[3] = N
 // p: 0 op, 1 words out, 2 cols (Slice: src cols; Concat: ca; WriteRows: C), 3 (Slice: start, Concat: cb,
 //    WriteRows: R), 4 out cols (Slice: len), 5 dst type, 6 N, 7 node, 8 count of values (Copy)
 #include "common.glsl"
@@ -31,6 +32,13 @@ void main() {
       uint hi = i + 1u < n ? encode(type, uintBitsToFloat(b0.d[i + 1u])) : 0u;
       bo.d[w] = lo | (hi << 16);
     }
+  } else if (op == 4u) {
+    int id = int(b1.d[w]);
+    if (id < 0 || uint(id) >= pc.p[3]) {
+      report(pc.p[7], uint(id), w);
+      return;
+    }
+    bo.d[uint(id)] = b2.d[w];
   } else {
     uint type = pc.p[5], C = pc.p[2], R = pc.p[3];
     bool wide = type == T_F32 || type == T_I32;

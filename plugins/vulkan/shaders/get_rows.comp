@@ -1,6 +1,8 @@
 #version 450
 // GetRows (and the conversion of any stored operand to F32: ids = identity): one thread per 32-value
-// chunk of an output row. p: 0 type, 1 R, 2 C, 3 rows out, 4 identity, 5 node
+// chunk of an output row. p: 0 type, 1 R, 2 C, 3 rows out, 4 identity, 5 node, 6..7 the table rows
+// [first, end) bound at binding 0 (a table above maxStorageBufferRange is bound in windows, one dispatch
+// each; ids outside the window are another dispatch's)
 #include "common.glsl"
 layout(local_size_x = 64) in;
 
@@ -17,7 +19,8 @@ void main() {
       report(pc.p[5], uint(id), r);
       return;
     }
-    src = uint(id);
+    if (uint(id) < pc.p[6] || uint(id) >= pc.p[7]) return;
+    src = uint(id) - pc.p[6];
   }
   float w[32];
   decode_chunk(type, src, C, c, w);
