@@ -29,12 +29,17 @@
 #include "specula/core/plugin_host.hpp"
 #include "specula/error.hpp"
 #include "specula/model.hpp"
+#include "fixture.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
 using specula::core::PluginHost;
+using gemma4_test::backend;
+using gemma4_test::fixture;
+using gemma4_test::host;
+using gemma4_test::load;
 
 // llama.cpp parity bounds (max |Δ log-prob| over the top 20 at any position, and the mean of the
 // per-position maxima), per weight type. F32: ggml's fp16 GELU table. F16: llama.cpp also rounds the
@@ -48,58 +53,12 @@ const std::map<std::string, Tol> kLlamaTol = {
     {"f32", {0.015, 0.005}}, {"f16", {0.02, 0.008}}, {"q8_0", {0.45, 0.25}}, {"mlx4", {0.015, 0.005}}};
 constexpr double kRefTol = 1e-4;
 
-// Formats each variant's fixture provides (kept small: the vocab is the real 262144 tokens).
-const std::map<std::string, std::string> kFormats = {
-    {"e2b", "f32,f16,q8_0,hf,mlx4"}, {"e4b", "f32,q8_0"}, {"31b", "f32,f16,hf"}, {"26b", "f32,q8_0,hf,mlx4"}};
-
 fs::path golden(const std::string& name) { return fs::path(SPECULA_SOURCE_DIR) / "tests/gemma4/golden" / name; }
 
 json read_json(const fs::path& p) {
   std::ifstream in(p);
   if (!in) throw std::runtime_error("cannot read " + p.string());
   return json::parse(in);
-}
-
-// The fixture directory of a variant, generated on first use.
-fs::path fixture(const std::string& variant) {
-  static std::mutex mu;
-  static std::set<std::string> done;
-  const fs::path dir = fs::path(SPECULA_BINARY_DIR) / "gemma4-fixtures" / variant;
-  std::lock_guard<std::mutex> lock(mu);
-  if (!done.count(variant)) {
-    const std::string cmd = std::string(SPECULA_PYTHON) + " " + SPECULA_SOURCE_DIR + "/tools/gemma4_fixture.py --variant " +
-                            variant + " --formats " + kFormats.at(variant) + " --out " + dir.string() +
-                            " --vocab " + SPECULA_SHARED_DIR + "/gemma4-vocab/ggml-vocab-gemma-4.gguf";
-    const int rc = std::system(cmd.c_str());
-    if (rc != 0) throw std::runtime_error("fixture generation failed: " + cmd);
-    done.insert(variant);
-  }
-  return dir;
-}
-
-PluginHost& host() {
-  static PluginHost* h = [] {
-    auto* p = new PluginHost();
-    p->discover({fs::path(SPECULA_PLUGIN_DIR)});
-    return p;
-  }();
-  return *h;
-}
-
-std::shared_ptr<specula::ComputeBackend> backend() {
-  static auto b = host().make_backend("onednn");
-  return b;
-}
-
-// Models are immutable once loaded (contexts hold the state), so tests share them.
-std::shared_ptr<specula::Model> load(const fs::path& path, const json& options = json::object()) {
-  static std::map<std::string, std::shared_ptr<specula::Model>> loaded;
-  auto& m = loaded[path.string() + options.dump()];
-  if (!m) {
-    auto file = host().open_model(path);
-    m = host().find_model_loader(*file)->load(file, backend(), options);
-  }
-  return m;
 }
 
 // log-softmax of one row, in double.
