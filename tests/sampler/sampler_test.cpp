@@ -4,6 +4,8 @@
 // with an exactly representable top-P boundary.
 #include <algorithm>
 #include <cfloat>
+#include <chrono>
+#include <cstdio>
 #include <cmath>
 #include <random>
 #include <map>
@@ -440,6 +442,37 @@ TEST(StandardSamplerDevice, DeclinesNamingTheMissingOp) {
   Graph g;
   const Value in = g.input(DType::F32, {10}, "logits");
   EXPECT_TRUE(StandardSampler({}).sample_in_graph(g, in, Value{}, g.input(DType::F32, {1}, "u"), {}, be));
+}
+
+// Sampling alone at Gemma 4's vocabulary (262144), host form vs device form on the CPU backend (logits
+// already in memory on both sides). Disabled by default; numbers in docs/sampling.md.
+TEST(StandardSamplerDevice, DISABLED_TimingAtGemmaVocab) {
+  Device dev;
+  const auto logits = random_logits(262144, 1, 3.0f);
+  std::vector<int32_t> history;
+  for (int i = 0; i < 64; ++i) history.push_back(i * 4099 % 262144);
+  const std::vector<int32_t> ends{1, 106};
+  const std::vector<std::pair<const char*, SamplingParams>> cases{
+      {"greedy", {}},
+      {"t=0.8 top_k=64 top_p=0.95 penalty=1.1", {.temperature = 0.8f, .top_k = 64, .top_p = 0.95f, .repetition_penalty = 1.1f}},
+      {"t=1 top_p=0.95 (full sort)", {.temperature = 1.0f, .top_p = 0.95f}}};
+  for (const auto& [name, p] : cases) {
+    const StandardSampler s(p);
+    const auto state = state_of(history, 0, ends);
+    auto time = [&](auto&& f) {
+      double best = 1e30;
+      for (int rep = 0; rep < 5; ++rep) {
+        const auto t0 = std::chrono::steady_clock::now();
+        for (int i = 0; i < 20; ++i) f(i);
+        best = std::min(best, std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / 20);
+      }
+      return best;
+    };
+    int32_t sink = 0;
+    const double host = time([&](int i) { sink += s.sample(logits, state, i / 20.0f); });
+    const double device = time([&](int i) { sink += dev.sample(s, logits, state, i / 20.0f); });
+    std::printf("[timing] %-40s host %.3f ms  device (CPU backend) %.3f ms  (%d)\n", name, host, device, sink & 1);
+  }
 }
 
 }  // namespace
