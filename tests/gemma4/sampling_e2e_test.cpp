@@ -74,4 +74,53 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"hot", {.temperature = 1.5f, .top_k = 200, .seed = 3}, 256}),
     [](const auto& info) { return std::string(info.param.name); });
 
+// The CPU backend without TopPDraw: `auto` falls back to the host with the op named, `on` refuses before
+// processing anything, and greedy steps (which need no TopPDraw) still sample in the graph.
+class WithoutTopPDraw final : public specula::ComputeBackend {
+ public:
+  explicit WithoutTopPDraw(std::shared_ptr<specula::ComputeBackend> inner) : inner_(std::move(inner)) {}
+  std::string name() const override { return "onednn-without-TopPDraw"; }
+  specula::DeviceInfo device() const override { return inner_->device(); }
+  specula::Support supports(specula::Op op, specula::DType type) const override {
+    if (op == specula::Op::TopPDraw) return specula::Support::no("left out by the test");
+    return inner_->supports(op, type);
+  }
+  specula::BackendTensorPtr load_weight(const specula::TensorInfo& i) override { return inner_->load_weight(i); }
+  specula::BackendTensorPtr allocate(const std::string& n, specula::DType t, const specula::Shape& s) override {
+    return inner_->allocate(n, t, s);
+  }
+  void run(const specula::Graph& g, const specula::RunInputs& in) override { inner_->run(g, in); }
+  void read(const specula::Graph& g, specula::Value v, std::span<std::byte> d) override { inner_->read(g, v, d); }
+  void read(const specula::BackendTensor& t, std::span<std::byte> d) override { inner_->read(t, d); }
+  void write(specula::BackendTensor& t, std::span<const std::byte> s) override { inner_->write(t, s); }
+
+ private:
+  std::shared_ptr<specula::ComputeBackend> inner_;
+};
+
+TEST(Gemma4DeviceSampling, MissingOpFallsBackOrFailsNamingIt) {
+  auto file = host().open_model(fixture("e2b") / "model-f32.gguf");
+  auto be = std::make_shared<WithoutTopPDraw>(gemma4_test::backend());
+  auto model = host().find_model_loader(*file)->load(file, be, nlohmann::json::object());
+  const std::vector<int32_t> prompt{2, 818, 5279, 529};
+  const SamplingParams sampled{.temperature = 1.0f, .top_k = 40, .seed = 5};
+  const auto fallback = run(model, sampled, SamplingDevice::Auto, prompt, 4);
+  EXPECT_EQ(fallback.stats.sampling_path(), "host");
+  EXPECT_NE(fallback.stats.host_sampling_reason.find("TopPDraw"), std::string::npos) << fallback.stats.host_sampling_reason;
+  EXPECT_EQ(fallback.tokens, run(model, sampled, SamplingDevice::Off, prompt, 4).tokens);
+
+  specula::core::Generator gen(model, host().make_sampler("standard", {.temperature = 1.0f, .device = SamplingDevice::On},
+                                                          nlohmann::json::object()));
+  auto ctx = model->new_context({.context_length = 64});
+  try {
+    gen.generate(*ctx, prompt, {});
+    ADD_FAILURE() << "device: on must fail without TopPDraw";
+  } catch (const specula::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("TopPDraw"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(ctx->position(), 0);  // refused before processing the prompt
+
+  EXPECT_EQ(run(model, {}, SamplingDevice::On, prompt, 4).stats.sampling_path(), "device");  // greedy: no draw
+}
+
 }  // namespace
