@@ -400,7 +400,7 @@ TEST(StandardSamplerDevice, WindowIdsKeepOneShapeAsHistoryGrows) {
 // A CPU backend that lacks one op: the device form declines, names it, and leaves the graph alone.
 class Lacking final : public ComputeBackend {
  public:
-  Lacking(Op missing) : inner_(cpu::make_cpu_backend({})), missing_(missing) {}
+  explicit Lacking(Op missing) : inner_(cpu::make_cpu_backend({})), missing_(missing) {}
   std::string name() const override { return "lacking"; }
   DeviceInfo device() const override { return inner_->device(); }
   Support supports(Op op, DType type) const override {
