@@ -710,6 +710,11 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
         d.bind[1] = as_f32(n, i, 1, false);
         d.bind[5] = result();
         const Loc wl = loc_of(n.src[0]);
+        const int64_t chunks = (w.shape.back() + 31) / 32;
+        uint32_t tpr = 1;  // threads per weight row
+        while (tpr < 64 && tpr < chunks) tpr *= 2;
+        const uint64_t rpw = 64 / tpr;
+        d.pc[11] = tpr;
         if (n.op == Op::MatMul) {
           const int64_t O = w.shape[0], I = w.shape[1], N = elements(src_node(n, 1).shape) / I;
           for (auto win : windows(wl, w.type, O, I, 1)) {
@@ -718,7 +723,8 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
             d.pc[8] = u32(i);
             d.pc[9] = u32(win.first);
             d.pc[10] = u32(win.second - win.first);
-            d.groups = static_cast<uint64_t>(win.second - win.first) * static_cast<uint64_t>((N + 3) / 4);
+            d.pc[11] = tpr;
+            d.groups = (static_cast<uint64_t>(win.second - win.first) + rpw - 1) / rpw * static_cast<uint64_t>((N + 7) / 8);
             p.dispatches.push_back(d);
           }
         } else {
@@ -728,8 +734,8 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
           for (auto win : windows(wl, w.type, E * O, I, O)) {
             d.bind[0] = window_loc(wl, w.type, I, win);
             d.pc = {static_cast<uint32_t>(w.type), u32(O), u32(I), u32(N * K), 1, u32(K), shared ? 1u : 0u, u32(E), u32(i),
-                    u32(win.first / O), u32(win.second / O)};
-            d.groups = static_cast<uint64_t>(O) * static_cast<uint64_t>((N * K + 3) / 4);
+                    u32(win.first / O), u32(win.second / O), tpr};
+            d.groups = (static_cast<uint64_t>(O) + rpw - 1) / rpw * static_cast<uint64_t>((N * K + 7) / 8);
             p.dispatches.push_back(d);
           }
           p.id_bound[static_cast<size_t>(i)] = E;
