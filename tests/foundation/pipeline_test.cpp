@@ -212,12 +212,12 @@ sampler: {plugin: toy, max_tokens: 12}
 
   // A failing section is named.
   auto bad = test::write_file(dir / "bad.yaml", "plugin_paths: [" + test::plugin_dir("toy") +
-                                                    "]\nbackend: {plugin: vulkan}\ntarget: {model: t.toy}\n");
+                                                    "]\nbackend: {plugin: nosuchbackend}\ntarget: {model: t.toy}\n");
   try {
     specula::core::build_pipeline(load_pipeline(bad), host);
     FAIL();
   } catch (const specula::Error& e) {
-    EXPECT_CONTAINS(e.what(), "bad.yaml: section 'backend': no backend plugin named 'vulkan'");
+    EXPECT_CONTAINS(e.what(), "bad.yaml: section 'backend': no backend plugin named 'nosuchbackend' (backend plugins found: ");
   }
 }
 
