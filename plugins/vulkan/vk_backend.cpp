@@ -273,7 +273,12 @@ struct Dispatch {
 // A graph compiled for this device: built on the first run of a graph structure, replayed after.
 struct Plan {
   std::shared_ptr<Device> dev;
-  std::vector<BackendTensorPtr> keep;  // tensors the descriptors point at
+  // Tensors the descriptors point at. Weak: a plan must not keep a dead context's KV caches alive; a
+  // plan whose tensor died is dropped (its key could match a new tensor at the same address).
+  std::vector<std::weak_ptr<BackendTensor>> keep;
+  bool stale() const {
+    return std::any_of(keep.begin(), keep.end(), [](const auto& w) { return w.expired(); });
+  }
   std::vector<Loc> loc;                // per node
   std::vector<Dispatch> dispatches;
   struct InputCopy {
@@ -444,7 +449,7 @@ class VulkanBackend final : public ComputeBackend {
   // Plans by graph structure, most recently used first; a few shapes (prefill chunks, decode, verify)
   // are in use at a time.
   std::list<std::pair<std::string, std::unique_ptr<Plan>>> plans_;
-  static constexpr size_t kMaxPlans = 24;
+  static constexpr size_t kMaxPlans = 16;
   Plan* last_plan_ = nullptr;
   const Graph* last_graph_ = nullptr;
   size_t last_size_ = 0;
@@ -1074,8 +1079,10 @@ void VulkanBackend::run(const Graph& graph, const RunInputs& inputs) {
            shape_str(nodes[i].shape));
 
   const std::string key = graph_key(graph);
+  plans_.remove_if([](const auto& e) { return e.second->stale(); });
   auto it = std::find_if(plans_.begin(), plans_.end(), [&](const auto& e) { return e.first == key; });
   if (it == plans_.end()) {
+    log_debug("vulkan backend: new plan for a graph of {} nodes ({} cached)", nodes.size(), plans_.size());
     plans_.emplace_front(key, build(graph));
     if (plans_.size() > kMaxPlans) plans_.pop_back();
   } else {
