@@ -84,6 +84,7 @@ struct Device {
   VkPhysicalDeviceMemoryProperties mem_props{};
   VkCommandPool cmd_pool = VK_NULL_HANDLE;
   VkFence fence = VK_NULL_HANDLE;
+  VkDeviceSize max_binding = 0;  // maxStorageBufferRange, or the lower `max_binding_bytes` option
 
   ~Device() {
     if (dev) {
@@ -638,7 +639,7 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
   };
   // Row windows [first, end) of a weight that fit maxStorageBufferRange at an aligned offset (one
   // window when it fits whole); `unit` rows move together (an expert's O rows).
-  const VkDeviceSize max_range = dev_->props.limits.maxStorageBufferRange;
+  const VkDeviceSize max_range = dev_->max_binding;
   auto windows = [&](const Loc& w, DType type, int64_t rows, int64_t cols, int64_t unit) {
     std::vector<std::pair<int64_t, int64_t>> out;
     if (w.size <= max_range) return std::vector<std::pair<int64_t, int64_t>>{{0, rows}};
@@ -936,7 +937,7 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
   for (const Dispatch& d : p.dispatches)
     for (const Loc& l : d.bind)
       if (l.valid() && l.size > max_range)
-        fail("Vulkan backend: {} '{}' binds {} bytes{}, above the device's maxStorageBufferRange of {} bytes",
+        fail("Vulkan backend: {} '{}' binds {} bytes{}, above the binding limit of {} bytes (maxStorageBufferRange)",
              op_name(nodes[static_cast<size_t>(d.node)].op), nodes[static_cast<size_t>(d.node)].name, l.size,
              l.tensor ? " of '" + l.tensor->name() + "'" : std::string(), max_range);
   record(p, nodes);
@@ -1203,10 +1204,18 @@ int type_rank(VkPhysicalDeviceType t) {
 
 std::unique_ptr<ComputeBackend> make_vulkan_backend(const nlohmann::json& options) {
   nlohmann::json device_opt;
+  uint64_t max_binding = 0;
   if (options.is_object()) {
     for (const auto& [key, value] : options.items()) {
-      if (key == "device") device_opt = value;
-      else fail("vulkan backend: unknown option '{}' (known: device)", key);
+      if (key == "device") {
+        device_opt = value;
+      } else if (key == "max_binding_bytes") {
+        if (!value.is_number_integer() || value.get<int64_t>() < 4096)
+          fail("vulkan backend: option 'max_binding_bytes' = {} must be an integer >= 4096", value.dump());
+        max_binding = value.get<uint64_t>();
+      } else {
+        fail("vulkan backend: unknown option '{}' (known: device, max_binding_bytes)", key);
+      }
     }
   } else if (!options.is_null()) {
     fail("vulkan backend: options must be a mapping, got {}", options.dump());
@@ -1258,6 +1267,8 @@ std::unique_ptr<ComputeBackend> make_vulkan_backend(const nlohmann::json& option
     fail("vulkan backend: device {} ({}) supports Vulkan {}.{}, below the 1.2 this backend needs", pick,
          dev->props.deviceName, VK_API_VERSION_MAJOR(dev->props.apiVersion), VK_API_VERSION_MINOR(dev->props.apiVersion));
   vkGetPhysicalDeviceMemoryProperties(dev->phys, &dev->mem_props);
+  dev->max_binding = dev->props.limits.maxStorageBufferRange;
+  if (max_binding > 0) dev->max_binding = std::min<VkDeviceSize>(dev->max_binding, max_binding);
 
   uint32_t qcount = 0;
   vkGetPhysicalDeviceQueueFamilyProperties(dev->phys, &qcount, nullptr);

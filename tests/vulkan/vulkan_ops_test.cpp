@@ -388,6 +388,33 @@ TEST(VulkanOps, WriteRowsDecodeLoopAndPlanReuse) {
   EXPECT_EQ(kv, kc) << "F16 cache contents (rounded identically)";
 }
 
+TEST(VulkanOps, WeightsAboveTheBindingLimitRunInWindows) {
+  REQUIRE_VULKAN();
+  // max_binding_bytes lowers maxStorageBufferRange (128 MiB on lavapipe, more on GPUs) so the row
+  // windows that large embeddings and output projections need are exercised on small weights.
+  auto small = vulkan::make_vulkan_backend({{"max_binding_bytes", 65536}});
+  for (DType type : {DType::F32, DType::Q8_0, DType::Q6_K}) {
+    const int64_t O = 601, I = 256, E = 4, Oe = 37;
+    auto packed = make_weight(type, O, I, 61);
+    auto experts = make_weight(type, E * Oe, I, 62);
+    auto x = exact_activations(3 * I, 63);
+    std::vector<int32_t> ids{600, 0, 250, 599, 7};
+    std::vector<int32_t> eids{3, 0, 1, 3, 2, 1};
+    auto build = [&](Side& s, Built& b) {
+      Value w = b.g.constant(s.weight("w", type, {O, I}, packed));
+      Value xv = b.input(DType::F32, {3, I}, x, "x");
+      b.out(b.g.matmul(w, xv));
+      b.out(b.g.get_rows(w, b.input(DType::I32, {5}, ids, "ids")));
+      Value e = b.g.constant(s.weight("experts", type, {E, Oe, I}, experts));
+      b.out(b.g.matmul_id(e, b.g.reshape(xv, {3, 1, I}), b.input(DType::I32, {3, 2}, eids, "eids")));
+    };
+    const Result want = run_on(cpu(), build), got = run_on(small.get(), build);
+    for (size_t k = 0; k < want.f.size(); ++k)
+      test::expect_close(got.f[k], std::vector<double>(want.f[k].begin(), want.f[k].end()), 1e-5, 1e-5,
+                         std::string("windows ") + std::string(dtype_name(type)) + " output " + std::to_string(k));
+  }
+}
+
 TEST(VulkanErrors, BadOptionsDeviceAndIds) {
   REQUIRE_VULKAN();
   auto message = [](auto&& f) {
