@@ -228,7 +228,6 @@ class Arena {
       free_.erase(std::prev(free_.end()));
     }
     end_ = off + size;
-    sizes_[off] = size;
     return off;
   }
   void release(VkDeviceSize off, VkDeviceSize size) {
@@ -252,8 +251,7 @@ class Arena {
  private:
   VkDeviceSize align_;
   VkDeviceSize end_ = 0;
-  std::map<VkDeviceSize, VkDeviceSize> free_;
-  std::map<VkDeviceSize, VkDeviceSize> sizes_;
+  std::map<VkDeviceSize, VkDeviceSize> free_;  // offset -> size
 };
 
 // Where a value lives: a persistent tensor's buffer, or a range of the plan's arena.
