@@ -1,7 +1,6 @@
 #include "config.hpp"
 
 #include <cmath>
-#include <cstring>
 
 #include "specula/error.hpp"
 #include "specula/metadata.hpp"
@@ -116,22 +115,7 @@ Config config_from_gguf(const ModelFile& file) {
   c.rope_sliding = {k.optional_float("rope.freq_base_swa", k.optional_float("rope.freq_base", 10000.0f)), dims_swa / 2,
                     static_cast<float>(dims_swa), 1.0f};
   c.rope_full = {k.optional_float("rope.freq_base", 10000.0f), dims / 2, static_cast<float>(dims), 1.0f};
-  if (const TensorInfo* rf = file.find("rope_freqs.weight")) {
-    if (rf->type != DType::F32 || rf->elements() != dims / 2)
-      fail("{}: tensor 'rope_freqs.weight' is {} with {} values; expected F32 with rope.dimension_count/2 = {}",
-           where, dtype_name(rf->type), rf->elements(), dims / 2);
-    int64_t rotated = 0;
-    for (int64_t i = 0; i < dims / 2; ++i) {
-      float f;
-      std::memcpy(&f, rf->data.data() + 4 * i, 4);
-      const bool rotate = f == 1.0f, frozen = f >= 1e20f;
-      if (!(rotate || frozen) || (rotate && rotated != i))
-        fail("{}: rope_freqs.weight[{}] = {}; only 1.0 for a leading block of pairs then >= 1e20 "
-             "(Gemma 4 proportional RoPE) is supported", where, i, f);
-      if (rotate) ++rotated;
-    }
-    c.rope_full.rotated_pairs = rotated;
-  }
+  c.rope_full.rotated_pairs = rope_freqs_rotated_pairs(file, dims, c.rope_full.rotated_pairs, where);
   if (c.rope_sliding.rotated_pairs > c.head_dim_sliding / 2 || c.rope_full.rotated_pairs > c.head_dim_full / 2)
     fail("{}: rope.dimension_count(_swa) exceeds the head dims", where);
 

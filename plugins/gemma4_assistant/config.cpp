@@ -2,7 +2,6 @@
 // target: GGUF keys under "gemma4-assistant." (with llama.cpp's rope_freqs encoding of proportional
 // RoPE) or config.json's text_config (rope_parameters per attention type).
 #include <cmath>
-#include <cstring>
 
 #include "assistant.hpp"
 #include "specula/error.hpp"
@@ -98,22 +97,7 @@ Config from_gguf(const ModelFile& file) {
   c.rope_sliding = {k.optional_float("rope.freq_base_swa", k.optional_float("rope.freq_base", 10000.0f)), dims_swa / 2,
                     static_cast<float>(dims_swa), 1.0f};
   c.rope_full = {k.optional_float("rope.freq_base", 10000.0f), dims / 2, static_cast<float>(dims), 1.0f};
-  if (const TensorInfo* rf = file.find("rope_freqs.weight")) {
-    if (rf->type != DType::F32 || rf->elements() != dims / 2)
-      fail("{}: tensor 'rope_freqs.weight' is {} with {} values; expected F32 with rope.dimension_count/2 = {}",
-           where, dtype_name(rf->type), rf->elements(), dims / 2);
-    int64_t rotated = 0;
-    for (int64_t i = 0; i < dims / 2; ++i) {
-      float f;
-      std::memcpy(&f, rf->data.data() + 4 * i, 4);
-      const bool rotate = f == 1.0f, frozen = f >= 1e20f;
-      if (!(rotate || frozen) || (rotate && rotated != i))
-        fail("{}: rope_freqs.weight[{}] = {}; only 1.0 for a leading block of pairs then >= 1e20 "
-             "(proportional RoPE) is supported", where, i, f);
-      if (rotate) ++rotated;
-    }
-    c.rope_full.rotated_pairs = rotated;
-  }
+  c.rope_full.rotated_pairs = rope_freqs_rotated_pairs(file, dims, c.rope_full.rotated_pairs, where);
   if (c.rope_sliding.rotated_pairs > hd_swa / 2 || c.rope_full.rotated_pairs > hd_full / 2)
     fail("{}: rope.dimension_count(_swa) exceeds the head dims", where);
 

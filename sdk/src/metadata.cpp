@@ -1,5 +1,7 @@
 #include "specula/metadata.hpp"
 
+#include <cstring>
+
 namespace specula {
 
 using json = nlohmann::json;
@@ -57,6 +59,25 @@ std::vector<int64_t> GgufKeys::per_layer(const std::string& key, size_t layers, 
   std::vector<int64_t> out;
   for (const json& e : *v) out.push_back(integer(e, key));
   return out;
+}
+
+int64_t rope_freqs_rotated_pairs(const ModelFile& file, int64_t dims, int64_t fallback, const std::string& where) {
+  const TensorInfo* rf = file.find("rope_freqs.weight");
+  if (!rf) return fallback;
+  if (rf->type != DType::F32 || rf->elements() != dims / 2)
+    fail("{}: tensor 'rope_freqs.weight' is {} with {} values; expected F32 with rope.dimension_count/2 = {}", where,
+         dtype_name(rf->type), rf->elements(), dims / 2);
+  int64_t rotated = 0;
+  for (int64_t i = 0; i < dims / 2; ++i) {
+    float f;
+    std::memcpy(&f, rf->data.data() + 4 * i, 4);
+    const bool rotate = f == 1.0f, frozen = f >= 1e20f;
+    if (!(rotate || frozen) || (rotate && rotated != i))
+      fail("{}: rope_freqs.weight[{}] = {}; only 1.0 for a leading block of pairs then >= 1e20 "
+           "(proportional RoPE) is supported", where, i, f);
+    if (rotate) ++rotated;
+  }
+  return rotated;
 }
 
 int64_t require_positive(int64_t value, const std::string& what, const std::string& where) {

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "specula/error.hpp"
+#include "specula/model_file.hpp"
 
 namespace specula {
 
@@ -63,6 +64,11 @@ class JsonFields {
   std::string where_;
   std::string prefix_;
 };
+
+// Proportional RoPE as llama.cpp's converter encodes it in a GGUF: tensor rope_freqs.weight, F32
+// [dims / 2], 1.0 for a leading block of rotated pairs and >= 1e20 (frozen) for the rest. Returns how many
+// pairs rotate, `fallback` when the file has no such tensor; any other content is an error.
+int64_t rope_freqs_rotated_pairs(const ModelFile& file, int64_t dims, int64_t fallback, const std::string& where);
 
 // `value` when it is > 0; otherwise an error "{where}: {what} is {value}, expected a positive number".
 int64_t require_positive(int64_t value, const std::string& what, const std::string& where);
