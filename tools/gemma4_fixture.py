@@ -14,6 +14,9 @@ in shared/, because llama.cpp refuses a gemma4 file without it; the embedding ta
 262144 rows, and the tiny hidden sizes keep the files small (tens of MB).
 
 Output is bit-for-bit reproducible (seeded numpy Generator), so committed goldens stay valid.
+The "-real" variants (real shapes, for benchmarks) draw each tensor from its own generator, seeded by
+the variant seed and the tensor name, in row chunks at write time: the GGUF writers stream them with
+little memory (the HF and MLX writers still hold a whole file in memory).
 A stamp file lets repeated calls return at once.
 
 usage: gemma4_fixture.py --variant e2b --out DIR [--formats f32,f16,q8_0,hf,mlx4,mlx8,mlx4-ref,mlx8-ref] [--vocab GGUF]
@@ -47,9 +50,16 @@ VARIANTS = {
     "26b": dict(hidden=64, layers=[S, S, F, S, S, F], heads=4, kv=2, kv_global=1, k_eq_v=True,
                 ffn=48, double_wide=False, shared=0, ple=0, window=16,
                 moe=dict(experts=8, top_k=2, ffn=32), seed=26),
-    # Real E2B shapes for benchmarks (about 10 GB as F32: never used by tests).
+    # Real shapes for benchmarks, never used by tests: 4.6G weights for E2B (8.7 GiB as F16), 7.5G for
+    # E4B (14 GiB), 25G for 26B-A4B (47 GiB). Their weights are generated while being written
+    # (LazyTensor), so memory stays small whatever the size.
     "e2b-real": dict(hidden=1536, layers=([S] * 4 + [F]) * 7, heads=8, kv=1, kv_global=None, k_eq_v=False,
                      ffn=6144, double_wide=True, shared=20, ple=256, window=512, moe=None, seed=7),
+    "e4b-real": dict(hidden=2560, layers=([S] * 5 + [F]) * 7, heads=8, kv=2, kv_global=None, k_eq_v=False,
+                     ffn=10240, double_wide=False, shared=18, ple=256, window=512, moe=None, seed=8),
+    "26b-a4b-real": dict(hidden=2816, layers=([S] * 5 + [F]) * 5, heads=16, kv=8, kv_global=2, k_eq_v=True,
+                         ffn=2112, double_wide=False, shared=0, ple=0, window=1024,
+                         moe=dict(experts=128, top_k=8, ffn=704), seed=27),
 }
 HEAD_DIM, GLOBAL_HEAD_DIM = 32, 64
 REAL_HEAD_DIM, REAL_GLOBAL_HEAD_DIM = 256, 512
@@ -99,22 +109,21 @@ class Spec:
         return self.ffn * 2 if (self.double_wide and l >= self.first_shared) else self.ffn
 
 
-def make_weights(spec):
-    """HF-named (prefix-free) float32 arrays holding bfloat16-exact values."""
-    rng = np.random.default_rng(spec.seed)
+def weight_recipe(spec):
+    """[(HF name, shape, kind, a, b)] in generation order: kind "normal" draws a * N(0, 1), "affine"
+    a + b * N(0, 1), "uniform" U(a, b); every value is then rounded to bfloat16."""
     H, P, L = spec.hidden, spec.ple, spec.L
-    w = {}
+    r = []
 
     def lin(name, out, inp, gain=1.0):
-        w[name] = bf16_round(rng.standard_normal((out, inp), dtype=np.float32) * (gain / math.sqrt(inp)))
+        r.append((name, (out, inp), "normal", gain / math.sqrt(inp), None))
 
     def norm(name, n, spread=0.2):
-        w[name] = bf16_round(1.0 + spread * rng.standard_normal(n, dtype=np.float32))
+        r.append((name, n, "affine", 1.0, spread))
 
-    w["embed_tokens.weight"] = bf16_round(rng.standard_normal((VOCAB, H), dtype=np.float32) * 0.5)
+    r.append(("embed_tokens.weight", (VOCAB, H), "normal", 0.5, None))
     if P:
-        w["embed_tokens_per_layer.weight"] = bf16_round(
-            rng.standard_normal((VOCAB, L * P), dtype=np.float32) * 0.5)
+        r.append(("embed_tokens_per_layer.weight", (VOCAB, L * P), "normal", 0.5, None))
         lin("per_layer_model_projection.weight", L * P, H)
         norm("per_layer_projection_norm.weight", P)
     for l in range(L):
@@ -131,13 +140,13 @@ def make_weights(spec):
         lin(p + "self_attn.o_proj.weight", H, spec.heads * hd)
         # Small q/k norm weights keep attention scores (scale 1) near unit spread: a random model with
         # peaky attention would turn float rounding into visible log-prob changes.
-        w[p + "self_attn.q_norm.weight"] = bf16_round(0.4 + 0.05 * rng.standard_normal(hd, dtype=np.float32))
-        w[p + "self_attn.k_norm.weight"] = bf16_round(0.4 + 0.05 * rng.standard_normal(hd, dtype=np.float32))
+        r.append((p + "self_attn.q_norm.weight", hd, "affine", 0.4, 0.05))
+        r.append((p + "self_attn.k_norm.weight", hd, "affine", 0.4, 0.05))
         I = spec.ffn_width(l)
         lin(p + "mlp.gate_proj.weight", I, H)
         lin(p + "mlp.up_proj.weight", I, H)
         lin(p + "mlp.down_proj.weight", H, I)
-        w[p + "layer_scalar"] = bf16_round(rng.uniform(0.6, 1.2, size=1).astype(np.float32))
+        r.append((p + "layer_scalar", 1, "uniform", 0.6, 1.2))
         if P:
             lin(p + "per_layer_input_gate.weight", P, H)
             lin(p + "per_layer_projection.weight", H, P)
@@ -146,16 +155,68 @@ def make_weights(spec):
             E, Im = spec.moe["experts"], spec.moe["ffn"]
             lin(p + "router.proj.weight", E, H, 2.0)
             norm(p + "router.scale", H)
-            w[p + "router.per_expert_scale"] = bf16_round(rng.uniform(0.5, 1.5, size=E).astype(np.float32))
-            w[p + "experts.gate_up_proj"] = bf16_round(
-                rng.standard_normal((E, 2 * Im, H), dtype=np.float32) * (1.5 / math.sqrt(H)))
-            w[p + "experts.down_proj"] = bf16_round(
-                rng.standard_normal((E, H, Im), dtype=np.float32) * (1.0 / math.sqrt(Im)))
+            r.append((p + "router.per_expert_scale", E, "uniform", 0.5, 1.5))
+            r.append((p + "experts.gate_up_proj", (E, 2 * Im, H), "normal", 1.5 / math.sqrt(H), None))
+            r.append((p + "experts.down_proj", (E, H, Im), "normal", 1.0 / math.sqrt(Im), None))
             for n in ("pre_feedforward_layernorm_2", "post_feedforward_layernorm_1",
                       "post_feedforward_layernorm_2"):
                 norm(p + n + ".weight", H)
     norm("norm.weight", H)
-    return w
+    return r
+
+
+def draw(rng, shape, kind, a, b):
+    """float32 values of one recipe entry, before bfloat16 rounding."""
+    if kind == "normal":
+        return rng.standard_normal(shape, dtype=np.float32) * a
+    if kind == "affine":
+        return a + b * rng.standard_normal(shape, dtype=np.float32)
+    return rng.uniform(a, b, size=shape).astype(np.float32)
+
+
+class LazyTensor:
+    """A weight of a "-real" variant, generated on demand in row chunks (never whole, unless asked for
+    with np.asarray) from its own generator, seeded by the variant seed and the tensor name."""
+    CHUNK = 1 << 22  # elements per chunk (16 MiB of float32)
+
+    def __init__(self, seed, name, shape, kind, a, b):
+        self.seed, self.name, self.kind, self.a, self.b = seed, name, kind, a, b
+        self.shape = tuple(shape) if isinstance(shape, tuple) else (shape,)
+        self.ndim = len(self.shape)
+        self.size = math.prod(self.shape)
+        self.dtype = np.dtype(np.float32)
+
+    def chunks(self):
+        """bfloat16-exact float32 arrays, consecutive slices along axis 0."""
+        key = int.from_bytes(hashlib.sha256(self.name.encode()).digest()[:8], "little")
+        rng = np.random.default_rng([self.seed, key])
+        rows, inner = self.shape[0], self.shape[1:]
+        step = max(1, self.CHUNK // max(1, math.prod(inner)))
+        for r in range(0, rows, step):
+            yield bf16_round(draw(rng, (min(step, rows - r),) + inner, self.kind, self.a, self.b))
+
+    def __array__(self, dtype=None):
+        out, r = np.empty(self.shape, dtype=np.float32), 0
+        for c in self.chunks():
+            out[r: r + c.shape[0]] = c
+            r += c.shape[0]
+        return out if dtype is None else out.astype(dtype)
+
+    def __getitem__(self, idx):
+        return np.asarray(self)[idx]
+
+    def astype(self, dtype):
+        return np.asarray(self).astype(dtype)
+
+
+def make_weights(spec):
+    """HF-named (prefix-free) float32 arrays holding bfloat16-exact values. For "-real" variants the
+    values are LazyTensors (same distributions, another random stream) so that nothing big is built."""
+    recipe = weight_recipe(spec)
+    if spec.name.endswith("-real"):
+        return {name: LazyTensor(spec.seed, name, *rest) for name, *rest in recipe}
+    rng = np.random.default_rng(spec.seed)
+    return {name: bf16_round(draw(rng, shape, kind, a, b)) for name, shape, kind, a, b in recipe}
 
 
 def hf_config(spec):
@@ -337,30 +398,40 @@ def write_gguf(path, spec, w, wtype, vocab_path, tensors=None):
     kvs.append(gguf_kv("general.quantization_version", T_U32, 2))
     kvs += read_tokenizer_kvs(vocab_path)
 
-    infos, blobs, offset = [], [], 0
+    infos, items, offset = [], [], 0
     for name, a, quantizable in tensors if tensors is not None else gguf_tensor_plan(spec, w):
         t = wtype if quantizable else G_F32
         if t == G_Q8_0 and a.shape[-1] % 32:
             t = G_F16
-        if t == G_F32:
-            blob = np.ascontiguousarray(a, dtype=np.float32).tobytes()
-        elif t == G_F16:
-            blob = a.astype(np.float16).tobytes()
-        else:
-            blob = q8_0(np.ascontiguousarray(a, dtype=np.float32))
+        n = math.prod(a.shape)
+        nbytes = {G_F32: 4 * n, G_F16: 2 * n, G_Q8_0: n // 32 * 34}[t]
         ne = list(reversed(a.shape))
         infos.append(gguf_str(name) + struct.pack("<I", len(ne)) + struct.pack(f"<{len(ne)}Q", *ne)
                      + struct.pack("<IQ", t, offset))
-        pad = (-len(blob)) % 32
-        blobs.append(blob + b"\0" * pad)
-        offset += len(blob) + pad
+        pad = (-nbytes) % 32
+        items.append((name, a, t, nbytes, pad))
+        offset += nbytes + pad
     head = b"GGUF" + struct.pack("<IQQ", 3, len(infos), len(kvs)) + b"".join(kvs) + b"".join(infos)
     head += b"\0" * ((-len(head)) % 32)
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "wb") as fh:
         fh.write(head)
-        for b in blobs:
-            fh.write(b)
+        # Tensor data is encoded and written piece by piece: a LazyTensor yields row chunks, an array
+        # is one piece.
+        for name, a, t, nbytes, pad in items:
+            done = 0
+            for c in a.chunks() if isinstance(a, LazyTensor) else (a,):
+                if t == G_F32:
+                    blob = np.ascontiguousarray(c, dtype=np.float32).tobytes()
+                elif t == G_F16:
+                    blob = c.astype(np.float16).tobytes()
+                else:
+                    blob = q8_0(np.ascontiguousarray(c, dtype=np.float32))
+                fh.write(blob)
+                done += len(blob)
+            if done != nbytes:
+                sys.exit(f"{name}: wrote {done} bytes, expected {nbytes}")
+            fh.write(b"\0" * pad)
     os.replace(tmp, path)
 
 

@@ -109,19 +109,13 @@ void check_mlx(const TensorInfo& info, int64_t rows, int64_t cols) {
 
 class CpuBackend final : public ComputeBackend {
  public:
-  explicit CpuBackend(int threads) : pool_(threads) {}
+  CpuBackend(int threads, const KernelSet& kernels) : pool_(threads), kernels_(kernels) {}
 
   std::string name() const override { return "onednn"; }
 
   DeviceInfo device() const override {
     DeviceInfo d;
-    d.name = fmt::format("CPU ({} threads, AVX2{})", pool_.size(),
-#ifdef __AVX512F__
-                         "/AVX-512"
-#else
-                         ""
-#endif
-    );
+    d.name = fmt::format("CPU ({} threads, {} kernels)", pool_.size(), kernels_.name);
     d.memory_bytes = static_cast<uint64_t>(sysconf(_SC_PHYS_PAGES)) * static_cast<uint64_t>(sysconf(_SC_PAGESIZE));
     d.unified_memory = true;
     return d;
@@ -221,6 +215,7 @@ class CpuBackend final : public ComputeBackend {
   void execute(const Graph& g, int32_t id);
 
   ThreadPool pool_;
+  const KernelSet& kernels_;
   BufferPool buffers_;
   std::vector<Slot> slots_;
   std::vector<std::vector<float>> scratch_;  // conversions for the node being executed
@@ -360,7 +355,7 @@ void CpuBackend::execute(const Graph& g, int32_t id) {
       const Node& w = src(0);
       const float* x = fsrc(1);
       const int64_t I = w.shape[1];
-      matmul(pool_, matrix(g, n.src[0], w.shape[0], I), x, elements(src(1).shape) / I,
+      matmul(pool_, kernels_, matrix(g, n.src[0], w.shape[0], I), x, elements(src(1).shape) / I,
              reinterpret_cast<float*>(output(n, id)));
       return;
     }
@@ -368,7 +363,7 @@ void CpuBackend::execute(const Graph& g, int32_t id) {
       const Node& e = src(0);
       const Node& x = src(1);
       const int64_t E = e.shape[0], O = e.shape[1], I = e.shape[2];
-      matmul_id(pool_, matrix(g, n.src[0], E * O, I), E, fsrc(1), x.shape[1] == 1 && n.shape[1] != 1,
+      matmul_id(pool_, kernels_, matrix(g, n.src[0], E * O, I), E, fsrc(1), x.shape[1] == 1 && n.shape[1] != 1,
                 ints(2), n.shape[0], n.shape[1], reinterpret_cast<float*>(output(n, id)), n.name);
       return;
     }
@@ -577,8 +572,16 @@ std::unique_ptr<ComputeBackend> make_cpu_backend(const nlohmann::json& options) 
       fail("onednn backend: option 'threads' = {} must be an integer in [0, 1024] (0 = all cores)", v.dump());
     if (v.get<int>() > 0) threads = v.get<int>();
   }
-  log_debug("onednn backend: {} threads", threads);
-  return std::make_unique<CpuBackend>(threads);
+  std::string isa;
+  if (options.is_object() && options.contains("isa")) {
+    const auto& v = options["isa"];
+    if (!v.is_string())
+      fail("onednn backend: option 'isa' = {} must be a string: auto, avx2 or avx512", v.dump());
+    isa = v.get<std::string>();
+  }
+  const KernelSet& kernels = select_kernels(isa);
+  log_debug("onednn backend: {} threads, {} kernels", threads, kernels.name);
+  return std::make_unique<CpuBackend>(threads, kernels);
 }
 
 }  // namespace specula::cpu

@@ -48,7 +48,7 @@ void matmul_generic(ThreadPool& pool, const Matrix& w, const float* x, int64_t n
   });
 }
 
-void matmul_id(ThreadPool& pool, const Matrix& experts, int64_t num_experts, const float* x,
+void matmul_id(ThreadPool& pool, const KernelSet& kernels, const Matrix& experts, int64_t num_experts, const float* x,
                bool x_shared, const int32_t* ids, int64_t n, int64_t k, float* y,
                const std::string& node_name) {
   const int64_t O = experts.rows / num_experts, I = experts.cols;
@@ -78,7 +78,7 @@ void matmul_id(ThreadPool& pool, const Matrix& experts, int64_t num_experts, con
     w.rows = O;
     w.row_offset = experts.row_offset + e * O;
     w.key = nullptr;
-    matmul(pool, w, xs.data(), m, ys.data());
+    matmul(pool, kernels, w, xs.data(), m, ys.data());
     for (int64_t j = 0; j < m; ++j)
       std::copy(ys.begin() + j * O, ys.begin() + (j + 1) * O, y + pairs[static_cast<size_t>(j)] * O);
   }

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "isa.hpp"
 #include "specula/compute.hpp"
 #include "thread_pool.hpp"
 
@@ -29,14 +30,14 @@ struct Matrix {
 float dot_f32(const float* a, const float* b, int64_t n);
 
 // y[N, O] = x[N, I] @ W[O, I]^T.
-void matmul(ThreadPool& pool, const Matrix& w, const float* x, int64_t n, float* y);
+void matmul(ThreadPool& pool, const KernelSet& kernels, const Matrix& w, const float* x, int64_t n, float* y);
 // Smallest activation row count for which matmul() uses the tiled oneDNN GEMM for this weight type.
 int64_t gemm_min_rows(DType type);
 // The reference path of matmul: decode each weight row, dot in F32. Used for types without a kernel.
 void matmul_generic(ThreadPool& pool, const Matrix& w, const float* x, int64_t n, float* y);
 
 // out[N*K, O]: row (i, k) = x[i, k or 0] @ experts[ids[i, k]]^T; experts = E stacked [O, I] matrices.
-void matmul_id(ThreadPool& pool, const Matrix& experts, int64_t num_experts, const float* x,
+void matmul_id(ThreadPool& pool, const KernelSet& kernels, const Matrix& experts, int64_t num_experts, const float* x,
                bool x_shared, const int32_t* ids, int64_t n, int64_t k, float* y,
                const std::string& node_name);
 

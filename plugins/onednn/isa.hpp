@@ -1,0 +1,51 @@
+// Instruction-set dispatch of the CPU backend's matrix kernels. The same kernel source (qkernels.cpp) is
+// compiled once per instruction set; the backend picks the best set the CPU has when it is created, or
+// the one an option or SPECULA_CPU_ISA asks for. Every set computes bit-identical results: integer block
+// dots are exact, and float accumulation uses the same lanes and the same reduction order everywhere
+// (AVX-512 keeps what AVX2 holds in two 8-lane accumulators in the two halves of one register).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace specula::cpu {
+
+enum class Isa { avx2, avx512 };
+
+// Weight rows [0, nw) (row_bytes apart) times activation rows [0, nx) (quantized records or F32 rows,
+// x_stride bytes apart): y[r * ldy + o].
+using RowsKernel = void (*)(const std::byte* w, size_t row_bytes, int64_t nw, const std::byte* x, size_t x_stride,
+                            int64_t nx, int64_t cols, float* y, int64_t ldy);
+// One activation row of `cols` values to the record a RowsKernel of that weight type reads.
+using QuantizeKernel = void (*)(const float* x, int64_t cols, std::byte* record);
+
+struct QuantKernel {
+  QuantizeKernel quantize = nullptr;
+  size_t (*record_bytes)(int64_t cols) = nullptr;
+  RowsKernel rows = nullptr;
+};
+
+struct KernelSet {
+  const char* name;  // "avx2", "avx512"
+  QuantKernel q8_0, q4_0, q4_k, q6_k;
+  RowsKernel f32, f16, bf16;  // x rows are F32, x_stride = cols * 4
+};
+
+namespace avx2 {
+const KernelSet& kernel_set();
+}
+namespace avx512 {
+const KernelSet& kernel_set();
+}
+
+// Instruction sets this CPU (and its OS) can run, best last.
+std::vector<Isa> supported_isas();
+const char* isa_name(Isa isa);
+// The kernels for `requested` ("auto", "avx2", "avx512"; empty = SPECULA_CPU_ISA or auto). Fails naming
+// what the CPU has when the requested set is unknown or not supported here.
+const KernelSet& select_kernels(std::string_view requested);
+
+}  // namespace specula::cpu

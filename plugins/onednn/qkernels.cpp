@@ -1,0 +1,559 @@
+// Matrix kernels of the CPU backend for few-to-many activation rows, compiled once per instruction set
+// (isa.hpp): SPECULA_ISA_NS names the namespace, the compiler flags decide which branches exist.
+//
+// Quantized weights are read in place. Activations are quantized once per product to 8 bits per 32
+// values (Q8_0 / Q4_0) or per 256 (K-quants), the llama.cpp scheme, and each weight block is unpacked
+// once per tile of activation rows. AVX-512 VNNI processes two 32-value blocks (or two K sub-blocks) per
+// instruction where AVX2 processes one: its low half does what AVX2's "even" accumulator does, its high
+// half the "odd" one, so the sums, their order and the final reduction are the same on both.
+//
+// Nothing here may instantiate a template that other translation units use too (std containers,
+// std::function): the linker would keep one copy, possibly the one with AVX-512 instructions.
+#include <immintrin.h>
+
+#include <cstring>
+
+#include "isa.hpp"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512VNNI__)
+#define SPECULA_WIDE 1
+#else
+#define SPECULA_WIDE 0
+#endif
+
+namespace specula::cpu::SPECULA_ISA_NS {
+namespace {
+
+constexpr size_t align64(size_t b) { return (b + 63) / 64 * 64; }
+
+inline float hsum8(__m256 v) {
+  __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  lo = _mm_add_ps(lo, _mm_movehl_ps(lo, lo));
+  lo = _mm_add_ss(lo, _mm_movehdup_ps(lo));
+  return _mm_cvtss_f32(lo);
+}
+
+inline float f16(const std::byte* p) {
+  uint16_t h;
+  std::memcpy(&h, p, 2);
+  return _cvtsh_ss(h);
+}
+
+template <typename T>
+inline const T* at(const std::byte* p, size_t offset) {
+  return reinterpret_cast<const T*>(p + offset);
+}
+
+#if SPECULA_WIDE
+inline __m256 fold(__m512 v) { return _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)); }
+inline __m256i fold(__m512i v) { return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)); }
+inline __m512i join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
+inline __m512 join(__m256 lo, __m256 hi) { return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1); }
+// The f16 values at a and b as [a x 8, b x 8].
+inline __m512 f16_pair(const std::byte* a, const std::byte* b) {
+  uint16_t ha, hb;
+  std::memcpy(&ha, a, 2);
+  std::memcpy(&hb, b, 2);
+  const __m128 v = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(ha) | static_cast<int>(hb) << 16));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), _mm512_castps128_ps512(v));
+}
+constexpr bool kWide = true;
+#else
+constexpr bool kWide = false;
+#endif
+
+// ---- 32-value blocks (Q8_0, Q4_0): activation record -----------------------------------------------
+// q: int8[cols] | init: int32[cols / 4] | scale: float[cols / 4]
+//   init[j] = -kOffset * (q[4j] + ... + q[4j + 3]): the start value of a dot whose weight codes are
+//             stored kOffset above their value (so they are unsigned bytes)
+//   scale[j] = the scale of the block holding value 4j (eight copies per block: one register's lanes)
+size_t x32_bytes(int64_t cols) { return align64(3 * static_cast<size_t>(cols)); }
+
+template <int kOffset>
+void quantize_x32(const float* x, int64_t cols, std::byte* rec) {
+  auto* q = reinterpret_cast<int8_t*>(rec);
+  auto* init = reinterpret_cast<int32_t*>(rec + cols);
+  auto* scale = reinterpret_cast<float*>(rec + 2 * cols);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    const float* xb = x + 32 * b;
+    __m256 v[4];
+    __m256 amax = _mm256_setzero_ps();
+    for (int k = 0; k < 4; ++k) {
+      v[k] = _mm256_loadu_ps(xb + 8 * k);
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[k]));
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float d = _mm_cvtss_f32(m) / 127.0f;
+    const __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+    __m256i i[4];
+    for (int k = 0; k < 4; ++k) i[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], id));  // round to nearest
+    // Pack 32 int32 into 32 int8 in order (packs interleave 128-bit lanes; permute restores order).
+    const __m256i p01 = _mm256_packs_epi32(i[0], i[1]), p23 = _mm256_packs_epi32(i[2], i[3]);
+    __m256i qv = _mm256_packs_epi16(p01, p23);
+    qv = _mm256_permutevar8x32_epi32(qv, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32 * b), qv);
+    const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), qv), _mm256_set1_epi16(1));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(init + 8 * b), _mm256_mullo_epi32(sums, _mm256_set1_epi32(-kOffset)));
+    _mm256_storeu_ps(scale + 8 * b, _mm256_set1_ps(d));
+  }
+}
+
+// A tile of RW weight rows x RX activation rows over all blocks. Unpack<> turns the weight bytes of
+// one block (two with AVX-512) into unsigned codes and a dot start (init) that removes their offset.
+template <class Unpack, int RW, int RX>
+void tile_x32(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t cols, float* y, int64_t ldy) {
+  const int64_t nb = cols / 32;
+  const int8_t* xq[RX];
+  const int32_t* xi[RX];
+  const float* xd[RX];
+  for (int r = 0; r < RX; ++r) {
+    xq[r] = at<int8_t>(x, r * xs);
+    xi[r] = at<int32_t>(x, r * xs + cols);
+    xd[r] = at<float>(x, r * xs + 2 * cols);
+  }
+#if SPECULA_WIDE
+  __m512 acc[RW][RX];
+  for (int i = 0; i < RW; ++i)
+    for (int r = 0; r < RX; ++r) acc[i][r] = _mm512_setzero_ps();
+  int64_t b = 0;
+  for (; b + 2 <= nb; b += 2) {
+    __m512i wq[RW];
+    __m512 dw[RW];
+    for (int i = 0; i < RW; ++i) {
+      const std::byte* wb = w + i * wrb + Unpack::kBytes * b;
+      wq[i] = join(Unpack::codes(wb), Unpack::codes(wb + Unpack::kBytes));
+      dw[i] = f16_pair(wb, wb + Unpack::kBytes);
+    }
+    for (int r = 0; r < RX; ++r) {
+      const __m512i xv = _mm512_loadu_si512(xq[r] + 32 * b);
+      const __m512i in = _mm512_loadu_si512(xi[r] + 8 * b);
+      const __m512 dx = _mm512_loadu_ps(xd[r] + 8 * b);
+      for (int i = 0; i < RW; ++i) {
+        const __m512i p = _mm512_dpbusd_epi32(in, wq[i], xv);
+        acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw[i], dx), acc[i][r]);
+      }
+    }
+  }
+  if (b < nb) {  // an odd last block belongs to the even (low) half
+    for (int i = 0; i < RW; ++i) {
+      const std::byte* wb = w + i * wrb + Unpack::kBytes * b;
+      const __m512i wq = _mm512_castsi256_si512(Unpack::codes(wb));
+      const __m512 dw = _mm512_set1_ps(f16(wb));
+      for (int r = 0; r < RX; ++r) {
+        const __m512i xv = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[r] + 32 * b)));
+        const __m512i in = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xi[r] + 8 * b)));
+        const __m512 dx = _mm512_castps256_ps512(_mm256_loadu_ps(xd[r] + 8 * b));
+        const __m512i p = _mm512_dpbusd_epi32(in, wq, xv);
+        acc[i][r] = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, dx), acc[i][r], 0x00ff);
+      }
+    }
+  }
+  for (int i = 0; i < RW; ++i)
+    for (int r = 0; r < RX; ++r) y[r * ldy + i] = hsum8(fold(acc[i][r]));
+#else
+  __m256 acc[2][RW][RX];
+  for (int h = 0; h < 2; ++h)
+    for (int i = 0; i < RW; ++i)
+      for (int r = 0; r < RX; ++r) acc[h][i][r] = _mm256_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const int h = static_cast<int>(b & 1);
+    __m256i wq[RW], wsign[RW];
+    __m256 dw[RW];
+    for (int i = 0; i < RW; ++i) {
+      const std::byte* wb = w + i * wrb + Unpack::kBytes * b;
+      wq[i] = Unpack::codes_avx2(wb, wsign[i]);
+      dw[i] = _mm256_set1_ps(f16(wb));
+    }
+    for (int r = 0; r < RX; ++r) {
+      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[r] + 32 * b));
+      const __m256i in = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xi[r] + 8 * b));
+      const __m256 dx = _mm256_loadu_ps(xd[r] + 8 * b);
+      for (int i = 0; i < RW; ++i) {
+        const __m256i p = Unpack::dot_avx2(in, wq[i], wsign[i], xv);
+        acc[h][i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw[i], dx), acc[h][i][r]);
+      }
+    }
+  }
+  for (int i = 0; i < RW; ++i)
+    for (int r = 0; r < RX; ++r) y[r * ldy + i] = hsum8(_mm256_add_ps(acc[0][i][r], acc[1][i][r]));
+#endif
+}
+
+// Sum over groups of 4 bytes of u8 * i8 products (u <= 128 keeps maddubs from saturating for |s| <= 127).
+inline __m256i dot4_avx2(__m256i u, __m256i s) {
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+
+// Q8_0: f16 scale, 32 int8 codes. AVX-512 stores them + 128 (unsigned); AVX2 dots |w| with sign(x, w).
+struct Q8_0Unpack {
+  static constexpr size_t kBytes = 34;
+  static constexpr int kOffset = SPECULA_WIDE ? 128 : 0;
+  static __m256i codes(const std::byte* wb) {
+    return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 2)), _mm256_set1_epi8(-128));
+  }
+  static __m256i codes_avx2(const std::byte* wb, __m256i& sign) {
+    sign = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 2));
+    return _mm256_sign_epi8(sign, sign);
+  }
+  static __m256i dot_avx2(__m256i, __m256i aw, __m256i w, __m256i x) { return dot4_avx2(aw, _mm256_sign_epi8(x, w)); }
+};
+
+// Q4_0: f16 scale, 16 bytes: values 0..15 in the low nibbles, 16..31 in the high ones, stored + 8.
+struct Q4_0Unpack {
+  static constexpr size_t kBytes = 18;
+  static constexpr int kOffset = 8;
+  static __m256i codes(const std::byte* wb) {
+    const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 2));
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(p, 4), p), _mm256_set1_epi8(0x0f));
+  }
+  static __m256i codes_avx2(const std::byte* wb, __m256i&) { return codes(wb); }
+  static __m256i dot_avx2(__m256i init, __m256i q, __m256i, __m256i x) { return _mm256_add_epi32(init, dot4_avx2(q, x)); }
+};
+
+template <int RW, int RX> struct Q8_0Tile {
+  static void run(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t c, float* y, int64_t ldy) {
+    tile_x32<Q8_0Unpack, RW, RX>(w, wrb, x, xs, c, y, ldy);
+  }
+};
+template <int RW, int RX> struct Q4_0Tile {
+  static void run(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t c, float* y, int64_t ldy) {
+    tile_x32<Q4_0Unpack, RW, RX>(w, wrb, x, xs, c, y, ldy);
+  }
+};
+
+// ---- K-quants (Q4_K, Q6_K): 256-value super-blocks -----------------------------------------------------
+// q: int8[cols] | scale: float[cols / 256] | bsums: int16[cols / 16] (sums of 16 codes, for the offsets)
+size_t xk_bytes(int64_t cols) { return align64(static_cast<size_t>(cols) + static_cast<size_t>(cols) / 64 + static_cast<size_t>(cols) / 8); }
+
+void quantize_xk(const float* x, int64_t cols, std::byte* rec) {
+  auto* q = reinterpret_cast<int8_t*>(rec);
+  auto* scale = reinterpret_cast<float*>(rec + cols);
+  auto* bsums = reinterpret_cast<int16_t*>(rec + cols + cols / 64);
+  for (int64_t b = 0; b < cols / 256; ++b) {
+    const float* xb = x + 256 * b;
+    float amax = 0.0f;
+    for (int i = 0; i < 256; ++i) amax = __builtin_fmaxf(amax, __builtin_fabsf(xb[i]));
+    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    scale[b] = d;
+    for (int g = 0; g < 16; ++g) {
+      int sum = 0;
+      for (int i = 16 * g; i < 16 * g + 16; ++i) {
+        const int v = static_cast<int>(__builtin_nearbyintf(xb[i] * id));
+        q[256 * b + i] = static_cast<int8_t>(v);
+        sum += v;
+      }
+      bsums[16 * b + g] = static_cast<int16_t>(sum);
+    }
+  }
+}
+
+struct XK {
+  const int8_t* q;
+  const float* d;
+  const int16_t* bsums;
+};
+inline XK xk(const std::byte* x, size_t xs, int r, int64_t cols) {
+  const std::byte* p = x + r * xs;
+  return {at<int8_t>(p, 0), at<float>(p, cols), at<int16_t>(p, cols + cols / 64)};
+}
+
+inline __m256i loadu256(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
+// Q4_K: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins for 8 sub-blocks of 32, then 128 bytes of
+// nibbles: 32 bytes per 64 values, sub-block 2j in the low nibbles, 2j + 1 in the high ones.
+// value = d * scale * q - dmin * min.
+template <int RW, int RX> struct Q4_KTile {
+  static void run(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t cols, float* y, int64_t ldy) {
+    const int64_t nsb = cols / 256;
+    XK xr[RX];
+    for (int r = 0; r < RX; ++r) xr[r] = xk(x, xs, r, cols);
+    __m256 acc[RW][RX];
+    for (int i = 0; i < RW; ++i)
+      for (int r = 0; r < RX; ++r) acc[i][r] = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi8(0x0f);
+    for (int64_t b = 0; b < nsb; ++b) {
+      __m256 dw[RW], dminw[RW];
+      __m128i mins16[RW];
+#if SPECULA_WIDE
+      __m512i nib[RW][4], scl[RW][4];
+#else
+      __m256i nib[RW][8], scl[RW][8];
+#endif
+      for (int i = 0; i < RW; ++i) {
+        const std::byte* wb = w + i * wrb + 144 * b;
+        dw[i] = _mm256_set1_ps(f16(wb));
+        dminw[i] = _mm256_set1_ps(f16(wb + 2));
+        // Bytes 0-3 / 4-7 hold the low 6 bits of scales / mins 0-3 (their top 2 bits extend scales /
+        // mins 4-7), bytes 8-11 the low 4 bits of scales and mins 4-7.
+        uint32_t s[3];
+        std::memcpy(s, wb + 4, 12);
+        const uint64_t sc = (s[0] & 0x3f3f3f3fu) |
+                            (static_cast<uint64_t>((s[2] & 0x0f0f0f0fu) | ((s[0] >> 2) & 0x30303030u)) << 32);
+        const uint64_t mn = (s[1] & 0x3f3f3f3fu) |
+                            (static_cast<uint64_t>(((s[2] >> 4) & 0x0f0f0f0fu) | ((s[1] >> 2) & 0x30303030u)) << 32);
+        mins16[i] = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(mn)));
+        for (int j = 0; j < 4; ++j) {
+          const __m256i qv = loadu256(wb + 16 + 32 * j);
+          const __m256i lo = _mm256_and_si256(qv, low), hi = _mm256_and_si256(_mm256_srli_epi16(qv, 4), low);
+          const __m256i s0 = _mm256_set1_epi16(static_cast<int16_t>((sc >> (16 * j)) & 0xff));
+          const __m256i s1 = _mm256_set1_epi16(static_cast<int16_t>((sc >> (16 * j + 8)) & 0xff));
+#if SPECULA_WIDE
+          nib[i][j] = join(lo, hi);
+          scl[i][j] = join(s0, s1);
+#else
+          nib[i][2 * j] = lo, nib[i][2 * j + 1] = hi;
+          scl[i][2 * j] = s0, scl[i][2 * j + 1] = s1;
+#endif
+        }
+      }
+      for (int r = 0; r < RX; ++r) {
+        const int8_t* xq = xr[r].q + 256 * b;
+        const __m256 xd = _mm256_set1_ps(xr[r].d[b]);
+        const __m256i bs = loadu256(xr[r].bsums + 16 * b);
+        const __m128i bsum32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+        for (int i = 0; i < RW; ++i) {
+#if SPECULA_WIDE
+          __m512i sumi = _mm512_setzero_si512();
+          for (int j = 0; j < 4; ++j)
+            sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(nib[i][j], _mm512_loadu_si512(xq + 64 * j)), scl[i][j]);
+          const __m256i s8 = fold(sumi);
+#else
+          __m256i s8 = _mm256_setzero_si256();
+          for (int j = 0; j < 8; ++j)
+            s8 = _mm256_add_epi32(s8, _mm256_madd_epi16(_mm256_maddubs_epi16(nib[i][j], loadu256(xq + 32 * j)), scl[i][j]));
+#endif
+          acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(dw[i], xd), acc[i][r]);
+          // The mins: four lanes of sum(min * bsum) in the same accumulator, with dmin instead of d.
+          const __m256i m = _mm256_zextsi128_si256(_mm_madd_epi16(mins16[i], bsum32));
+          acc[i][r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(dminw[i], xd), acc[i][r]);
+        }
+      }
+    }
+    for (int i = 0; i < RW; ++i)
+      for (int r = 0; r < RX; ++r) y[r * ldy + i] = hsum8(acc[i][r]);
+  }
+};
+
+// Q6_K: 128 bytes of low nibbles, 64 bytes of 2-bit high parts, 16 int8 scales (one per 16 values),
+// f16 d. Codes are stored + 32. Per half of 128 values: ql[0..63], qh[0..31];
+//   v[l] = ql[l] & 15 | (qh[l] & 3) << 4,            v[l + 32] = ql[l + 32] & 15 | (qh[l] >> 2 & 3) << 4,
+//   v[l + 64] = ql[l] >> 4 | (qh[l] >> 4 & 3) << 4,  v[l + 96] = ql[l + 32] >> 4 | (qh[l] >> 6 & 3) << 4.
+template <int RW, int RX> struct Q6_KTile {
+  static void run(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t cols, float* y, int64_t ldy) {
+    const int64_t nsb = cols / 256;
+    XK xr[RX];
+    for (int r = 0; r < RX; ++r) xr[r] = xk(x, xs, r, cols);
+    __m256 acc[RW][RX];
+    for (int i = 0; i < RW; ++i)
+      for (int r = 0; r < RX; ++r) acc[i][r] = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi8(0x0f), two = _mm256_set1_epi8(3);
+    for (int64_t b = 0; b < nsb; ++b) {
+      __m256 dw[RW];
+      __m256i sc16[RW];
+#if SPECULA_WIDE
+      __m512i q[RW][4], scl[RW][4];
+#else
+      __m256i q[RW][8], scl[RW][8];
+#endif
+      for (int i = 0; i < RW; ++i) {
+        const std::byte* wb = w + i * wrb + 210 * b;
+        const std::byte* sc = wb + 192;
+        dw[i] = _mm256_set1_ps(f16(wb + 208));
+        const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc));
+        sc16[i] = _mm256_cvtepi8_epi16(sc8);
+        for (int half = 0; half < 2; ++half) {
+          const std::byte* ql = wb + 64 * half;
+          const __m256i l0 = loadu256(ql), l1 = loadu256(ql + 32), h = loadu256(wb + 128 + 32 * half);
+          const __m256i v0 = _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_slli_epi16(_mm256_and_si256(h, two), 4));
+          const __m256i v1 = _mm256_or_si256(_mm256_and_si256(l1, low),
+                                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), two), 4));
+          const __m256i v2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low),
+                                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), two), 4));
+          const __m256i v3 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
+                                             _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), two), 4));
+          // Run k (32 values): i16 lanes 0-7 take scale 8 half + 2k, lanes 8-15 scale 8 half + 2k + 1.
+          __m256i s[4];
+          for (int k = 0; k < 4; ++k) {
+            const int16_t a = static_cast<int16_t>(static_cast<int8_t>(sc[8 * half + 2 * k]));
+            const int16_t c = static_cast<int16_t>(static_cast<int8_t>(sc[8 * half + 2 * k + 1]));
+            s[k] = _mm256_set_m128i(_mm_set1_epi16(c), _mm_set1_epi16(a));
+          }
+#if SPECULA_WIDE
+          q[i][2 * half] = join(v0, v1), q[i][2 * half + 1] = join(v2, v3);
+          scl[i][2 * half] = join(s[0], s[1]), scl[i][2 * half + 1] = join(s[2], s[3]);
+#else
+          __m256i* qq = q[i] + 4 * half;
+          qq[0] = v0, qq[1] = v1, qq[2] = v2, qq[3] = v3;
+          for (int k = 0; k < 4; ++k) scl[i][4 * half + k] = s[k];
+#endif
+        }
+      }
+      for (int r = 0; r < RX; ++r) {
+        const int8_t* xq = xr[r].q + 256 * b;
+        const __m256 xd = _mm256_set1_ps(xr[r].d[b]);
+        const __m256i bs = loadu256(xr[r].bsums + 16 * b);
+        for (int i = 0; i < RW; ++i) {
+          // The codes' offset: 32 * sum(scale * bsum), eight lanes, subtracted in the same accumulator.
+          const __m256i off = _mm256_slli_epi32(_mm256_madd_epi16(sc16[i], bs), 5);
+#if SPECULA_WIDE
+          __m512i sumi = _mm512_setzero_si512();
+          for (int k = 0; k < 4; ++k)
+            sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(q[i][k], _mm512_loadu_si512(xq + 64 * k)), scl[i][k]);
+          const __m256i s8 = fold(sumi);
+#else
+          __m256i s8 = _mm256_setzero_si256();
+          for (int k = 0; k < 8; ++k)
+            s8 = _mm256_add_epi32(s8, _mm256_madd_epi16(_mm256_maddubs_epi16(q[i][k], loadu256(xq + 32 * k)), scl[i][k]));
+#endif
+          const __m256 d = _mm256_mul_ps(dw[i], xd);
+          acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s8), d, acc[i][r]);
+          acc[i][r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(off), d, acc[i][r]);
+        }
+      }
+    }
+    for (int i = 0; i < RW; ++i)
+      for (int r = 0; r < RX; ++r) y[r * ldy + i] = hsum8(acc[i][r]);
+  }
+};
+
+// ---- F32 / F16 / BF16 weights against F32 activations ---------------------------------------------------
+// Two 8-lane accumulators take alternate groups of 8 values (AVX-512: one register's halves); the last
+// cols % 16 values are added one by one after the reduction.
+enum class Float { f32, f16, bf16 };
+
+template <Float T>
+inline float scalar_weight(const std::byte* row, int64_t i) {
+  if constexpr (T == Float::f32) {
+    return at<float>(row, 0)[i];
+  } else {
+    const uint16_t h = at<uint16_t>(row, 0)[i];
+    if constexpr (T == Float::f16) return _cvtsh_ss(h);
+    uint32_t u = static_cast<uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+}
+
+template <Float T>
+inline __m256 load8(const std::byte* row, int64_t i) {
+  if constexpr (T == Float::f32) return _mm256_loadu_ps(at<float>(row, 0) + i);
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(at<uint16_t>(row, 0) + i));
+  if constexpr (T == Float::f16) return _mm256_cvtph_ps(h);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+#if SPECULA_WIDE
+template <Float T>
+inline __m512 load16(const std::byte* row, int64_t i) {
+  if constexpr (T == Float::f32) return _mm512_loadu_ps(at<float>(row, 0) + i);
+  const __m256i h = loadu256(at<uint16_t>(row, 0) + i);
+  if constexpr (T == Float::f16) return _mm512_cvtph_ps(h);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#endif
+
+template <Float T>
+struct FloatTiles {
+  template <int RW, int RX> struct Tile {
+    static void run(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t cols, float* y, int64_t ldy) {
+      const float* xr[RX];
+      for (int r = 0; r < RX; ++r) xr[r] = at<float>(x, r * xs);
+      int64_t i = 0;
+#if SPECULA_WIDE
+      __m512 acc[RW][RX];
+      for (int o = 0; o < RW; ++o)
+        for (int r = 0; r < RX; ++r) acc[o][r] = _mm512_setzero_ps();
+      for (; i + 16 <= cols; i += 16) {
+        __m512 wv[RW];
+        for (int o = 0; o < RW; ++o) wv[o] = load16<T>(w + o * wrb, i);
+        for (int r = 0; r < RX; ++r) {
+          const __m512 xv = _mm512_loadu_ps(xr[r] + i);
+          for (int o = 0; o < RW; ++o) acc[o][r] = _mm512_fmadd_ps(wv[o], xv, acc[o][r]);
+        }
+      }
+      for (int o = 0; o < RW; ++o)
+        for (int r = 0; r < RX; ++r) y[r * ldy + o] = hsum8(fold(acc[o][r]));
+#else
+      __m256 acc[2][RW][RX];
+      for (int h = 0; h < 2; ++h)
+        for (int o = 0; o < RW; ++o)
+          for (int r = 0; r < RX; ++r) acc[h][o][r] = _mm256_setzero_ps();
+      for (; i + 16 <= cols; i += 16)
+        for (int h = 0; h < 2; ++h) {
+          __m256 wv[RW];
+          for (int o = 0; o < RW; ++o) wv[o] = load8<T>(w + o * wrb, i + 8 * h);
+          for (int r = 0; r < RX; ++r) {
+            const __m256 xv = _mm256_loadu_ps(xr[r] + i + 8 * h);
+            for (int o = 0; o < RW; ++o) acc[h][o][r] = _mm256_fmadd_ps(wv[o], xv, acc[h][o][r]);
+          }
+        }
+      for (int o = 0; o < RW; ++o)
+        for (int r = 0; r < RX; ++r) y[r * ldy + o] = hsum8(_mm256_add_ps(acc[0][o][r], acc[1][o][r]));
+#endif
+      for (; i < cols; ++i)
+        for (int o = 0; o < RW; ++o)
+          for (int r = 0; r < RX; ++r) y[r * ldy + o] += scalar_weight<T>(w + o * wrb, i) * xr[r][i];
+    }
+  };
+};
+
+// ---- tiling over weight rows and activation rows --------------------------------------------------------
+// TW x TX is the largest tile: TW weight rows share each activation load, TX activation rows each weight
+// unpack; TW * TX accumulators and the unpacked weights must fit in registers.
+template <template <int, int> class Tile, int RW, int TX>
+void over_x(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t nx, int64_t cols, float* y, int64_t ldy) {
+  int64_t r = 0;
+  for (; r + TX <= nx; r += TX) Tile<RW, TX>::run(w, wrb, x + r * xs, xs, cols, y + r * ldy, ldy);
+  const int64_t left = nx - r;
+  x += r * xs;
+  y += r * ldy;
+  if (left == 1) Tile<RW, 1>::run(w, wrb, x, xs, cols, y, ldy);
+  if constexpr (TX > 2)
+    if (left == 2) Tile<RW, 2>::run(w, wrb, x, xs, cols, y, ldy);
+  if constexpr (TX > 3)
+    if (left == 3) Tile<RW, 3>::run(w, wrb, x, xs, cols, y, ldy);
+  if constexpr (TX > 4)
+    for (int64_t k = left >= 4 ? 0 : left; k < left; ++k)
+      Tile<RW, 1>::run(w, wrb, x + k * xs, xs, cols, y + k * ldy, ldy);
+}
+
+template <template <int, int> class Tile, int TW, int TX>
+void rows(const std::byte* w, size_t wrb, int64_t nw, const std::byte* x, size_t xs, int64_t nx, int64_t cols,
+          float* y, int64_t ldy) {
+  // One activation row (decode): more weight rows per tile hide the memory latency.
+  if (nx == 1) {
+    constexpr int W = 1;
+    int64_t o = 0;
+    for (; o + W <= nw; o += W) Tile<W, 1>::run(w + o * wrb, wrb, x, xs, cols, y + o, ldy);
+    for (; o < nw; ++o) Tile<1, 1>::run(w + o * wrb, wrb, x, xs, cols, y + o, ldy);
+    return;
+  }
+  int64_t o = 0;
+  for (; o + TW <= nw; o += TW) over_x<Tile, TW, TX>(w + o * wrb, wrb, x, xs, nx, cols, y + o, ldy);
+  for (; o < nw; ++o) over_x<Tile, 1, TX>(w + o * wrb, wrb, x, xs, nx, cols, y + o, ldy);
+}
+
+}  // namespace
+
+const KernelSet& kernel_set() {
+  // Tiles: 32 (AVX-512) or 16 (AVX2) registers hold the accumulators and the unpacked weight rows.
+  constexpr int W = kWide ? 4 : 2, X = kWide ? 4 : 2;  // 32-value blocks and floats
+  constexpr int KX = kWide ? 4 : 2;                     // K-quants: one weight row unpacks to 8-16 registers
+  static const KernelSet set{
+      .name = kWide ? "avx512" : "avx2",
+      .q8_0 = {&quantize_x32<Q8_0Unpack::kOffset>, &x32_bytes, &rows<Q8_0Tile, W, X>},
+      .q4_0 = {&quantize_x32<Q4_0Unpack::kOffset>, &x32_bytes, &rows<Q4_0Tile, W, X>},
+      .q4_k = {&quantize_xk, &xk_bytes, &rows<Q4_KTile, 1, KX>},
+      .q6_k = {&quantize_xk, &xk_bytes, &rows<Q6_KTile, 1, KX>},
+      .f32 = &rows<FloatTiles<Float::f32>::Tile, W, X>,
+      .f16 = &rows<FloatTiles<Float::f16>::Tile, W, X>,
+      .bf16 = &rows<FloatTiles<Float::bf16>::Tile, W, X>,
+  };
+  return set;
+}
+
+}  // namespace specula::cpu::SPECULA_ISA_NS

@@ -1,0 +1,132 @@
+// The CPU backend's kernel sets (plugins/onednn/isa.hpp) called directly: every set this CPU runs gives
+// bit-identical products, an activation row's result does not depend on how many rows share the call
+// (so a speculative verification batch scores a token exactly as a single decode step does), and the
+// products equal "dequantize with the SDK codec, multiply in double" within the 8-bit activation error.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "isa.hpp"
+#include "specula/dtype.hpp"
+#include "specula/quant.hpp"
+
+namespace specula {
+namespace {
+
+using cpu::KernelSet;
+
+struct Product {
+  DType type;
+  int64_t O, I;
+  std::vector<std::byte> w;
+  size_t row_bytes;
+  std::vector<float> x;  // [rows, I]
+};
+
+Product make(DType type, int64_t O, int64_t I, int64_t rows, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  Product p{type, O, I, {}, *dtype_row_bytes(type, static_cast<uint64_t>(I)), {}};
+  p.w.resize(p.row_bytes * static_cast<size_t>(O));
+  std::vector<float> row(static_cast<size_t>(I));
+  for (int64_t o = 0; o < O; ++o) {
+    for (auto& v : row) v = dist(rng);
+    quantize_row(type, row.data(), p.w.data() + static_cast<size_t>(o) * p.row_bytes, I);
+  }
+  p.x.resize(static_cast<size_t>(rows * I));
+  for (auto& v : p.x) v = dist(rng);
+  return p;
+}
+
+// y[rows, O] through one kernel set, as the backend calls it.
+std::vector<float> run(const KernelSet& ks, const Product& p, int64_t row0, int64_t rows) {
+  std::vector<float> y(static_cast<size_t>(rows * p.O), std::nanf(""));
+  const float* x = p.x.data() + row0 * p.I;
+  const cpu::QuantKernel* q = p.type == DType::Q8_0 ? &ks.q8_0 : p.type == DType::Q4_0 ? &ks.q4_0
+                            : p.type == DType::Q4_K ? &ks.q4_k : p.type == DType::Q6_K ? &ks.q6_k : nullptr;
+  if (q) {
+    const size_t stride = q->record_bytes(p.I);
+    std::vector<std::byte> rec(stride * static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) q->quantize(x + r * p.I, p.I, rec.data() + static_cast<size_t>(r) * stride);
+    q->rows(p.w.data(), p.row_bytes, p.O, rec.data(), stride, rows, p.I, y.data(), p.O);
+  } else {
+    cpu::RowsKernel k = p.type == DType::F32 ? ks.f32 : p.type == DType::F16 ? ks.f16 : ks.bf16;
+    k(p.w.data(), p.row_bytes, p.O, reinterpret_cast<const std::byte*>(x), static_cast<size_t>(p.I) * 4, rows, p.I,
+      y.data(), p.O);
+  }
+  return y;
+}
+
+std::vector<const KernelSet*> sets() {
+  std::vector<const KernelSet*> out;
+  for (cpu::Isa i : cpu::supported_isas()) out.push_back(&cpu::select_kernels(cpu::isa_name(i)));
+  return out;
+}
+
+bool same_bits(float a, float b) { return std::memcmp(&a, &b, 4) == 0; }
+
+class KernelSets : public ::testing::TestWithParam<DType> {};
+
+TEST_P(KernelSets, BitIdenticalAcrossSetsAndBatchSizes) {
+  const DType type = GetParam();
+  const bool k_quant = type == DType::Q4_K || type == DType::Q6_K;
+  // 37 weight rows: tiles of 4 and a remainder; 25 blocks of 32 (an odd count: AVX-512's half step) or
+  // 3 super-blocks; 29 = 16 + 13 floats leave a scalar tail.
+  const int64_t I = k_quant ? 768 : type == DType::Q8_0 || type == DType::Q4_0 ? 800 : 29 * 16 + 13;
+  const int64_t rows = 11;
+  const Product p = make(type, 37, I, rows, 17);
+  const auto all = sets();
+  ASSERT_FALSE(all.empty());
+  const std::vector<float> ref = run(*all[0], p, 0, rows);
+  for (const KernelSet* ks : all) {
+    for (int64_t batch : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{9}, rows}) {
+      for (int64_t r0 = 0; r0 + batch <= rows; r0 += batch) {
+        const std::vector<float> y = run(*ks, p, r0, batch);
+        for (int64_t r = 0; r < batch; ++r)
+          for (int64_t o = 0; o < p.O; ++o) {
+            const float a = y[static_cast<size_t>(r * p.O + o)], b = ref[static_cast<size_t>((r0 + r) * p.O + o)];
+            ASSERT_TRUE(same_bits(a, b)) << ks->name << " vs " << all[0]->name << ", " << dtype_name(type) << " batch "
+                                         << batch << " row " << r0 + r << " col " << o << ": " << a << " != " << b;
+          }
+      }
+    }
+  }
+  // Against the dequantized weights in double: the activations' 8-bit rounding bounds the error.
+  std::vector<float> wrow(static_cast<size_t>(I));
+  const bool quant = dtype_traits(type)->quantized;
+  double worst = 0;
+  for (int64_t o = 0; o < p.O; ++o) {
+    dequantize_row(type, p.w.data() + static_cast<size_t>(o) * p.row_bytes, wrow.data(), I);
+    for (int64_t r = 0; r < rows; ++r) {
+      double s = 0, mag = 0;
+      for (int64_t i = 0; i < I; ++i) {
+        s += double(wrow[i]) * p.x[r * I + i];
+        mag += std::abs(double(wrow[i]) * p.x[r * I + i]);
+      }
+      worst = std::max(worst, std::abs(ref[static_cast<size_t>(r * p.O + o)] - s) / mag);
+    }
+  }
+  EXPECT_LT(worst, quant ? 1e-2 : 1e-6) << dtype_name(type) << ": error relative to sum |w x|";
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, KernelSets,
+                         ::testing::Values(DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K, DType::F32, DType::F16,
+                                           DType::BF16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+TEST(KernelSelection, NamesWhatTheCpuRuns) {
+  EXPECT_EQ(std::string(cpu::select_kernels("avx2").name), "avx2");
+  EXPECT_EQ(std::string(cpu::select_kernels("auto").name), cpu::isa_name(cpu::supported_isas().back()));
+  try {
+    cpu::select_kernels("sse2");
+    FAIL() << "an unknown kernel set must be refused";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("expected auto, avx2 or avx512"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace specula
