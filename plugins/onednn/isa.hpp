@@ -26,7 +26,12 @@ struct QuantKernel {
   QuantizeKernel quantize = nullptr;
   size_t (*record_bytes)(int64_t cols) = nullptr;
   RowsKernel rows = nullptr;
+  // For kPrefillRows activation rows and more (prompt chunks), where a set has one: repacks weight panels
+  // on the fly. Its rows differ from `rows` in float rounding; below that (decode, speculative
+  // verification) every set computes the same bits.
+  RowsKernel prefill = nullptr;
 };
+inline constexpr int64_t kPrefillRows = 16;
 
 struct KernelSet {
   const char* name;  // "avx2", "avx512"

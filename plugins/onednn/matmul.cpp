@@ -68,7 +68,7 @@ void matmul_quant(ThreadPool& pool, const QuantKernel& k, const Matrix& w, const
   pool.parallel_for(n, 4, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) k.quantize(x + r * I, I, qx.data() + static_cast<size_t>(r) * stride);
   });
-  matmul_rows(pool, k.rows, w, qx.data(), stride, n, y);
+  matmul_rows(pool, n >= kPrefillRows && k.prefill ? k.prefill : k.rows, w, qx.data(), stride, n, y);
 }
 
 // One weight row to F32: F16 / BF16 convert in registers, other types through the SDK codec.

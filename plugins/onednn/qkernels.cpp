@@ -63,17 +63,19 @@ constexpr bool kWide = false;
 #endif
 
 // ---- 32-value blocks (Q8_0, Q4_0): activation record -----------------------------------------------
-// q: int8[cols] | init: int32[cols / 4] | scale: float[cols / 4]
+// q: int8[cols] | init: int32[cols / 4] | scale: float[cols / 4] | block_init: int32[cols / 32]
 //   init[j] = -kOffset * (q[4j] + ... + q[4j + 3]): the start value of a dot whose weight codes are
 //             stored kOffset above their value (so they are unsigned bytes)
 //   scale[j] = the scale of the block holding value 4j (eight copies per block: one register's lanes)
-size_t x32_bytes(int64_t cols) { return align64(3 * static_cast<size_t>(cols)); }
+//   block_init[b] = the sum of block b's eight inits (for the prefill panels)
+size_t x32_bytes(int64_t cols) { return align64(3 * static_cast<size_t>(cols) + static_cast<size_t>(cols) / 8); }
 
 template <int kOffset>
 void quantize_x32(const float* x, int64_t cols, std::byte* rec) {
   auto* q = reinterpret_cast<int8_t*>(rec);
   auto* init = reinterpret_cast<int32_t*>(rec + cols);
   auto* scale = reinterpret_cast<float*>(rec + 2 * cols);
+  auto* block_init = reinterpret_cast<int32_t*>(rec + 3 * cols);
   const __m256 sign = _mm256_set1_ps(-0.0f);
   for (int64_t b = 0; b < cols / 32; ++b) {
     const float* xb = x + 32 * b;
@@ -96,8 +98,13 @@ void quantize_x32(const float* x, int64_t cols, std::byte* rec) {
     qv = _mm256_permutevar8x32_epi32(qv, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32 * b), qv);
     const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), qv), _mm256_set1_epi16(1));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(init + 8 * b), _mm256_mullo_epi32(sums, _mm256_set1_epi32(-kOffset)));
+    const __m256i in = _mm256_mullo_epi32(sums, _mm256_set1_epi32(-kOffset));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(init + 8 * b), in);
     _mm256_storeu_ps(scale + 8 * b, _mm256_set1_ps(d));
+    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(in), _mm256_extracti128_si256(in, 1));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+    block_init[b] = _mm_cvtsi128_si32(h);
   }
 }
 
@@ -223,6 +230,113 @@ template <int RW, int RX> struct Q4_0Tile {
     tile_x32<Q4_0Unpack, RW, RX>(w, wrb, x, xs, c, y, ldy);
   }
 };
+
+#if SPECULA_WIDE
+// ---- prefill: 16-row weight panels in the VNNI layout ---------------------------------------------------
+// With many activation rows, 16 weight rows are first rearranged, block by block, into 8 groups of
+// [16 rows][4 codes] with their 16 scales as floats: one dpbusd then advances 16 dot products by 4 values
+// (the activation's 4 bytes broadcast), and the block's scales cost 3 instructions per 16 rows, not 3
+// per row. The integer sums are exact, so rows differ from the few-row tiles only in float rounding.
+struct PanelBlock {
+  uint8_t codes[8][16][4];
+  float scale[16];
+};
+constexpr int64_t kPanelBlocks = 64;  // blocks per pass: two panels of 36 KB stay in L1/L2
+
+template <class Unpack>
+void pack_panel(const std::byte* w, size_t wrb, int rows, int64_t b0, int64_t nb, PanelBlock* out) {
+  alignas(64) uint8_t codes[16][32];
+  alignas(32) uint16_t scales[16];
+  std::memset(codes, 0, sizeof codes);
+  std::memset(scales, 0, sizeof scales);
+  const __m512i row_start = _mm512_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120);
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int i = 0; i < rows; ++i) {
+      const std::byte* wb = w + i * wrb + Unpack::kBytes * (b0 + b);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(codes[i]), Unpack::codes(wb));
+      std::memcpy(&scales[i], wb, 2);
+    }
+    for (int g = 0; g < 8; ++g)
+      _mm512_store_si512(out[b].codes[g], _mm512_i32gather_epi32(_mm512_add_epi32(row_start, _mm512_set1_epi32(g)), codes, 4));
+    _mm512_store_ps(out[b].scale, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(scales))));
+  }
+}
+
+// RX activation rows x NP panels over blocks [b0, b0 + nb); y holds the sums so far unless `first`.
+template <int RX, int NP>
+void panel_tile(const PanelBlock* const* panel, const __mmask16* valid, int64_t b0, int64_t nb, bool first,
+                const std::byte* x, size_t xs, int64_t cols, float* y, int64_t ldy) {
+  const int8_t* xq[RX];
+  const float* xd[RX];
+  const int32_t* xi[RX];
+  for (int r = 0; r < RX; ++r) {
+    xq[r] = at<int8_t>(x, r * xs);
+    xd[r] = at<float>(x, r * xs + 2 * cols);
+    xi[r] = at<int32_t>(x, r * xs + 3 * cols);
+  }
+  __m512 acc[NP][RX];
+  for (int p = 0; p < NP; ++p)
+    for (int r = 0; r < RX; ++r)
+      acc[p][r] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(valid[p], y + r * ldy + 16 * p);
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t xb = b0 + b;
+    __m512i sum[NP][RX];
+    for (int r = 0; r < RX; ++r) {
+      const __m512i init = _mm512_set1_epi32(xi[r][xb]);
+      for (int p = 0; p < NP; ++p) sum[p][r] = init;
+    }
+    for (int g = 0; g < 8; ++g) {
+      __m512i wv[NP];
+      for (int p = 0; p < NP; ++p) wv[p] = _mm512_load_si512(panel[p][b].codes[g]);
+      for (int r = 0; r < RX; ++r) {
+        int32_t x4;
+        std::memcpy(&x4, xq[r] + 32 * xb + 4 * g, 4);
+        const __m512i xv = _mm512_set1_epi32(x4);
+        for (int p = 0; p < NP; ++p) sum[p][r] = _mm512_dpbusd_epi32(sum[p][r], wv[p], xv);
+      }
+    }
+    for (int p = 0; p < NP; ++p) {
+      const __m512 dw = _mm512_load_ps(panel[p][b].scale);
+      for (int r = 0; r < RX; ++r)
+        acc[p][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[p][r]), _mm512_mul_ps(dw, _mm512_set1_ps(xd[r][8 * xb])), acc[p][r]);
+    }
+  }
+  for (int p = 0; p < NP; ++p)
+    for (int r = 0; r < RX; ++r) _mm512_mask_storeu_ps(y + r * ldy + 16 * p, valid[p], acc[p][r]);
+}
+
+template <int NP>
+void panel_rows(const PanelBlock* const* panel, const __mmask16* valid, int64_t b0, int64_t nb, bool first,
+                const std::byte* x, size_t xs, int64_t nx, int64_t cols, float* y, int64_t ldy) {
+  constexpr int RX = 4;
+  int64_t r = 0;
+  for (; r + RX <= nx; r += RX) panel_tile<RX, NP>(panel, valid, b0, nb, first, x + r * xs, xs, cols, y + r * ldy, ldy);
+  for (; r < nx; ++r) panel_tile<1, NP>(panel, valid, b0, nb, first, x + r * xs, xs, cols, y + r * ldy, ldy);
+}
+
+template <class Unpack>
+void rows_panel(const std::byte* w, size_t wrb, int64_t nw, const std::byte* x, size_t xs, int64_t nx, int64_t cols,
+                float* y, int64_t ldy) {
+  alignas(64) PanelBlock buf[2][kPanelBlocks];
+  const int64_t nb = cols / 32;
+  for (int64_t o = 0; o < nw; o += 32) {
+    const int rows0 = static_cast<int>(nw - o < 16 ? nw - o : 16);
+    const int rows1 = static_cast<int>(nw - o - 16 <= 0 ? 0 : nw - o - 16 < 16 ? nw - o - 16 : 16);
+    const PanelBlock* panel[2] = {buf[0], buf[1]};
+    const __mmask16 valid[2] = {static_cast<__mmask16>((1u << rows0) - 1), static_cast<__mmask16>((1u << rows1) - 1)};
+    for (int64_t b0 = 0; b0 < nb; b0 += kPanelBlocks) {
+      const int64_t n = nb - b0 < kPanelBlocks ? nb - b0 : kPanelBlocks;
+      pack_panel<Unpack>(w + o * wrb, wrb, rows0, b0, n, buf[0]);
+      if (rows1) {
+        pack_panel<Unpack>(w + (o + 16) * wrb, wrb, rows1, b0, n, buf[1]);
+        panel_rows<2>(panel, valid, b0, n, b0 == 0, x, xs, nx, cols, y + o, ldy);
+      } else {
+        panel_rows<1>(panel, valid, b0, n, b0 == 0, x, xs, nx, cols, y + o, ldy);
+      }
+    }
+  }
+}
+#endif
 
 // ---- K-quants (Q4_K, Q6_K): 256-value super-blocks -----------------------------------------------------
 // q: int8[cols] | scale: float[cols / 256] | bsums: int16[cols / 16] (sums of 16 codes, for the offsets)
@@ -545,8 +659,13 @@ const KernelSet& kernel_set() {
   constexpr int KX = kWide ? 4 : 2;                     // K-quants: one weight row unpacks to 8-16 registers
   static const KernelSet set{
       .name = kWide ? "avx512" : "avx2",
+#if SPECULA_WIDE
+      .q8_0 = {&quantize_x32<Q8_0Unpack::kOffset>, &x32_bytes, &rows<Q8_0Tile, W, X>, &rows_panel<Q8_0Unpack>},
+      .q4_0 = {&quantize_x32<Q4_0Unpack::kOffset>, &x32_bytes, &rows<Q4_0Tile, W, X>, &rows_panel<Q4_0Unpack>},
+#else
       .q8_0 = {&quantize_x32<Q8_0Unpack::kOffset>, &x32_bytes, &rows<Q8_0Tile, W, X>},
       .q4_0 = {&quantize_x32<Q4_0Unpack::kOffset>, &x32_bytes, &rows<Q4_0Tile, W, X>},
+#endif
       .q4_k = {&quantize_xk, &xk_bytes, &rows<Q4_KTile, 1, KX>},
       .q6_k = {&quantize_xk, &xk_bytes, &rows<Q6_KTile, 1, KX>},
       .f32 = &rows<FloatTiles<Float::f32>::Tile, W, X>,
