@@ -298,10 +298,49 @@ void binary(ThreadPool& pool, Op op, const float* a, const Shape& as, const floa
   });
 }
 
+namespace {
+// exp for x <= 88 (Cephes expf: x = n ln 2 + r, a degree-6 polynomial in r, times 2^n); ~1 ulp.
+inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(x, _mm256_set1_ps(88.3762626647949f));
+  x = _mm256_max_ps(x, _mm256_set1_ps(-88.3762626647949f));
+  const __m256 fx = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), _mm256_set1_ps(0.5f)));
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693359375f), x);
+  x = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.12194440e-4f), x);
+  __m256 y = _mm256_set1_ps(1.9875691500e-4f);
+  for (float c : {1.3981999507e-3f, 8.3334519073e-3f, 4.1665795894e-2f, 1.6666665459e-1f, 5.0000001201e-1f})
+    y = _mm256_fmadd_ps(y, x, _mm256_set1_ps(c));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(x, x), _mm256_add_ps(x, _mm256_set1_ps(1.0f)));
+  const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+}
+
+// tanh (Cephes tanhf): an odd polynomial below |x| = 0.625, 1 - 2 / (exp(2|x|) + 1) above; ~2 ulp.
+inline __m256 tanh8(__m256 x) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  const __m256 ax = _mm256_andnot_ps(sign, x);
+  const __m256 z = _mm256_mul_ps(x, x);
+  __m256 p = _mm256_set1_ps(-5.70498872745e-3f);
+  for (float c : {2.06390887954e-2f, -5.37397155531e-2f, 1.33314422036e-1f, -3.33332819422e-1f})
+    p = _mm256_fmadd_ps(p, z, _mm256_set1_ps(c));
+  const __m256 small = _mm256_fmadd_ps(_mm256_mul_ps(p, z), x, x);
+  const __m256 e = exp8(_mm256_add_ps(ax, ax));
+  __m256 large = _mm256_sub_ps(_mm256_set1_ps(1.0f), _mm256_div_ps(_mm256_set1_ps(2.0f), _mm256_add_ps(e, _mm256_set1_ps(1.0f))));
+  large = _mm256_or_ps(large, _mm256_and_ps(sign, x));
+  return _mm256_blendv_ps(small, large, _mm256_cmp_ps(ax, _mm256_set1_ps(0.625f), _CMP_GT_OQ));
+}
+}  // namespace
+
 void gelu_tanh(ThreadPool& pool, const float* x, int64_t n, float* out) {
   pool.parallel_for(n, 4096, [&](int64_t i0, int64_t i1) {
     const float k = 0.7978845608028654f;  // sqrt(2 / pi)
-    for (int64_t i = i0; i < i1; ++i) {
+    int64_t i = i0;
+    for (; i + 8 <= i1; i += 8) {
+      const __m256 v = _mm256_loadu_ps(x + i);
+      const __m256 inner = _mm256_mul_ps(_mm256_set1_ps(k), _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), v), _mm256_mul_ps(v, v), v));
+      const __m256 t = _mm256_add_ps(_mm256_set1_ps(1.0f), tanh8(inner));
+      _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), v), t));
+    }
+    for (; i < i1; ++i) {
       const float v = x[i];
       out[i] = 0.5f * v * (1.0f + std::tanh(k * (v + 0.044715f * v * v * v)));
     }
@@ -310,7 +349,10 @@ void gelu_tanh(ThreadPool& pool, const float* x, int64_t n, float* out) {
 
 void softcap(ThreadPool& pool, const float* x, int64_t n, float cap, float* out) {
   pool.parallel_for(n, 4096, [&](int64_t i0, int64_t i1) {
-    for (int64_t i = i0; i < i1; ++i) out[i] = cap * std::tanh(x[i] / cap);
+    int64_t i = i0;
+    for (; i + 8 <= i1; i += 8)
+      _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_set1_ps(cap), tanh8(_mm256_div_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(cap)))));
+    for (; i < i1; ++i) out[i] = cap * std::tanh(x[i] / cap);
   });
 }
 

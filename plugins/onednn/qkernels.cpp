@@ -533,6 +533,201 @@ template <int RW, int RX> struct Q6_KTile {
   }
 };
 
+#if SPECULA_WIDE
+// ---- prefill panels for K-quants ------------------------------------------------------------------------
+// As for 32-value blocks: per super-block, 16 weight rows' codes (unsigned) in 64 groups of [16 rows][4],
+// and per sub-block the products d * scale (and dmin * min) as floats for the 16 rows.
+struct KPanelBlock {
+  uint8_t codes[64][16][4];
+  float scale[16][16];  // Q4_K: 8 sub-blocks of 32 values, Q6_K: 16 of 16
+  float mins[8][16];    // Q4_K only
+};
+constexpr int64_t kKPanelBlocks = 8;  // super-blocks per pass: two panels of 44 KB
+
+// Unsigned codes of one Q4_K super-block in value order, d * scale and dmin * min per sub-block.
+struct Q4_KPack {
+  static void unpack(const std::byte* wb, uint8_t* codes, float* scale, float* mins) {
+    const float d = f16(wb), dmin = f16(wb + 2);
+    uint32_t s[3];
+    std::memcpy(s, wb + 4, 12);
+    const uint64_t sc = (s[0] & 0x3f3f3f3fu) |
+                        (static_cast<uint64_t>((s[2] & 0x0f0f0f0fu) | ((s[0] >> 2) & 0x30303030u)) << 32);
+    const uint64_t mn = (s[1] & 0x3f3f3f3fu) |
+                        (static_cast<uint64_t>(((s[2] >> 4) & 0x0f0f0f0fu) | ((s[1] >> 2) & 0x30303030u)) << 32);
+    for (int j = 0; j < 8; ++j) {
+      scale[j] = d * static_cast<float>((sc >> (8 * j)) & 0xff);
+      mins[j] = dmin * static_cast<float>((mn >> (8 * j)) & 0xff);
+    }
+    const __m256i low = _mm256_set1_epi8(0x0f);
+    for (int j = 0; j < 4; ++j) {
+      const __m256i qv = loadu256(wb + 16 + 32 * j);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + 64 * j), _mm256_and_si256(qv, low));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + 64 * j + 32), _mm256_and_si256(_mm256_srli_epi16(qv, 4), low));
+    }
+  }
+};
+
+// Q6_K: codes 0..63 (stored + 32) in value order, d * scale per 16 values.
+struct Q6_KPack {
+  static void unpack(const std::byte* wb, uint8_t* codes, float* scale, float*) {
+    const float d = f16(wb + 208);
+    for (int g = 0; g < 16; ++g) scale[g] = d * static_cast<float>(static_cast<int8_t>(wb[192 + g]));
+    const __m256i low = _mm256_set1_epi8(0x0f), two = _mm256_set1_epi8(3);
+    for (int half = 0; half < 2; ++half) {
+      const std::byte* ql = wb + 64 * half;
+      const __m256i l0 = loadu256(ql), l1 = loadu256(ql + 32), h = loadu256(wb + 128 + 32 * half);
+      uint8_t* c = codes + 128 * half;
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(c), _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_slli_epi16(_mm256_and_si256(h, two), 4)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + 32), _mm256_or_si256(_mm256_and_si256(l1, low),
+          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), two), 4)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + 64), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low),
+          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), two), 4)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + 96), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
+          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), two), 4)));
+    }
+  }
+};
+
+template <class Pack>
+void pack_kpanel(const std::byte* w, size_t wrb, size_t sb_bytes, int rows, int64_t b0, int64_t nb, KPanelBlock* out) {
+  alignas(64) uint8_t codes[16][256];
+  alignas(64) float scale[16][16], mins[16][8];
+  std::memset(codes, 0, sizeof codes);
+  std::memset(scale, 0, sizeof scale);
+  std::memset(mins, 0, sizeof mins);
+  const __m512i row_start = _mm512_setr_epi32(0, 64, 128, 192, 256, 320, 384, 448, 512, 576, 640, 704, 768, 832, 896, 960);
+  const __m512i row16 = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
+  const __m512i row8 = _mm512_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120);
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int i = 0; i < rows; ++i) Pack::unpack(w + i * wrb + sb_bytes * (b0 + b), codes[i], scale[i], mins[i]);
+    for (int g = 0; g < 64; ++g)
+      _mm512_store_si512(out[b].codes[g], _mm512_i32gather_epi32(_mm512_add_epi32(row_start, _mm512_set1_epi32(g)), codes, 4));
+    for (int j = 0; j < 16; ++j)
+      _mm512_store_ps(out[b].scale[j], _mm512_i32gather_ps(_mm512_add_epi32(row16, _mm512_set1_epi32(j)), &scale[0][0], 4));
+    for (int j = 0; j < 8; ++j)
+      _mm512_store_ps(out[b].mins[j], _mm512_i32gather_ps(_mm512_add_epi32(row8, _mm512_set1_epi32(j)), &mins[0][0], 4));
+  }
+}
+
+inline __m512i bcast4(const int8_t* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return _mm512_set1_epi32(v);
+}
+
+// One super-block of RX activation rows x NP panels into t (before the activation scale).
+template <int RX, int NP>
+inline void q4_k_panel_block(const KPanelBlock* const* panel, int64_t b, const int8_t* const* xq, const int16_t* const* bs,
+                             __m512 (&t)[NP][RX]) {
+  for (int j = 0; j < 8; ++j) {
+    __m512i s[NP][RX];
+    for (int p = 0; p < NP; ++p)
+      for (int r = 0; r < RX; ++r) s[p][r] = _mm512_setzero_si512();
+    for (int g = 0; g < 8; ++g) {
+      __m512i wv[NP];
+      for (int p = 0; p < NP; ++p) wv[p] = _mm512_load_si512(panel[p][b].codes[8 * j + g]);
+      for (int r = 0; r < RX; ++r) {
+        const __m512i xv = bcast4(xq[r] + 32 * j + 4 * g);
+        for (int p = 0; p < NP; ++p) s[p][r] = _mm512_dpbusd_epi32(s[p][r], wv[p], xv);
+      }
+    }
+    for (int r = 0; r < RX; ++r) {
+      const __m512 bsum = _mm512_set1_ps(static_cast<float>(bs[r][2 * j] + bs[r][2 * j + 1]));
+      for (int p = 0; p < NP; ++p) {
+        t[p][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[p][r]), _mm512_load_ps(panel[p][b].scale[j]), t[p][r]);
+        t[p][r] = _mm512_fnmadd_ps(_mm512_load_ps(panel[p][b].mins[j]), bsum, t[p][r]);
+      }
+    }
+  }
+}
+
+template <int RX, int NP>
+inline void q6_k_panel_block(const KPanelBlock* const* panel, int64_t b, const int8_t* const* xq, const int16_t* const* bs,
+                             __m512 (&t)[NP][RX]) {
+  for (int j = 0; j < 16; ++j) {
+    __m512i s[NP][RX];
+    for (int r = 0; r < RX; ++r) {
+      const __m512i init = _mm512_set1_epi32(-32 * bs[r][j]);
+      for (int p = 0; p < NP; ++p) s[p][r] = init;
+    }
+    for (int g = 0; g < 4; ++g) {
+      __m512i wv[NP];
+      for (int p = 0; p < NP; ++p) wv[p] = _mm512_load_si512(panel[p][b].codes[4 * j + g]);
+      for (int r = 0; r < RX; ++r) {
+        const __m512i xv = bcast4(xq[r] + 16 * j + 4 * g);
+        for (int p = 0; p < NP; ++p) s[p][r] = _mm512_dpbusd_epi32(s[p][r], wv[p], xv);
+      }
+    }
+    for (int p = 0; p < NP; ++p) {
+      const __m512 sc = _mm512_load_ps(panel[p][b].scale[j]);
+      for (int r = 0; r < RX; ++r) t[p][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[p][r]), sc, t[p][r]);
+    }
+  }
+}
+
+template <bool kQ6, int RX, int NP>
+void kpanel_tile(const KPanelBlock* const* panel, const __mmask16* valid, int64_t b0, int64_t nb, bool first,
+                 const std::byte* x, size_t xs, int64_t cols, float* y, int64_t ldy) {
+  XK xr[RX];
+  for (int r = 0; r < RX; ++r) xr[r] = xk(x, xs, r, cols);
+  __m512 acc[NP][RX];
+  for (int p = 0; p < NP; ++p)
+    for (int r = 0; r < RX; ++r)
+      acc[p][r] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(valid[p], y + r * ldy + 16 * p);
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t sb = b0 + b;
+    const int8_t* xq[RX];
+    const int16_t* bs[RX];
+    for (int r = 0; r < RX; ++r) xq[r] = xr[r].q + 256 * sb, bs[r] = xr[r].bsums + 16 * sb;
+    __m512 t[NP][RX];
+    for (int p = 0; p < NP; ++p)
+      for (int r = 0; r < RX; ++r) t[p][r] = _mm512_setzero_ps();
+    if constexpr (kQ6)
+      q6_k_panel_block<RX, NP>(panel, b, xq, bs, t);
+    else
+      q4_k_panel_block<RX, NP>(panel, b, xq, bs, t);
+    for (int r = 0; r < RX; ++r) {
+      const __m512 dx = _mm512_set1_ps(xr[r].d[sb]);
+      for (int p = 0; p < NP; ++p) acc[p][r] = _mm512_fmadd_ps(t[p][r], dx, acc[p][r]);
+    }
+  }
+  for (int p = 0; p < NP; ++p)
+    for (int r = 0; r < RX; ++r) _mm512_mask_storeu_ps(y + r * ldy + 16 * p, valid[p], acc[p][r]);
+}
+
+template <bool kQ6, int NP>
+void kpanel_rows(const KPanelBlock* const* panel, const __mmask16* valid, int64_t b0, int64_t nb, bool first,
+                 const std::byte* x, size_t xs, int64_t nx, int64_t cols, float* y, int64_t ldy) {
+  constexpr int RX = 3;
+  int64_t r = 0;
+  for (; r + RX <= nx; r += RX) kpanel_tile<kQ6, RX, NP>(panel, valid, b0, nb, first, x + r * xs, xs, cols, y + r * ldy, ldy);
+  for (; r < nx; ++r) kpanel_tile<kQ6, 1, NP>(panel, valid, b0, nb, first, x + r * xs, xs, cols, y + r * ldy, ldy);
+}
+
+template <class Pack, bool kQ6, size_t kSuperBlockBytes>
+void rows_kpanel(const std::byte* w, size_t wrb, int64_t nw, const std::byte* x, size_t xs, int64_t nx, int64_t cols,
+                 float* y, int64_t ldy) {
+  alignas(64) KPanelBlock buf[2][kKPanelBlocks];
+  const int64_t nb = cols / 256;
+  for (int64_t o = 0; o < nw; o += 32) {
+    const int rows0 = static_cast<int>(nw - o < 16 ? nw - o : 16);
+    const int rows1 = static_cast<int>(nw - o - 16 <= 0 ? 0 : nw - o - 16 < 16 ? nw - o - 16 : 16);
+    const KPanelBlock* panel[2] = {buf[0], buf[1]};
+    const __mmask16 valid[2] = {static_cast<__mmask16>((1u << rows0) - 1), static_cast<__mmask16>((1u << rows1) - 1)};
+    for (int64_t b0 = 0; b0 < nb; b0 += kKPanelBlocks) {
+      const int64_t n = nb - b0 < kKPanelBlocks ? nb - b0 : kKPanelBlocks;
+      pack_kpanel<Pack>(w + o * wrb, wrb, kSuperBlockBytes, rows0, b0, n, buf[0]);
+      if (rows1) {
+        pack_kpanel<Pack>(w + (o + 16) * wrb, wrb, kSuperBlockBytes, rows1, b0, n, buf[1]);
+        kpanel_rows<kQ6, 2>(panel, valid, b0, n, b0 == 0, x, xs, nx, cols, y + o, ldy);
+      } else {
+        kpanel_rows<kQ6, 1>(panel, valid, b0, n, b0 == 0, x, xs, nx, cols, y + o, ldy);
+      }
+    }
+  }
+}
+#endif
+
 // ---- F32 / F16 / BF16 weights against F32 activations ---------------------------------------------------
 // Two 8-lane accumulators take alternate groups of 8 values (AVX-512: one register's halves); the last
 // cols % 16 values are added one by one after the reduction.
@@ -666,8 +861,13 @@ const KernelSet& kernel_set() {
       .q8_0 = {&quantize_x32<Q8_0Unpack::kOffset>, &x32_bytes, &rows<Q8_0Tile, W, X>},
       .q4_0 = {&quantize_x32<Q4_0Unpack::kOffset>, &x32_bytes, &rows<Q4_0Tile, W, X>},
 #endif
+#if SPECULA_WIDE
+      .q4_k = {&quantize_xk, &xk_bytes, &rows<Q4_KTile, 1, KX>, &rows_kpanel<Q4_KPack, false, 144>},
+      .q6_k = {&quantize_xk, &xk_bytes, &rows<Q6_KTile, 1, KX>, &rows_kpanel<Q6_KPack, true, 210>},
+#else
       .q4_k = {&quantize_xk, &xk_bytes, &rows<Q4_KTile, 1, KX>},
       .q6_k = {&quantize_xk, &xk_bytes, &rows<Q6_KTile, 1, KX>},
+#endif
       .f32 = &rows<FloatTiles<Float::f32>::Tile, W, X>,
       .f16 = &rows<FloatTiles<Float::f16>::Tile, W, X>,
       .bf16 = &rows<FloatTiles<Float::bf16>::Tile, W, X>,

@@ -264,6 +264,30 @@ TEST(Ops, MulByBf16Weight) {
   expect_close(fx.read_f32(g, y), want, 1e-7, 1e-6, "mul by bf16 scalar");
 }
 
+// The vectorised tanh (gelu_tanh, softcap) over a dense range, both sides of its 0.625 switch and into
+// saturation: within 3 ulp-ish (4e-7 relative) of double precision, plus a tiny absolute term near 0.
+TEST(Ops, TanhOpsDenseRange) {
+  test::Fixture fx;
+  const int64_t N = 20001;
+  std::vector<float> x(N);
+  for (int64_t i = 0; i < N; ++i) x[static_cast<size_t>(i)] = -25.0f + 50.0f * static_cast<float>(i) / (N - 1);
+  Graph g;
+  Value xv = g.input(DType::F32, {N}, "x");
+  Value ge = g.gelu_tanh(xv);
+  Value cap = g.softcap(xv, 30.0f);
+  g.mark_output(ge);
+  g.mark_output(cap);
+  fx.backend->run(g, {{{xv, test::bytes_of(x)}}});
+  std::vector<double> w_ge, w_cap;
+  for (float f : x) {
+    const double v = f;
+    w_ge.push_back(0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))));
+    w_cap.push_back(30.0 * std::tanh(v / 30.0));
+  }
+  expect_close(fx.read_f32(g, ge), w_ge, 1e-7, 4e-7, "gelu_tanh dense");
+  expect_close(fx.read_f32(g, cap), w_cap, 1e-7, 4e-7, "softcap dense");
+}
+
 TEST(Ops, UnaryOps) {
   test::Fixture fx;
   const int64_t R = 3, C = 37;
