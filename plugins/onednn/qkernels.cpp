@@ -25,6 +25,13 @@ namespace specula::cpu::SPECULA_ISA_NS {
 namespace {
 
 constexpr size_t align64(size_t b) { return (b + 63) / 64 * 64; }
+// Weight bytes fetched ahead of use: decode streams each row once from memory, and the hardware
+// prefetcher stops at every 4 KB page of the mapped file.
+constexpr int kPrefetch = 2048;
+// The lines of [p, p + bytes) kPrefetch bytes ahead.
+inline void prefetch_ahead(const std::byte* p, size_t bytes) {
+  for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetch + o, _MM_HINT_T0);
+}
 
 inline float hsum8(__m256 v) {
   __m128 lo = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -131,6 +138,7 @@ void tile_x32(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int
     __m512 dw[RW];
     for (int i = 0; i < RW; ++i) {
       const std::byte* wb = w + i * wrb + Unpack::kBytes * b;
+      prefetch_ahead(wb, 2 * Unpack::kBytes);
       wq[i] = join(Unpack::codes(wb), Unpack::codes(wb + Unpack::kBytes));
       dw[i] = f16_pair(wb, wb + Unpack::kBytes);
     }
@@ -171,6 +179,7 @@ void tile_x32(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int
     __m256 dw[RW];
     for (int i = 0; i < RW; ++i) {
       const std::byte* wb = w + i * wrb + Unpack::kBytes * b;
+      prefetch_ahead(wb, Unpack::kBytes);
       wq[i] = Unpack::codes_avx2(wb, wsign[i]);
       dw[i] = _mm256_set1_ps(f16(wb));
     }
@@ -398,6 +407,7 @@ template <int RW, int RX> struct Q4_KTile {
 #endif
       for (int i = 0; i < RW; ++i) {
         const std::byte* wb = w + i * wrb + 144 * b;
+        prefetch_ahead(wb, 144);
         dw[i] = _mm256_set1_ps(f16(wb));
         dminw[i] = _mm256_set1_ps(f16(wb + 2));
         // Bytes 0-3 / 4-7 hold the low 6 bits of scales / mins 0-3 (their top 2 bits extend scales /
@@ -474,6 +484,7 @@ template <int RW, int RX> struct Q6_KTile {
 #endif
       for (int i = 0; i < RW; ++i) {
         const std::byte* wb = w + i * wrb + 210 * b;
+        prefetch_ahead(wb, 210);
         const std::byte* sc = wb + 192;
         dw[i] = _mm256_set1_ps(f16(wb + 208));
         const __m128i sc8 = _mm_loadu_si128(reinterpret_cast<const __m128i*>(sc));
@@ -778,7 +789,10 @@ struct FloatTiles {
         for (int r = 0; r < RX; ++r) acc[o][r] = _mm512_setzero_ps();
       for (; i + 16 <= cols; i += 16) {
         __m512 wv[RW];
-        for (int o = 0; o < RW; ++o) wv[o] = load16<T>(w + o * wrb, i);
+        for (int o = 0; o < RW; ++o) {
+          prefetch_ahead(w + o * wrb + i * (T == Float::f32 ? 4 : 2), 64);
+          wv[o] = load16<T>(w + o * wrb, i);
+        }
         for (int r = 0; r < RX; ++r) {
           const __m512 xv = _mm512_loadu_ps(xr[r] + i);
           for (int o = 0; o < RW; ++o) acc[o][r] = _mm512_fmadd_ps(wv[o], xv, acc[o][r]);
