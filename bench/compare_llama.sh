@@ -42,7 +42,8 @@ common=(--prompt-tokens "$pp" --gen-tokens "$tg" --repetitions "$reps" --threads
 ours=$(mktemp) peer=$(mktemp)
 trap 'rm -f "$ours" "$peer"' EXIT
 echo "specula bench ..." >&2
-"$specula" bench --model "$model" "${common[@]}" --json -q > "$ours"
+# llama.cpp runs with a 4096-token context whatever the file says; so does Specula here.
+"$specula" bench --model "$model" "${common[@]}" --context-length 4096 --json -q > "$ours"
 echo "llama.cpp ..." >&2
 node "$root/bench/llama_peer.mjs" "$model" "${common[@]}" > "$peer"
 

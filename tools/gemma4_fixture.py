@@ -65,6 +65,7 @@ HEAD_DIM, GLOBAL_HEAD_DIM = 32, 64
 REAL_HEAD_DIM, REAL_GLOBAL_HEAD_DIM = 256, 512
 VOCAB = 262144
 CONTEXT = 256
+REAL_CONTEXT = 131072  # the published E2B/E4B context: benchmarks at llama-bench's n_ctx 4096 need more than 256
 EPS = 1e-6
 SOFTCAP = 30.0
 ROPE_THETA, ROPE_THETA_SWA, PARTIAL_ROTARY = 1e6, 1e4, 0.25
@@ -226,7 +227,7 @@ def hf_config(spec):
         "num_hidden_layers": spec.L, "num_attention_heads": spec.heads,
         "num_key_value_heads": spec.kv, "head_dim": spec.hd_s, "global_head_dim": spec.hd_f,
         "num_global_key_value_heads": spec.kv_global, "attention_k_eq_v": spec.k_eq_v,
-        "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": CONTEXT,
+        "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": REAL_CONTEXT if spec.name.endswith("-real") else CONTEXT,
         "rms_norm_eps": EPS, "sliding_window": spec.window, "layer_types": spec.layers,
         "final_logit_softcapping": SOFTCAP, "tie_word_embeddings": True,
         "hidden_size_per_layer_input": spec.ple, "vocab_size_per_layer_input": VOCAB,
@@ -367,7 +368,7 @@ def write_gguf(path, spec, w, wtype, vocab_path, tensors=None):
     L = spec.L
     kvs = [gguf_kv("general.architecture", T_STR, "gemma4"), gguf_kv("general.type", T_STR, "model"),
            gguf_kv("general.name", T_STR, f"specula-fixture-{spec.name}"),
-           gguf_kv(A + "block_count", T_U32, L), gguf_kv(A + "context_length", T_U32, CONTEXT),
+           gguf_kv(A + "block_count", T_U32, L), gguf_kv(A + "context_length", T_U32, REAL_CONTEXT if spec.name.endswith("-real") else CONTEXT),
            gguf_kv(A + "embedding_length", T_U32, spec.hidden)]
     if spec.double_wide:
         kvs.append(gguf_kv(A + "feed_forward_length", T_ARR, (T_I32, [spec.ffn_width(l) for l in range(L)])))

@@ -98,10 +98,14 @@ int run_bench(const std::vector<std::string>& args) {
   const int64_t vocab = target->info().vocab_size;
   const int draft = built.drafter ? (pipeline.drafter ? pipeline.drafter->draft_tokens : 3) : 0;
   specula::ContextOptions copts;
-  copts.context_length = prompt_tokens + gen_tokens + draft + 1;
-  if (target->info().context_length > 0 && copts.context_length > target->info().context_length)
-    specula::fail("--prompt-tokens {} + --gen-tokens {} exceed the model's context of {} tokens", prompt_tokens,
-                  gen_tokens, target->info().context_length);
+  // The smallest context that holds the run, or the one asked for (llama-bench allocates n_ctx 4096).
+  const int64_t needed = prompt_tokens + gen_tokens + draft + 1;
+  const int64_t asked = pipeline.target.context_length;
+  copts.context_length = std::max(needed, asked);
+  const int64_t limit = asked > 0 ? asked : target->info().context_length;
+  if (limit > 0 && needed > limit)
+    specula::fail("--prompt-tokens {} + --gen-tokens {} exceed the {} context of {} tokens{}", prompt_tokens, gen_tokens,
+                  asked > 0 ? "--context-length" : "model's", limit, asked > 0 ? "" : " (raise it with --context-length)");
   const std::vector<int32_t> prompt = synthetic_prompt(prompt_tokens, vocab);
 
   // One plain run: prefill, then `gen` greedy single-token steps. Returns {pp seconds, tg seconds}.
