@@ -61,7 +61,7 @@ inline __m512 f16_pair(const std::byte* a, const std::byte* b) {
   uint16_t ha, hb;
   std::memcpy(&ha, a, 2);
   std::memcpy(&hb, b, 2);
-  const __m128 v = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(ha) | static_cast<int>(hb) << 16));
+  const __m128 v = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(static_cast<uint32_t>(ha) | static_cast<uint32_t>(hb) << 16)));
   return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), _mm512_castps128_ps512(v));
 }
 constexpr bool kWide = true;
