@@ -59,7 +59,7 @@ int run_bench(const std::vector<std::string>& args) {
   cli::ModelArgs model;
   int64_t prompt_tokens = 512, gen_tokens = 128;
   int repetitions = 3, threads = 0;
-  bool as_json = false, no_drafter = false;
+  bool as_json = false, no_drafter = false, profile = false;
   cli::po::options_description desc(
       "usage: specula bench PIPELINE.yaml [options]\n"
       "       specula bench --model PATH [--backend NAME] [options]\n\n"
@@ -74,7 +74,9 @@ int run_bench(const std::vector<std::string>& args) {
       "repetitions,r", cli::po::value(&repetitions)->default_value(repetitions), "timed runs")(
       "threads,t", cli::po::value(&threads)->default_value(0), "backend threads (0 = the pipeline's or all cores)")(
       "json", cli::po::bool_switch(&as_json), "print one JSON object")(
-      "no-drafter", cli::po::bool_switch(&no_drafter), "skip the speculative measurement");
+      "no-drafter", cli::po::bool_switch(&no_drafter), "skip the speculative measurement")(
+      "profile", cli::po::bool_switch(&profile),
+      "print time per op kind, weight and layer when the backend ends (CPU backend; includes the untimed run)");
   cli::add_model_options(desc, model);
   cli::add_log_options(desc);
   cli::po::positional_options_description pos;
@@ -88,6 +90,7 @@ int run_bench(const std::vector<std::string>& args) {
   const auto t_load = Clock::now();
   specula::core::Pipeline pipeline = cli::resolve_pipeline(model);
   if (threads > 0) pipeline.backend.options["threads"] = threads;
+  if (profile) pipeline.backend.options["profile"] = true;
   auto host = cli::make_host(pipeline, model.plugin_paths);
   specula::core::BuildOptions build;
   build.load_drafter = !no_drafter;

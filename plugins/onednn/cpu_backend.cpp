@@ -3,6 +3,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <limits>
@@ -11,6 +13,7 @@
 
 #include "convert.hpp"
 #include "kernels.hpp"
+#include "profile.hpp"
 #include "specula/error.hpp"
 #include "specula/log.hpp"
 
@@ -109,7 +112,11 @@ void check_mlx(const TensorInfo& info, int64_t rows, int64_t cols) {
 
 class CpuBackend final : public ComputeBackend {
  public:
-  CpuBackend(int threads, const KernelSet& kernels) : pool_(threads), kernels_(kernels) {}
+  CpuBackend(int threads, const KernelSet& kernels, bool profile)
+      : pool_(threads), kernels_(kernels), profile_(profile ? std::make_unique<OpProfile>() : nullptr) {}
+  ~CpuBackend() override {
+    if (profile_) std::fputs(profile_->report().c_str(), stderr);
+  }
 
   std::string name() const override { return "onednn"; }
 
@@ -216,6 +223,7 @@ class CpuBackend final : public ComputeBackend {
 
   ThreadPool pool_;
   const KernelSet& kernels_;
+  std::unique_ptr<OpProfile> profile_;
   BufferPool buffers_;
   std::vector<Slot> slots_;
   std::vector<std::vector<float>> scratch_;  // conversions for the node being executed
@@ -302,8 +310,34 @@ void CpuBackend::run(const Graph& graph, const RunInputs& inputs) {
   }
   for (int32_t o : graph.outputs()) last_use[static_cast<size_t>(root[static_cast<size_t>(o)])] = count;
 
+  if (profile_) {
+    int64_t rows = 0;  // of the first matrix product: 1 for a decode step
+    for (const Node& n : nodes)
+      if (n.op == Op::MatMul) {
+        const Node& w = nodes[static_cast<size_t>(n.src[0])];
+        rows = elements(nodes[static_cast<size_t>(n.src[1])].shape) / w.shape[1];
+        break;
+      }
+    profile_->begin_run(rows);
+  }
   for (int32_t i = 0; i < count; ++i) {
-    execute(graph, i);
+    if (profile_) {
+      const auto t0 = std::chrono::steady_clock::now();
+      execute(graph, i);
+      const Node& n = nodes[static_cast<size_t>(i)];
+      const bool weighted = (n.op == Op::MatMul || n.op == Op::MatMulId || n.op == Op::GetRows) &&
+                            nodes[static_cast<size_t>(n.src[0])].op == Op::Constant;
+      const CpuTensor* w = weighted ? slots_[static_cast<size_t>(n.src[0])].tensor : nullptr;
+      // Weight bytes read: the whole matrix, or the gathered rows of a table.
+      const size_t bytes = !w ? 0
+                           : n.op == Op::GetRows ? w->bytes / static_cast<size_t>(w->shape()[0]) *
+                                                       static_cast<size_t>(elements(nodes[static_cast<size_t>(n.src[1])].shape))
+                                                 : w->bytes;
+      profile_->record(graph, i, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
+                       w ? w->name() : std::string(), bytes);
+    } else {
+      execute(graph, i);
+    }
     scratch_.clear();
     const Node& n = nodes[static_cast<size_t>(i)];
     auto release = [&](int32_t v) {
@@ -580,8 +614,14 @@ std::unique_ptr<ComputeBackend> make_cpu_backend(const nlohmann::json& options) 
     isa = v.get<std::string>();
   }
   const KernelSet& kernels = select_kernels(isa);
+  bool profile = false;
+  if (options.is_object() && options.contains("profile")) {
+    if (!options["profile"].is_boolean())
+      fail("onednn backend: option 'profile' = {} must be true or false", options["profile"].dump());
+    profile = options["profile"].get<bool>();
+  }
   log_debug("onednn backend: {} threads, {} kernels", threads, kernels.name);
-  return std::make_unique<CpuBackend>(threads, kernels);
+  return std::make_unique<CpuBackend>(threads, kernels, profile);
 }
 
 }  // namespace specula::cpu

@@ -46,6 +46,8 @@ inline float f16(const std::byte* p) {
   return _cvtsh_ss(h);
 }
 
+inline __m256i loadu256(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
+
 template <typename T>
 inline const T* at(const std::byte* p, size_t offset) {
   return reinterpret_cast<const T*>(p + offset);
@@ -250,6 +252,30 @@ struct PanelBlock {
   uint8_t codes[8][16][4];
   float scale[16];
 };
+
+// 16 rows of 8 dwords (`stride` bytes apart) to 8 registers of 16: out[g] = dword g of rows 0..15. An
+// 8 x 8 transpose in each 256-bit half, rows 0-7 in the low halves and 8-15 in the high ones.
+inline void transpose16x8(const void* rows, size_t stride, __m512i* out) {
+  const auto* p = static_cast<const std::byte*>(rows);
+  __m512i a[8], t[8], u[8];
+  for (int i = 0; i < 8; ++i) a[i] = join(loadu256(p + i * stride), loadu256(p + (i + 8) * stride));
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm512_unpacklo_epi32(a[2 * i], a[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_epi32(a[2 * i], a[2 * i + 1]);
+  }
+  for (int h = 0; h < 2; ++h) {  // rows 0-3 (h = 0) and 4-7
+    const __m512i* th = t + 4 * h;
+    u[4 * h + 0] = _mm512_unpacklo_epi64(th[0], th[2]);
+    u[4 * h + 1] = _mm512_unpackhi_epi64(th[0], th[2]);
+    u[4 * h + 2] = _mm512_unpacklo_epi64(th[1], th[3]);
+    u[4 * h + 3] = _mm512_unpackhi_epi64(th[1], th[3]);
+  }
+  const __m512i lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+  for (int g = 0; g < 4; ++g) {
+    out[g] = _mm512_permutex2var_epi64(u[g], lo, u[4 + g]);
+    out[g + 4] = _mm512_permutex2var_epi64(u[g], hi, u[4 + g]);
+  }
+}
 constexpr int64_t kPanelBlocks = 64;  // blocks per pass: two panels of 36 KB stay in L1/L2
 
 template <class Unpack>
@@ -258,15 +284,15 @@ void pack_panel(const std::byte* w, size_t wrb, int rows, int64_t b0, int64_t nb
   alignas(32) uint16_t scales[16];
   std::memset(codes, 0, sizeof codes);
   std::memset(scales, 0, sizeof scales);
-  const __m512i row_start = _mm512_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120);
   for (int64_t b = 0; b < nb; ++b) {
     for (int i = 0; i < rows; ++i) {
       const std::byte* wb = w + i * wrb + Unpack::kBytes * (b0 + b);
       _mm256_store_si256(reinterpret_cast<__m256i*>(codes[i]), Unpack::codes(wb));
       std::memcpy(&scales[i], wb, 2);
     }
-    for (int g = 0; g < 8; ++g)
-      _mm512_store_si512(out[b].codes[g], _mm512_i32gather_epi32(_mm512_add_epi32(row_start, _mm512_set1_epi32(g)), codes, 4));
+    __m512i g8[8];
+    transpose16x8(codes, 32, g8);
+    for (int g = 0; g < 8; ++g) _mm512_store_si512(out[b].codes[g], g8[g]);
     _mm512_store_ps(out[b].scale, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(scales))));
   }
 }
@@ -383,7 +409,6 @@ inline XK xk(const std::byte* x, size_t xs, int r, int64_t cols) {
   return {at<int8_t>(p, 0), at<float>(p, cols), at<int16_t>(p, cols + cols / 64)};
 }
 
-inline __m256i loadu256(const void* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 
 // Q4_K: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins for 8 sub-blocks of 32, then 128 bytes of
 // nibbles: 32 bytes per 64 values, sub-block 2j in the low nibbles, 2j + 1 in the high ones.
@@ -606,17 +631,19 @@ void pack_kpanel(const std::byte* w, size_t wrb, size_t sb_bytes, int rows, int6
   std::memset(codes, 0, sizeof codes);
   std::memset(scale, 0, sizeof scale);
   std::memset(mins, 0, sizeof mins);
-  const __m512i row_start = _mm512_setr_epi32(0, 64, 128, 192, 256, 320, 384, 448, 512, 576, 640, 704, 768, 832, 896, 960);
-  const __m512i row16 = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160, 176, 192, 208, 224, 240);
-  const __m512i row8 = _mm512_setr_epi32(0, 8, 16, 24, 32, 40, 48, 56, 64, 72, 80, 88, 96, 104, 112, 120);
+  __m512i g8[8];
   for (int64_t b = 0; b < nb; ++b) {
     for (int i = 0; i < rows; ++i) Pack::unpack(w + i * wrb + sb_bytes * (b0 + b), codes[i], scale[i], mins[i]);
-    for (int g = 0; g < 64; ++g)
-      _mm512_store_si512(out[b].codes[g], _mm512_i32gather_epi32(_mm512_add_epi32(row_start, _mm512_set1_epi32(g)), codes, 4));
-    for (int j = 0; j < 16; ++j)
-      _mm512_store_ps(out[b].scale[j], _mm512_i32gather_ps(_mm512_add_epi32(row16, _mm512_set1_epi32(j)), &scale[0][0], 4));
-    for (int j = 0; j < 8; ++j)
-      _mm512_store_ps(out[b].mins[j], _mm512_i32gather_ps(_mm512_add_epi32(row8, _mm512_set1_epi32(j)), &mins[0][0], 4));
+    for (int c = 0; c < 8; ++c) {
+      transpose16x8(&codes[0][32 * c], 256, g8);
+      for (int g = 0; g < 8; ++g) _mm512_store_si512(out[b].codes[8 * c + g], g8[g]);
+    }
+    for (int c = 0; c < 2; ++c) {
+      transpose16x8(&scale[0][8 * c], 64, g8);
+      for (int j = 0; j < 8; ++j) _mm512_store_si512(out[b].scale[8 * c + j], g8[j]);
+    }
+    transpose16x8(&mins[0][0], 32, g8);
+    for (int j = 0; j < 8; ++j) _mm512_store_si512(out[b].mins[j], g8[j]);
   }
 }
 
@@ -862,16 +889,19 @@ void rows(const std::byte* w, size_t wrb, int64_t nw, const std::byte* x, size_t
 
 const KernelSet& kernel_set() {
   // Tiles: 32 (AVX-512) or 16 (AVX2) registers hold the accumulators and the unpacked weight rows.
-  constexpr int W = kWide ? 4 : 2, X = kWide ? 4 : 2;  // 32-value blocks and floats
+  // One weight row per tile for the quantized types: a few interleaved rows of a mapped file stream
+  // slower than one, and the work per (weight, activation) pair is the same either way.
+  constexpr int W = kWide ? 4 : 2, X = kWide ? 4 : 2;  // floats
+  constexpr int QX = 4;                                 // 32-value blocks
   constexpr int KX = kWide ? 4 : 2;                     // K-quants: one weight row unpacks to 8-16 registers
   static const KernelSet set{
       .name = kWide ? "avx512" : "avx2",
 #if SPECULA_WIDE
-      .q8_0 = {&quantize_x32<Q8_0Unpack::kOffset>, &x32_bytes, &rows<Q8_0Tile, W, X>, &rows_panel<Q8_0Unpack>},
-      .q4_0 = {&quantize_x32<Q4_0Unpack::kOffset>, &x32_bytes, &rows<Q4_0Tile, W, X>, &rows_panel<Q4_0Unpack>},
+      .q8_0 = {&quantize_x32<Q8_0Unpack::kOffset>, &x32_bytes, &rows<Q8_0Tile, 1, QX>, &rows_panel<Q8_0Unpack>},
+      .q4_0 = {&quantize_x32<Q4_0Unpack::kOffset>, &x32_bytes, &rows<Q4_0Tile, 1, QX>, &rows_panel<Q4_0Unpack>},
 #else
-      .q8_0 = {&quantize_x32<Q8_0Unpack::kOffset>, &x32_bytes, &rows<Q8_0Tile, W, X>},
-      .q4_0 = {&quantize_x32<Q4_0Unpack::kOffset>, &x32_bytes, &rows<Q4_0Tile, W, X>},
+      .q8_0 = {&quantize_x32<Q8_0Unpack::kOffset>, &x32_bytes, &rows<Q8_0Tile, 1, QX>},
+      .q4_0 = {&quantize_x32<Q4_0Unpack::kOffset>, &x32_bytes, &rows<Q4_0Tile, 1, QX>},
 #endif
 #if SPECULA_WIDE
       .q4_k = {&quantize_xk, &xk_bytes, &rows<Q4_KTile, 1, KX>, &rows_kpanel<Q4_KPack, false, 144>},

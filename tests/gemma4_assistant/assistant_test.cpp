@@ -626,6 +626,23 @@ TEST(BenchCli, MeasuresPlainAndSpeculativeDecodingOnTheFixtures) {
   const std::string zero = run_cli(common + "-r 0", &status);
   EXPECT_NE(status, 0);
   EXPECT_NE(zero.find("must be at least 1"), std::string::npos) << zero;
+  // --context-length lifts the limit only as far as the model allows, and says which limit it was.
+  const std::string asked = run_cli(common + "--context-length 64 -n 60 -g 8", &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(asked.find("exceed the --context-length context of 64 tokens"), std::string::npos) << asked;
+}
+
+// --profile: the CPU backend's tables for decode (1 row) and the prompt (12 rows), per op, weight, layer.
+TEST(BenchCli, ProfileNamesOpsWeightsAndLayers) {
+  int status = 0;
+  const std::string out = run_cli("bench -q --plugin-path " + std::string(SPECULA_PLUGIN_DIR) + " --model " +
+                                      (fixture_dir() / "model-f32.gguf").string() +
+                                      " --threads 1 -n 12 -g 3 -r 1 --no-drafter --profile", &status);
+  ASSERT_EQ(status, 0) << out;
+  for (const char* want : {"profile: graphs with 1 activation row (", "profile: graphs with 12 activation rows (",
+                           "\n  MatMul ", "\n  Attention ", "\n  blk.*.ffn_up.weight ", "\n  token_embd.weight ",
+                           "\n  layer 0 ", "\n  outside layers "})
+    EXPECT_NE(out.find(want), std::string::npos) << "missing '" << want << "' in:\n" << out;
 }
 
 }  // namespace

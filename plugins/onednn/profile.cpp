@@ -1,0 +1,82 @@
+#include "profile.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <regex>
+#include <vector>
+
+namespace specula::cpu {
+
+namespace {
+// "blk.12.ffn_up.weight" -> 12 (and "blk.*.ffn_up.weight"); -1 when the name has no layer.
+int layer_of(const std::string& name, std::string* folded) {
+  static const std::regex blk(R"(^blk\.(\d+)\.)");
+  std::smatch m;
+  if (!std::regex_search(name, m, blk)) {
+    if (folded) *folded = name;
+    return -1;
+  }
+  if (folded) *folded = "blk.*." + m.suffix().str();
+  return std::stoi(m[1].str());
+}
+}  // namespace
+
+void OpProfile::begin_run(int64_t rows) {
+  current_ = &tables_[rows];
+  ++current_->runs;
+  layer_ = -1;
+}
+
+void OpProfile::record(const Graph& g, int32_t id, double seconds, const std::string& weight, size_t weight_bytes) {
+  const Node& n = g.nodes()[static_cast<size_t>(id)];
+  if (n.op == Op::Input || n.op == Op::Constant || n.op == Op::Reshape) return;
+  Table& t = *current_;
+  // A node belongs to the layer of its weight (none for token_embd and the like) or of its name, else
+  // to that of the last node before it.
+  std::string folded;
+  int l;
+  if (!weight.empty()) {
+    l = layer_of(weight, &folded);
+  } else {
+    l = layer_of(n.name, nullptr);
+    if (l < 0) l = layer_;
+  }
+  layer_ = l;
+  auto add = [&](Entry& e) {
+    e.calls += 1;
+    e.seconds += seconds;
+    e.bytes += static_cast<double>(weight_bytes);
+  };
+  add(t.ops[std::string(op_name(n.op))]);
+  if (!weight.empty()) add(t.weights[folded]);
+  add(t.layers[layer_]);
+}
+
+std::string OpProfile::report() const {
+  std::string out;
+  for (const auto& [rows, t] : tables_) {
+    double total = 0;
+    for (const auto& [name, e] : t.ops) total += e.seconds;
+    out += fmt::format("profile: graphs with {} activation row{} ({} runs, {:.1f} ms per run)\n", rows,
+                       rows == 1 ? "" : "s", t.runs, 1e3 * total / static_cast<double>(t.runs));
+    auto table = [&](const char* title, std::vector<std::pair<std::string, Entry>> rowsv, size_t limit) {
+      std::sort(rowsv.begin(), rowsv.end(), [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
+      out += fmt::format("  {:<28}{:>10}{:>12}{:>8}{:>10}\n", title, "calls/run", "ms/run", "%", "GB/s");
+      for (size_t i = 0; i < rowsv.size() && i < limit; ++i) {
+        const Entry& e = rowsv[i].second;
+        out += fmt::format("  {:<28}{:>10.0f}{:>12.2f}{:>8.1f}{:>10}\n", rowsv[i].first,
+                           static_cast<double>(e.calls) / static_cast<double>(t.runs), 1e3 * e.seconds / static_cast<double>(t.runs),
+                           100.0 * e.seconds / total, e.bytes > 0 ? fmt::format("{:.1f}", e.bytes / e.seconds / 1e9) : "");
+      }
+    };
+    table("op", {t.ops.begin(), t.ops.end()}, 64);
+    table("weight", {t.weights.begin(), t.weights.end()}, 12);
+    std::vector<std::pair<std::string, Entry>> layers;
+    for (const auto& [l, e] : t.layers) layers.emplace_back(l < 0 ? "outside layers" : fmt::format("layer {}", l), e);
+    table("layer (slowest)", layers, 8);
+  }
+  return out;
+}
+
+}  // namespace specula::cpu

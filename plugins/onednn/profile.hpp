@@ -1,0 +1,37 @@
+// Per-op timing of the CPU backend (option `profile: true`, `specula bench --profile`): time and weight
+// bytes per op kind, per weight (layer index folded: blk.*.ffn_up.weight) and per layer, one table per
+// graph kind (the activation rows of its matrix products: 1 = a decode step, N = a prompt chunk).
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "specula/compute.hpp"
+
+namespace specula::cpu {
+
+class OpProfile {
+ public:
+  // Called before a graph runs: `rows` names the table its nodes go to.
+  void begin_run(int64_t rows);
+  void record(const Graph& g, int32_t id, double seconds, const std::string& weight, size_t weight_bytes);
+  std::string report() const;
+
+ private:
+  struct Entry {
+    int64_t calls = 0;
+    double seconds = 0;
+    double bytes = 0;
+  };
+  struct Table {
+    int64_t runs = 0;
+    std::map<std::string, Entry> ops, weights;
+    std::map<int, Entry> layers;
+  };
+  std::map<int64_t, Table> tables_;
+  Table* current_ = nullptr;
+  int layer_ = -1;
+};
+
+}  // namespace specula::cpu
