@@ -217,6 +217,11 @@ struct Q8_0Unpack {
     return _mm256_sign_epi8(sign, sign);
   }
   static __m256i dot_avx2(__m256i, __m256i aw, __m256i w, __m256i x) { return dot4_avx2(aw, _mm256_sign_epi8(x, w)); }
+  // AVX2 panels keep the codes signed and dot |w| with sign(x, w), as the tiles do.
+  static constexpr bool kSigned = !SPECULA_WIDE;
+  static __m256i panel_codes(const std::byte* wb) {
+    return kSigned ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 2)) : codes(wb);
+  }
 };
 
 // Q4_0: f16 scale, 16 bytes: values 0..15 in the low nibbles, 16..31 in the high ones, stored + 8.
@@ -229,6 +234,8 @@ struct Q4_0Unpack {
   }
   static __m256i codes_avx2(const std::byte* wb, __m256i&) { return codes(wb); }
   static __m256i dot_avx2(__m256i init, __m256i q, __m256i, __m256i x) { return _mm256_add_epi32(init, dot4_avx2(q, x)); }
+  static constexpr bool kSigned = false;
+  static __m256i panel_codes(const std::byte* wb) { return codes(wb); }
 };
 
 template <int RW, int RX> struct Q8_0Tile {
@@ -287,7 +294,7 @@ void pack_panel(const std::byte* w, size_t wrb, int rows, int64_t b0, int64_t nb
   for (int64_t b = 0; b < nb; ++b) {
     for (int i = 0; i < rows; ++i) {
       const std::byte* wb = w + i * wrb + Unpack::kBytes * (b0 + b);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(codes[i]), Unpack::codes(wb));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(codes[i]), Unpack::panel_codes(wb));
       std::memcpy(&scales[i], wb, 2);
     }
     __m512i g8[8];
@@ -368,6 +375,114 @@ void rows_panel(const std::byte* w, size_t wrb, int64_t nw, const std::byte* x, 
       } else {
         panel_rows<1>(panel, valid, b0, n, b0 == 0, x, xs, nx, cols, y + o, ldy);
       }
+    }
+  }
+}
+#else
+// ---- prefill: 8-row weight panels for AVX2 -----------------------------------------------------------------
+// The AVX-512 panels' layout and arithmetic with 8 rows per register and maddubs + madd for the dots
+// (Q8_0: |w| against sign(x, w)); the integer sums are the same, so are the float steps, so prefill gives
+// the same bits on both sets.
+struct PanelBlock {
+  uint8_t codes[8][8][4];
+  float scale[8];
+};
+constexpr int64_t kPanelBlocks = 64;
+
+// 8 rows of 8 dwords to out[g] = dword g of rows 0..7.
+inline void transpose8x8(const void* rows, size_t stride, __m256i* out) {
+  const auto* p = static_cast<const std::byte*>(rows);
+  __m256i a[8], t[8], u[8];
+  for (int i = 0; i < 8; ++i) a[i] = loadu256(p + i * stride);
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm256_unpacklo_epi32(a[2 * i], a[2 * i + 1]);
+    t[2 * i + 1] = _mm256_unpackhi_epi32(a[2 * i], a[2 * i + 1]);
+  }
+  for (int h = 0; h < 2; ++h) {
+    const __m256i* th = t + 4 * h;
+    u[4 * h + 0] = _mm256_unpacklo_epi64(th[0], th[2]);
+    u[4 * h + 1] = _mm256_unpackhi_epi64(th[0], th[2]);
+    u[4 * h + 2] = _mm256_unpacklo_epi64(th[1], th[3]);
+    u[4 * h + 3] = _mm256_unpackhi_epi64(th[1], th[3]);
+  }
+  for (int g = 0; g < 4; ++g) {
+    out[g] = _mm256_permute2x128_si256(u[g], u[4 + g], 0x20);
+    out[g + 4] = _mm256_permute2x128_si256(u[g], u[4 + g], 0x31);
+  }
+}
+
+template <class Unpack>
+void pack_panel(const std::byte* w, size_t wrb, int rows, int64_t b0, int64_t nb, PanelBlock* out) {
+  alignas(64) uint8_t codes[8][32];
+  alignas(16) uint16_t scales[8];
+  std::memset(codes, 0, sizeof codes);
+  std::memset(scales, 0, sizeof scales);
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int i = 0; i < rows; ++i) {
+      const std::byte* wb = w + i * wrb + Unpack::kBytes * (b0 + b);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(codes[i]), Unpack::panel_codes(wb));
+      std::memcpy(&scales[i], wb, 2);
+    }
+    __m256i g8[8];
+    transpose8x8(codes, 32, g8);
+    for (int g = 0; g < 8; ++g) _mm256_store_si256(reinterpret_cast<__m256i*>(out[b].codes[g]), g8[g]);
+    _mm256_store_ps(out[b].scale, _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(scales))));
+  }
+}
+
+template <class Unpack, int RX>
+void panel_tile(const PanelBlock* panel, int valid, int64_t b0, int64_t nb, bool first, const std::byte* x, size_t xs,
+                int64_t cols, float* y, int64_t ldy) {
+  const int8_t* xq[RX];
+  const float* xd[RX];
+  const int32_t* xi[RX];
+  for (int r = 0; r < RX; ++r) {
+    xq[r] = at<int8_t>(x, r * xs);
+    xd[r] = at<float>(x, r * xs + 2 * cols);
+    xi[r] = at<int32_t>(x, r * xs + 3 * cols);
+  }
+  const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  __m256 acc[RX];
+  for (int r = 0; r < RX; ++r)
+    acc[r] = first ? _mm256_setzero_ps() : _mm256_maskload_ps(y + r * ldy, mask);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t xb = b0 + b;
+    __m256i sum[RX];
+    for (int r = 0; r < RX; ++r) sum[r] = _mm256_set1_epi32(xi[r][xb]);
+    for (int g = 0; g < 8; ++g) {
+      const __m256i wv = _mm256_load_si256(reinterpret_cast<const __m256i*>(panel[b].codes[g]));
+      const __m256i aw = Unpack::kSigned ? _mm256_sign_epi8(wv, wv) : wv;
+      for (int r = 0; r < RX; ++r) {
+        int32_t x4;
+        std::memcpy(&x4, xq[r] + 32 * xb + 4 * g, 4);
+        __m256i xv = _mm256_set1_epi32(x4);
+        if constexpr (Unpack::kSigned) xv = _mm256_sign_epi8(xv, wv);
+        sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xv), ones));
+      }
+    }
+    const __m256 dw = _mm256_load_ps(panel[b].scale);
+    for (int r = 0; r < RX; ++r)
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), _mm256_mul_ps(dw, _mm256_set1_ps(xd[r][8 * xb])), acc[r]);
+  }
+  for (int r = 0; r < RX; ++r) _mm256_maskstore_ps(y + r * ldy, mask, acc[r]);
+}
+
+template <class Unpack>
+void rows_panel(const std::byte* w, size_t wrb, int64_t nw, const std::byte* x, size_t xs, int64_t nx, int64_t cols,
+                float* y, int64_t ldy) {
+  alignas(64) PanelBlock buf[kPanelBlocks];
+  const int64_t nb = cols / 32;
+  constexpr int RX = 4;
+  for (int64_t o = 0; o < nw; o += 8) {
+    const int rows = static_cast<int>(nw - o < 8 ? nw - o : 8);
+    for (int64_t b0 = 0; b0 < nb; b0 += kPanelBlocks) {
+      const int64_t n = nb - b0 < kPanelBlocks ? nb - b0 : kPanelBlocks;
+      pack_panel<Unpack>(w + o * wrb, wrb, rows, b0, n, buf);
+      int64_t r = 0;
+      for (; r + RX <= nx; r += RX)
+        panel_tile<Unpack, RX>(buf, rows, b0, n, b0 == 0, x + r * xs, xs, cols, y + r * ldy + o, ldy);
+      for (; r < nx; ++r) panel_tile<Unpack, 1>(buf, rows, b0, n, b0 == 0, x + r * xs, xs, cols, y + r * ldy + o, ldy);
     }
   }
 }
@@ -569,17 +684,6 @@ template <int RW, int RX> struct Q6_KTile {
   }
 };
 
-#if SPECULA_WIDE
-// ---- prefill panels for K-quants ------------------------------------------------------------------------
-// As for 32-value blocks: per super-block, 16 weight rows' codes (unsigned) in 64 groups of [16 rows][4],
-// and per sub-block the products d * scale (and dmin * min) as floats for the 16 rows.
-struct KPanelBlock {
-  uint8_t codes[64][16][4];
-  float scale[16][16];  // Q4_K: 8 sub-blocks of 32 values, Q6_K: 16 of 16
-  float mins[8][16];    // Q4_K only
-};
-constexpr int64_t kKPanelBlocks = 8;  // super-blocks per pass: two panels of 44 KB
-
 // Unsigned codes of one Q4_K super-block in value order, d * scale and dmin * min per sub-block.
 struct Q4_KPack {
   static void unpack(const std::byte* wb, uint8_t* codes, float* scale, float* mins) {
@@ -623,6 +727,17 @@ struct Q6_KPack {
     }
   }
 };
+
+#if SPECULA_WIDE
+// ---- prefill panels for K-quants ------------------------------------------------------------------------
+// As for 32-value blocks: per super-block, 16 weight rows' codes (unsigned) in 64 groups of [16 rows][4],
+// and per sub-block the products d * scale (and dmin * min) as floats for the 16 rows.
+struct KPanelBlock {
+  uint8_t codes[64][16][4];
+  float scale[16][16];  // Q4_K: 8 sub-blocks of 32 values, Q6_K: 16 of 16
+  float mins[8][16];    // Q4_K only
+};
+constexpr int64_t kKPanelBlocks = 8;  // super-blocks per pass: two panels of 44 KB
 
 template <class Pack>
 void pack_kpanel(const std::byte* w, size_t wrb, size_t sb_bytes, int rows, int64_t b0, int64_t nb, KPanelBlock* out) {
@@ -764,6 +879,97 @@ void rows_kpanel(const std::byte* w, size_t wrb, int64_t nw, const std::byte* x,
     }
   }
 }
+#else
+// ---- prefill panels for K-quants, AVX2: 8 rows per register, maddubs + madd for the dots -----------------
+struct KPanelBlock {
+  uint8_t codes[64][8][4];
+  float scale[16][8];
+  float mins[8][8];
+};
+constexpr int64_t kKPanelBlocks = 8;
+
+template <class Pack>
+void pack_kpanel(const std::byte* w, size_t wrb, size_t sb_bytes, int rows, int64_t b0, int64_t nb, KPanelBlock* out) {
+  alignas(64) uint8_t codes[8][256];
+  alignas(64) float scale[8][16], mins[8][8];
+  std::memset(codes, 0, sizeof codes);
+  std::memset(scale, 0, sizeof scale);
+  std::memset(mins, 0, sizeof mins);
+  __m256i g8[8];
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int i = 0; i < rows; ++i) Pack::unpack(w + i * wrb + sb_bytes * (b0 + b), codes[i], scale[i], mins[i]);
+    for (int c = 0; c < 8; ++c) {
+      transpose8x8(&codes[0][32 * c], 256, g8);
+      for (int g = 0; g < 8; ++g) _mm256_store_si256(reinterpret_cast<__m256i*>(out[b].codes[8 * c + g]), g8[g]);
+    }
+    for (int c = 0; c < 2; ++c) {
+      transpose8x8(&scale[0][8 * c], 64, g8);
+      for (int j = 0; j < 8; ++j) _mm256_store_si256(reinterpret_cast<__m256i*>(out[b].scale[8 * c + j]), g8[j]);
+    }
+    transpose8x8(&mins[0][0], 32, g8);
+    for (int j = 0; j < 8; ++j) _mm256_store_si256(reinterpret_cast<__m256i*>(out[b].mins[j]), g8[j]);
+  }
+}
+
+inline __m256i dot_group(__m256i w, const int8_t* x) {
+  int32_t v;
+  std::memcpy(&v, x, 4);
+  return _mm256_madd_epi16(_mm256_maddubs_epi16(w, _mm256_set1_epi32(v)), _mm256_set1_epi16(1));
+}
+
+template <bool kQ6, int RX>
+void kpanel_tile(const KPanelBlock* panel, int valid, int64_t b0, int64_t nb, bool first, const std::byte* x, size_t xs,
+                 int64_t cols, float* y, int64_t ldy) {
+  XK xr[RX];
+  for (int r = 0; r < RX; ++r) xr[r] = xk(x, xs, r, cols);
+  const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  __m256 acc[RX];
+  for (int r = 0; r < RX; ++r) acc[r] = first ? _mm256_setzero_ps() : _mm256_maskload_ps(y + r * ldy, mask);
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t sb = b0 + b;
+    const KPanelBlock& pb = panel[b];
+    __m256 t[RX];
+    for (int r = 0; r < RX; ++r) t[r] = _mm256_setzero_ps();
+    constexpr int kGroups = kQ6 ? 16 : 8, kPer = kQ6 ? 4 : 8;  // sub-blocks, 4-value groups per sub-block
+    for (int j = 0; j < kGroups; ++j) {
+      __m256i sum[RX];
+      for (int r = 0; r < RX; ++r)
+        sum[r] = kQ6 ? _mm256_set1_epi32(-32 * xr[r].bsums[16 * sb + j]) : _mm256_setzero_si256();
+      for (int g = 0; g < kPer; ++g) {
+        const __m256i wv = _mm256_load_si256(reinterpret_cast<const __m256i*>(pb.codes[kPer * j + g]));
+        for (int r = 0; r < RX; ++r) sum[r] = _mm256_add_epi32(sum[r], dot_group(wv, xr[r].q + 256 * sb + 4 * (kPer * j + g)));
+      }
+      const __m256 sc = _mm256_load_ps(pb.scale[j]);
+      for (int r = 0; r < RX; ++r) {
+        t[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), sc, t[r]);
+        if constexpr (!kQ6) {
+          const int16_t* bs = xr[r].bsums + 16 * sb;
+          t[r] = _mm256_fnmadd_ps(_mm256_load_ps(pb.mins[j]), _mm256_set1_ps(static_cast<float>(bs[2 * j] + bs[2 * j + 1])), t[r]);
+        }
+      }
+    }
+    for (int r = 0; r < RX; ++r) acc[r] = _mm256_fmadd_ps(t[r], _mm256_set1_ps(xr[r].d[sb]), acc[r]);
+  }
+  for (int r = 0; r < RX; ++r) _mm256_maskstore_ps(y + r * ldy, mask, acc[r]);
+}
+
+template <class Pack, bool kQ6, size_t kSuperBlockBytes>
+void rows_kpanel(const std::byte* w, size_t wrb, int64_t nw, const std::byte* x, size_t xs, int64_t nx, int64_t cols,
+                 float* y, int64_t ldy) {
+  alignas(64) KPanelBlock buf[kKPanelBlocks];
+  const int64_t nb = cols / 256;
+  constexpr int RX = 3;
+  for (int64_t o = 0; o < nw; o += 8) {
+    const int rows = static_cast<int>(nw - o < 8 ? nw - o : 8);
+    for (int64_t b0 = 0; b0 < nb; b0 += kKPanelBlocks) {
+      const int64_t n = nb - b0 < kKPanelBlocks ? nb - b0 : kKPanelBlocks;
+      pack_kpanel<Pack>(w + o * wrb, wrb, kSuperBlockBytes, rows, b0, n, buf);
+      int64_t r = 0;
+      for (; r + RX <= nx; r += RX) kpanel_tile<kQ6, RX>(buf, rows, b0, n, b0 == 0, x + r * xs, xs, cols, y + r * ldy + o, ldy);
+      for (; r < nx; ++r) kpanel_tile<kQ6, 1>(buf, rows, b0, n, b0 == 0, x + r * xs, xs, cols, y + r * ldy + o, ldy);
+    }
+  }
+}
 #endif
 
 // ---- F32 / F16 / BF16 weights against F32 activations ---------------------------------------------------
@@ -896,20 +1102,10 @@ const KernelSet& kernel_set() {
   constexpr int KX = kWide ? 4 : 2;                     // K-quants: one weight row unpacks to 8-16 registers
   static const KernelSet set{
       .name = kWide ? "avx512" : "avx2",
-#if SPECULA_WIDE
       .q8_0 = {&quantize_x32<Q8_0Unpack::kOffset>, &x32_bytes, &rows<Q8_0Tile, 1, QX>, &rows_panel<Q8_0Unpack>},
       .q4_0 = {&quantize_x32<Q4_0Unpack::kOffset>, &x32_bytes, &rows<Q4_0Tile, 1, QX>, &rows_panel<Q4_0Unpack>},
-#else
-      .q8_0 = {&quantize_x32<Q8_0Unpack::kOffset>, &x32_bytes, &rows<Q8_0Tile, 1, QX>},
-      .q4_0 = {&quantize_x32<Q4_0Unpack::kOffset>, &x32_bytes, &rows<Q4_0Tile, 1, QX>},
-#endif
-#if SPECULA_WIDE
       .q4_k = {&quantize_xk, &xk_bytes, &rows<Q4_KTile, 1, KX>, &rows_kpanel<Q4_KPack, false, 144>},
       .q6_k = {&quantize_xk, &xk_bytes, &rows<Q6_KTile, 1, KX>, &rows_kpanel<Q6_KPack, true, 210>},
-#else
-      .q4_k = {&quantize_xk, &xk_bytes, &rows<Q4_KTile, 1, KX>},
-      .q6_k = {&quantize_xk, &xk_bytes, &rows<Q6_KTile, 1, KX>},
-#endif
       .f32 = &rows<FloatTiles<Float::f32>::Tile, W, X>,
       .f16 = &rows<FloatTiles<Float::f16>::Tile, W, X>,
       .bf16 = &rows<FloatTiles<Float::bf16>::Tile, W, X>,

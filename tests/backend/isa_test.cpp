@@ -1,5 +1,6 @@
 // The CPU backend's kernel sets (plugins/onednn/isa.hpp) called directly: every set this CPU runs gives
-// bit-identical products, an activation row's result does not depend on how many rows share the call
+// bit-identical products (few rows and prompt chunks), an activation row's result does not depend on how
+// many rows below kPrefillRows share the call
 // (so a speculative verification batch scores a token exactly as a single decode step does), and the
 // products equal "dequantize with the SDK codec, multiply in double" within the 8-bit activation error.
 #include <gtest/gtest.h>
@@ -51,7 +52,8 @@ std::vector<float> run(const KernelSet& ks, const Product& p, int64_t row0, int6
     const size_t stride = q->record_bytes(p.I);
     std::vector<std::byte> rec(stride * static_cast<size_t>(rows));
     for (int64_t r = 0; r < rows; ++r) q->quantize(x + r * p.I, p.I, rec.data() + static_cast<size_t>(r) * stride);
-    q->rows(p.w.data(), p.row_bytes, p.O, rec.data(), stride, rows, p.I, y.data(), p.O);
+    const cpu::RowsKernel k = rows >= cpu::kPrefillRows && q->prefill ? q->prefill : q->rows;
+    k(p.w.data(), p.row_bytes, p.O, rec.data(), stride, rows, p.I, y.data(), p.O);
   } else {
     cpu::RowsKernel k = p.type == DType::F32 ? ks.f32 : p.type == DType::F16 ? ks.f16 : ks.bf16;
     k(p.w.data(), p.row_bytes, p.O, reinterpret_cast<const std::byte*>(x), static_cast<size_t>(p.I) * 4, rows, p.I,
@@ -76,11 +78,18 @@ TEST_P(KernelSets, BitIdenticalAcrossSetsAndBatchSizes) {
   // 37 weight rows: tiles of 4 and a remainder; 25 blocks of 32 (an odd count: AVX-512's half step) or
   // 3 super-blocks; 29 = 16 + 13 floats leave a scalar tail.
   const int64_t I = k_quant ? 768 : type == DType::Q8_0 || type == DType::Q4_0 ? 800 : 29 * 16 + 13;
-  const int64_t rows = 11;
-  const Product p = make(type, 37, I, rows, 17);
+  const int64_t rows = 11, prompt = 2 * cpu::kPrefillRows + 3;  // few rows; a prompt chunk (prefill kernels)
+  const Product p = make(type, 37, I, prompt, 17);
   const auto all = sets();
   ASSERT_FALSE(all.empty());
   const std::vector<float> ref = run(*all[0], p, 0, rows);
+  const std::vector<float> ref_prompt = run(*all[0], p, 0, prompt);
+  for (const KernelSet* ks : all) {
+    const std::vector<float> y = run(*ks, p, 0, prompt);
+    for (size_t i = 0; i < y.size(); ++i)
+      ASSERT_TRUE(same_bits(y[i], ref_prompt[i])) << ks->name << " vs " << all[0]->name << ", " << dtype_name(type)
+                                                  << " prompt of " << prompt << " rows, element " << i;
+  }
   for (const KernelSet* ks : all) {
     for (int64_t batch : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, int64_t{9}, rows}) {
       for (int64_t r0 = 0; r0 + batch <= rows; r0 += batch) {
@@ -100,13 +109,14 @@ TEST_P(KernelSets, BitIdenticalAcrossSetsAndBatchSizes) {
   double worst = 0;
   for (int64_t o = 0; o < p.O; ++o) {
     dequantize_row(type, p.w.data() + static_cast<size_t>(o) * p.row_bytes, wrow.data(), I);
-    for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t r = 0; r < prompt; ++r) {
       double s = 0, mag = 0;
       for (int64_t i = 0; i < I; ++i) {
         s += double(wrow[i]) * p.x[r * I + i];
         mag += std::abs(double(wrow[i]) * p.x[r * I + i]);
       }
-      worst = std::max(worst, std::abs(ref[static_cast<size_t>(r * p.O + o)] - s) / mag);
+      worst = std::max(worst, std::abs(ref_prompt[static_cast<size_t>(r * p.O + o)] - s) / mag);
+      if (r < rows) worst = std::max(worst, std::abs(ref[static_cast<size_t>(r * p.O + o)] - s) / mag);
     }
   }
   EXPECT_LT(worst, quant ? 1e-2 : 1e-6) << dtype_name(type) << ": error relative to sum |w x|";
