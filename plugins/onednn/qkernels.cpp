@@ -238,9 +238,65 @@ struct Q4_0Unpack {
   static __m256i panel_codes(const std::byte* wb) { return codes(wb); }
 };
 
+// Q5_0: f16 scale, 32 bits of fifth bits, 16 bytes of nibbles as Q4_0; stored + 16.
+struct Q5_0Unpack {
+  static constexpr size_t kBytes = 22;
+  static constexpr int kOffset = 16;
+  static __m256i codes(const std::byte* wb) {
+    const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 6));
+    const __m256i low = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(p, 4), p), _mm256_set1_epi8(0x0f));
+    // Byte k takes bit k of qh: spread qh's byte k / 8 over bytes k, test bit k % 8.
+    uint32_t qh;
+    std::memcpy(&qh, wb + 2, 4);
+    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)),
+                                               _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+    const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201));
+    const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+    return _mm256_or_si256(low, high);
+  }
+  static __m256i codes_avx2(const std::byte* wb, __m256i&) { return codes(wb); }
+  static __m256i dot_avx2(__m256i init, __m256i q, __m256i, __m256i x) { return _mm256_add_epi32(init, dot4_avx2(q, x)); }
+  static constexpr bool kSigned = false;
+  static __m256i panel_codes(const std::byte* wb) { return codes(wb); }
+};
+
+// IQ4_NL: f16 scale, nibbles as Q4_0 indexing a fixed table of 16 int8 values (llama.cpp's
+// kvalues_iq4nl). AVX-512 looks the values up + 128 (unsigned); AVX2 dots |w| with sign(x, w).
+struct IQ4_NLUnpack {
+  static constexpr size_t kBytes = 18;
+  static constexpr int kOffset = SPECULA_WIDE ? 128 : 0;
+  static __m256i nibbles(const std::byte* wb) {
+    const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 2));
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(p, 4), p), _mm256_set1_epi8(0x0f));
+  }
+  static __m256i values(const std::byte* wb) {
+    const __m256i table = _mm256_broadcastsi128_si256(
+        _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113));
+    return _mm256_shuffle_epi8(table, nibbles(wb));
+  }
+  static __m256i codes(const std::byte* wb) { return _mm256_xor_si256(values(wb), _mm256_set1_epi8(-128)); }
+  static __m256i codes_avx2(const std::byte* wb, __m256i& sign) {
+    sign = values(wb);
+    return _mm256_sign_epi8(sign, sign);
+  }
+  static __m256i dot_avx2(__m256i, __m256i aw, __m256i w, __m256i x) { return dot4_avx2(aw, _mm256_sign_epi8(x, w)); }
+  static constexpr bool kSigned = !SPECULA_WIDE;
+  static __m256i panel_codes(const std::byte* wb) { return kSigned ? values(wb) : codes(wb); }
+};
+
 template <int RW, int RX> struct Q8_0Tile {
   static void run(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t c, float* y, int64_t ldy) {
     tile_x32<Q8_0Unpack, RW, RX>(w, wrb, x, xs, c, y, ldy);
+  }
+};
+template <int RW, int RX> struct Q5_0Tile {
+  static void run(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t c, float* y, int64_t ldy) {
+    tile_x32<Q5_0Unpack, RW, RX>(w, wrb, x, xs, c, y, ldy);
+  }
+};
+template <int RW, int RX> struct IQ4_NLTile {
+  static void run(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t c, float* y, int64_t ldy) {
+    tile_x32<IQ4_NLUnpack, RW, RX>(w, wrb, x, xs, c, y, ldy);
   }
 };
 template <int RW, int RX> struct Q4_0Tile {
@@ -1104,6 +1160,8 @@ const KernelSet& kernel_set() {
       .name = kWide ? "avx512" : "avx2",
       .q8_0 = {&quantize_x32<Q8_0Unpack::kOffset>, &x32_bytes, &rows<Q8_0Tile, 1, QX>, &rows_panel<Q8_0Unpack>},
       .q4_0 = {&quantize_x32<Q4_0Unpack::kOffset>, &x32_bytes, &rows<Q4_0Tile, 1, QX>, &rows_panel<Q4_0Unpack>},
+      .q5_0 = {&quantize_x32<Q5_0Unpack::kOffset>, &x32_bytes, &rows<Q5_0Tile, 1, QX>, &rows_panel<Q5_0Unpack>},
+      .iq4_nl = {&quantize_x32<IQ4_NLUnpack::kOffset>, &x32_bytes, &rows<IQ4_NLTile, 1, QX>, &rows_panel<IQ4_NLUnpack>},
       .q4_k = {&quantize_xk, &xk_bytes, &rows<Q4_KTile, 1, KX>, &rows_kpanel<Q4_KPack, false, 144>},
       .q6_k = {&quantize_xk, &xk_bytes, &rows<Q6_KTile, 1, KX>, &rows_kpanel<Q6_KPack, true, 210>},
       .f32 = &rows<FloatTiles<Float::f32>::Tile, W, X>,
