@@ -63,8 +63,10 @@ inline __m512 f16_pair(const std::byte* a, const std::byte* b) {
   uint16_t ha, hb;
   std::memcpy(&ha, a, 2);
   std::memcpy(&hb, b, 2);
-  const __m128 v = _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(static_cast<uint32_t>(ha) | static_cast<uint32_t>(hb) << 16)));
-  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), _mm512_castps128_ps512(v));
+  const __m128 v =
+      _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(static_cast<uint32_t>(ha) | static_cast<uint32_t>(hb) << 16)));
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
+                               _mm512_castps128_ps512(v));
 }
 constexpr bool kWide = true;
 #else
@@ -233,7 +235,9 @@ struct Q4_0Unpack {
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(p, 4), p), _mm256_set1_epi8(0x0f));
   }
   static __m256i codes_avx2(const std::byte* wb, __m256i&) { return codes(wb); }
-  static __m256i dot_avx2(__m256i init, __m256i q, __m256i, __m256i x) { return _mm256_add_epi32(init, dot4_avx2(q, x)); }
+  static __m256i dot_avx2(__m256i init, __m256i q, __m256i, __m256i x) {
+    return _mm256_add_epi32(init, dot4_avx2(q, x));
+  }
   static constexpr bool kSigned = false;
   static __m256i panel_codes(const std::byte* wb) { return codes(wb); }
 };
@@ -248,14 +252,18 @@ struct Q5_0Unpack {
     // Byte k takes bit k of qh: spread qh's byte k / 8 over bytes k, test bit k % 8.
     uint32_t qh;
     std::memcpy(&qh, wb + 2, 4);
-    const __m256i spread = _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)),
-                                               _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+    const __m256i spread =
+        _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)),
+                            _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
     const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201));
-    const __m256i high = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+    const __m256i high =
+        _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
     return _mm256_or_si256(low, high);
   }
   static __m256i codes_avx2(const std::byte* wb, __m256i&) { return codes(wb); }
-  static __m256i dot_avx2(__m256i init, __m256i q, __m256i, __m256i x) { return _mm256_add_epi32(init, dot4_avx2(q, x)); }
+  static __m256i dot_avx2(__m256i init, __m256i q, __m256i, __m256i x) {
+    return _mm256_add_epi32(init, dot4_avx2(q, x));
+  }
   static constexpr bool kSigned = false;
   static __m256i panel_codes(const std::byte* wb) { return codes(wb); }
 };
@@ -284,22 +292,26 @@ struct IQ4_NLUnpack {
   static __m256i panel_codes(const std::byte* wb) { return kSigned ? values(wb) : codes(wb); }
 };
 
-template <int RW, int RX> struct Q8_0Tile {
+template <int RW, int RX>
+struct Q8_0Tile {
   static void run(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t c, float* y, int64_t ldy) {
     tile_x32<Q8_0Unpack, RW, RX>(w, wrb, x, xs, c, y, ldy);
   }
 };
-template <int RW, int RX> struct Q5_0Tile {
+template <int RW, int RX>
+struct Q5_0Tile {
   static void run(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t c, float* y, int64_t ldy) {
     tile_x32<Q5_0Unpack, RW, RX>(w, wrb, x, xs, c, y, ldy);
   }
 };
-template <int RW, int RX> struct IQ4_NLTile {
+template <int RW, int RX>
+struct IQ4_NLTile {
   static void run(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t c, float* y, int64_t ldy) {
     tile_x32<IQ4_NLUnpack, RW, RX>(w, wrb, x, xs, c, y, ldy);
   }
 };
-template <int RW, int RX> struct Q4_0Tile {
+template <int RW, int RX>
+struct Q4_0Tile {
   static void run(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t c, float* y, int64_t ldy) {
     tile_x32<Q4_0Unpack, RW, RX>(w, wrb, x, xs, c, y, ldy);
   }
@@ -396,7 +408,8 @@ void panel_tile(const PanelBlock* const* panel, const __mmask16* valid, int64_t 
     for (int p = 0; p < NP; ++p) {
       const __m512 dw = _mm512_load_ps(panel[p][b].scale);
       for (int r = 0; r < RX; ++r)
-        acc[p][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[p][r]), _mm512_mul_ps(dw, _mm512_set1_ps(xd[r][8 * xb])), acc[p][r]);
+        acc[p][r] =
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[p][r]), _mm512_mul_ps(dw, _mm512_set1_ps(xd[r][8 * xb])), acc[p][r]);
     }
   }
   for (int p = 0; p < NP; ++p)
@@ -499,8 +512,7 @@ void panel_tile(const PanelBlock* panel, int valid, int64_t b0, int64_t nb, bool
   }
   const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   __m256 acc[RX];
-  for (int r = 0; r < RX; ++r)
-    acc[r] = first ? _mm256_setzero_ps() : _mm256_maskload_ps(y + r * ldy, mask);
+  for (int r = 0; r < RX; ++r) acc[r] = first ? _mm256_setzero_ps() : _mm256_maskload_ps(y + r * ldy, mask);
   const __m256i ones = _mm256_set1_epi16(1);
   for (int64_t b = 0; b < nb; ++b) {
     const int64_t xb = b0 + b;
@@ -546,7 +558,9 @@ void rows_panel(const std::byte* w, size_t wrb, int64_t nw, const std::byte* x, 
 
 // ---- K-quants (Q4_K, Q6_K): 256-value super-blocks -----------------------------------------------------
 // q: int8[cols] | scale: float[cols / 256] | bsums: int16[cols / 16] (sums of 16 codes, for the offsets)
-size_t xk_bytes(int64_t cols) { return align64(static_cast<size_t>(cols) + static_cast<size_t>(cols) / 64 + static_cast<size_t>(cols) / 8); }
+size_t xk_bytes(int64_t cols) {
+  return align64(static_cast<size_t>(cols) + static_cast<size_t>(cols) / 64 + static_cast<size_t>(cols) / 8);
+}
 
 void quantize_xk(const float* x, int64_t cols, std::byte* rec) {
   auto* q = reinterpret_cast<int8_t*>(rec);
@@ -580,88 +594,118 @@ inline XK xk(const std::byte* x, size_t xs, int r, int64_t cols) {
   return {at<int8_t>(p, 0), at<float>(p, cols), at<int16_t>(p, cols + cols / 64)};
 }
 
-
-// Q4_K: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins for 8 sub-blocks of 32, then 128 bytes of
-// nibbles: 32 bytes per 64 values, sub-block 2j in the low nibbles, 2j + 1 in the high ones.
-// value = d * scale * q - dmin * min.
-template <int RW, int RX> struct Q4_KTile {
-  static void run(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t cols, float* y, int64_t ldy) {
-    const int64_t nsb = cols / 256;
-    XK xr[RX];
-    for (int r = 0; r < RX; ++r) xr[r] = xk(x, xs, r, cols);
-    __m256 acc[RW][RX];
-    for (int i = 0; i < RW; ++i)
-      for (int r = 0; r < RX; ++r) acc[i][r] = _mm256_setzero_ps();
-    const __m256i low = _mm256_set1_epi8(0x0f);
-    for (int64_t b = 0; b < nsb; ++b) {
-      __m256 dw[RW], dminw[RW];
-      __m128i mins16[RW];
-#if SPECULA_WIDE
-      __m512i nib[RW][4], scl[RW][4];
-#else
-      __m256i nib[RW][8], scl[RW][8];
-#endif
-      for (int i = 0; i < RW; ++i) {
-        const std::byte* wb = w + i * wrb + 144 * b;
-        prefetch_ahead(wb, 144);
-        dw[i] = _mm256_set1_ps(f16(wb));
-        dminw[i] = _mm256_set1_ps(f16(wb + 2));
-        // Bytes 0-3 / 4-7 hold the low 6 bits of scales / mins 0-3 (their top 2 bits extend scales /
-        // mins 4-7), bytes 8-11 the low 4 bits of scales and mins 4-7.
-        uint32_t s[3];
-        std::memcpy(s, wb + 4, 12);
-        const uint64_t sc = (s[0] & 0x3f3f3f3fu) |
-                            (static_cast<uint64_t>((s[2] & 0x0f0f0f0fu) | ((s[0] >> 2) & 0x30303030u)) << 32);
-        const uint64_t mn = (s[1] & 0x3f3f3f3fu) |
-                            (static_cast<uint64_t>(((s[2] >> 4) & 0x0f0f0f0fu) | ((s[1] >> 2) & 0x30303030u)) << 32);
-        mins16[i] = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(mn)));
-        for (int j = 0; j < 4; ++j) {
-          const __m256i qv = loadu256(wb + 16 + 32 * j);
-          const __m256i lo = _mm256_and_si256(qv, low), hi = _mm256_and_si256(_mm256_srli_epi16(qv, 4), low);
-          const __m256i s0 = _mm256_set1_epi16(static_cast<int16_t>((sc >> (16 * j)) & 0xff));
-          const __m256i s1 = _mm256_set1_epi16(static_cast<int16_t>((sc >> (16 * j + 8)) & 0xff));
-#if SPECULA_WIDE
-          nib[i][j] = join(lo, hi);
-          scl[i][j] = join(s0, s1);
-#else
-          nib[i][2 * j] = lo, nib[i][2 * j + 1] = hi;
-          scl[i][2 * j] = s0, scl[i][2 * j + 1] = s1;
-#endif
-        }
-      }
-      for (int r = 0; r < RX; ++r) {
-        const int8_t* xq = xr[r].q + 256 * b;
-        const __m256 xd = _mm256_set1_ps(xr[r].d[b]);
-        const __m256i bs = loadu256(xr[r].bsums + 16 * b);
-        const __m128i bsum32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
-        for (int i = 0; i < RW; ++i) {
-#if SPECULA_WIDE
-          __m512i sumi = _mm512_setzero_si512();
-          for (int j = 0; j < 4; ++j)
-            sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(nib[i][j], _mm512_loadu_si512(xq + 64 * j)), scl[i][j]);
-          const __m256i s8 = fold(sumi);
-#else
-          __m256i s8 = _mm256_setzero_si256();
-          for (int j = 0; j < 8; ++j)
-            s8 = _mm256_add_epi32(s8, _mm256_madd_epi16(_mm256_maddubs_epi16(nib[i][j], loadu256(xq + 32 * j)), scl[i][j]));
-#endif
-          acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(dw[i], xd), acc[i][r]);
-          // The mins: four lanes of sum(min * bsum) in the same accumulator, with dmin instead of d.
-          const __m256i m = _mm256_zextsi128_si256(_mm_madd_epi16(mins16[i], bsum32));
-          acc[i][r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(dminw[i], xd), acc[i][r]);
-        }
-      }
-    }
-    for (int i = 0; i < RW; ++i)
-      for (int r = 0; r < RX; ++r) y[r * ldy + i] = hsum8(acc[i][r]);
+// Q4_K and Q5_K: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins for 8 sub-blocks of 32 values
+// (bytes 0-3 / 4-7 hold the low 6 bits of scales / mins 0-3, their top 2 bits extend scales / mins 4-7,
+// bytes 8-11 the low 4 bits of scales and mins 4-7); Q5_K then 32 bytes of fifth bits (bit 2j of byte l
+// for value l of sub-block 2j, bit 2j + 1 for value l of sub-block 2j + 1); then 128 bytes of nibbles,
+// 32 per 64 values, sub-block 2j in the low nibbles, 2j + 1 in the high ones.
+// value = d * scale * code - dmin * min.
+template <bool kQ5>
+struct K4 {
+  static constexpr size_t kBytes = kQ5 ? 176 : 144;
+  static void scales(const std::byte* wb, uint64_t& sc, uint64_t& mn) {
+    uint32_t s[3];
+    std::memcpy(s, wb + 4, 12);
+    sc = (s[0] & 0x3f3f3f3fu) | (static_cast<uint64_t>((s[2] & 0x0f0f0f0fu) | ((s[0] >> 2) & 0x30303030u)) << 32);
+    mn =
+        (s[1] & 0x3f3f3f3fu) | (static_cast<uint64_t>(((s[2] >> 4) & 0x0f0f0f0fu) | ((s[1] >> 2) & 0x30303030u)) << 32);
   }
+  // The codes of values 64j .. 64j + 63: sub-block 2j in lo, 2j + 1 in hi.
+  static void codes(const std::byte* wb, int j, __m256i& lo, __m256i& hi) {
+    const __m256i low = _mm256_set1_epi8(0x0f);
+    const __m256i qv = loadu256(wb + (kQ5 ? 48 : 16) + 32 * j);
+    lo = _mm256_and_si256(qv, low);
+    hi = _mm256_and_si256(_mm256_srli_epi16(qv, 4), low);
+    if constexpr (kQ5) {
+      const __m256i h = loadu256(wb + 16), one = _mm256_set1_epi8(1);
+      lo = _mm256_or_si256(lo,
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * j)), one), 4));
+      hi = _mm256_or_si256(
+          hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srl_epi16(h, _mm_cvtsi32_si128(2 * j + 1)), one), 4));
+    }
+  }
+};
+
+// Q4_K / Q5_K tiles.
+template <bool kQ5>
+struct K4Tiles {
+  template <int RW, int RX>
+  struct Tile {
+    static void run(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t cols, float* y,
+                    int64_t ldy) {
+      const int64_t nsb = cols / 256;
+      XK xr[RX];
+      for (int r = 0; r < RX; ++r) xr[r] = xk(x, xs, r, cols);
+      __m256 acc[RW][RX];
+      for (int i = 0; i < RW; ++i)
+        for (int r = 0; r < RX; ++r) acc[i][r] = _mm256_setzero_ps();
+      for (int64_t b = 0; b < nsb; ++b) {
+        __m256 dw[RW], dminw[RW];
+        __m128i mins16[RW];
+#if SPECULA_WIDE
+        __m512i nib[RW][4], scl[RW][4];
+#else
+        __m256i nib[RW][8], scl[RW][8];
+#endif
+        for (int i = 0; i < RW; ++i) {
+          const std::byte* wb = w + i * wrb + K4<kQ5>::kBytes * b;
+          prefetch_ahead(wb, K4<kQ5>::kBytes);
+          dw[i] = _mm256_set1_ps(f16(wb));
+          dminw[i] = _mm256_set1_ps(f16(wb + 2));
+          uint64_t sc, mn;
+          K4<kQ5>::scales(wb, sc, mn);
+          mins16[i] = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(static_cast<int64_t>(mn)));
+          for (int j = 0; j < 4; ++j) {
+            __m256i lo, hi;
+            K4<kQ5>::codes(wb, j, lo, hi);
+            const __m256i s0 = _mm256_set1_epi16(static_cast<int16_t>((sc >> (16 * j)) & 0xff));
+            const __m256i s1 = _mm256_set1_epi16(static_cast<int16_t>((sc >> (16 * j + 8)) & 0xff));
+#if SPECULA_WIDE
+            nib[i][j] = join(lo, hi);
+            scl[i][j] = join(s0, s1);
+#else
+            nib[i][2 * j] = lo, nib[i][2 * j + 1] = hi;
+            scl[i][2 * j] = s0, scl[i][2 * j + 1] = s1;
+#endif
+          }
+        }
+        for (int r = 0; r < RX; ++r) {
+          const int8_t* xq = xr[r].q + 256 * b;
+          const __m256 xd = _mm256_set1_ps(xr[r].d[b]);
+          const __m256i bs = loadu256(xr[r].bsums + 16 * b);
+          const __m128i bsum32 = _mm_hadd_epi16(_mm256_castsi256_si128(bs), _mm256_extracti128_si256(bs, 1));
+          for (int i = 0; i < RW; ++i) {
+#if SPECULA_WIDE
+            __m512i sumi = _mm512_setzero_si512();
+            for (int j = 0; j < 4; ++j)
+              sumi = _mm512_dpwssd_epi32(sumi, _mm512_maddubs_epi16(nib[i][j], _mm512_loadu_si512(xq + 64 * j)),
+                                         scl[i][j]);
+            const __m256i s8 = fold(sumi);
+#else
+            __m256i s8 = _mm256_setzero_si256();
+            for (int j = 0; j < 8; ++j)
+              s8 = _mm256_add_epi32(
+                  s8, _mm256_madd_epi16(_mm256_maddubs_epi16(nib[i][j], loadu256(xq + 32 * j)), scl[i][j]));
+#endif
+            acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s8), _mm256_mul_ps(dw[i], xd), acc[i][r]);
+            // The mins: four lanes of sum(min * bsum) in the same accumulator, with dmin instead of d.
+            const __m256i m = _mm256_zextsi128_si256(_mm_madd_epi16(mins16[i], bsum32));
+            acc[i][r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(dminw[i], xd), acc[i][r]);
+          }
+        }
+      }
+      for (int i = 0; i < RW; ++i)
+        for (int r = 0; r < RX; ++r) y[r * ldy + i] = hsum8(acc[i][r]);
+    }
+  };
 };
 
 // Q6_K: 128 bytes of low nibbles, 64 bytes of 2-bit high parts, 16 int8 scales (one per 16 values),
 // f16 d. Codes are stored + 32. Per half of 128 values: ql[0..63], qh[0..31];
 //   v[l] = ql[l] & 15 | (qh[l] & 3) << 4,            v[l + 32] = ql[l + 32] & 15 | (qh[l] >> 2 & 3) << 4,
 //   v[l + 64] = ql[l] >> 4 | (qh[l] >> 4 & 3) << 4,  v[l + 96] = ql[l + 32] >> 4 | (qh[l] >> 6 & 3) << 4.
-template <int RW, int RX> struct Q6_KTile {
+template <int RW, int RX>
+struct Q6_KTile {
   static void run(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t cols, float* y, int64_t ldy) {
     const int64_t nsb = cols / 256;
     XK xr[RX];
@@ -727,7 +771,8 @@ template <int RW, int RX> struct Q6_KTile {
 #else
           __m256i s8 = _mm256_setzero_si256();
           for (int k = 0; k < 8; ++k)
-            s8 = _mm256_add_epi32(s8, _mm256_madd_epi16(_mm256_maddubs_epi16(q[i][k], loadu256(xq + 32 * k)), scl[i][k]));
+            s8 = _mm256_add_epi32(s8,
+                                  _mm256_madd_epi16(_mm256_maddubs_epi16(q[i][k], loadu256(xq + 32 * k)), scl[i][k]));
 #endif
           const __m256 d = _mm256_mul_ps(dw[i], xd);
           acc[i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s8), d, acc[i][r]);
@@ -740,25 +785,22 @@ template <int RW, int RX> struct Q6_KTile {
   }
 };
 
-// Unsigned codes of one Q4_K super-block in value order, d * scale and dmin * min per sub-block.
-struct Q4_KPack {
+// Unsigned codes of one Q4_K / Q5_K super-block in value order, d * scale and dmin * min per sub-block.
+template <bool kQ5>
+struct K4Pack {
   static void unpack(const std::byte* wb, uint8_t* codes, float* scale, float* mins) {
     const float d = f16(wb), dmin = f16(wb + 2);
-    uint32_t s[3];
-    std::memcpy(s, wb + 4, 12);
-    const uint64_t sc = (s[0] & 0x3f3f3f3fu) |
-                        (static_cast<uint64_t>((s[2] & 0x0f0f0f0fu) | ((s[0] >> 2) & 0x30303030u)) << 32);
-    const uint64_t mn = (s[1] & 0x3f3f3f3fu) |
-                        (static_cast<uint64_t>(((s[2] >> 4) & 0x0f0f0f0fu) | ((s[1] >> 2) & 0x30303030u)) << 32);
+    uint64_t sc, mn;
+    K4<kQ5>::scales(wb, sc, mn);
     for (int j = 0; j < 8; ++j) {
       scale[j] = d * static_cast<float>((sc >> (8 * j)) & 0xff);
       mins[j] = dmin * static_cast<float>((mn >> (8 * j)) & 0xff);
     }
-    const __m256i low = _mm256_set1_epi8(0x0f);
     for (int j = 0; j < 4; ++j) {
-      const __m256i qv = loadu256(wb + 16 + 32 * j);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + 64 * j), _mm256_and_si256(qv, low));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + 64 * j + 32), _mm256_and_si256(_mm256_srli_epi16(qv, 4), low));
+      __m256i lo, hi;
+      K4<kQ5>::codes(wb, j, lo, hi);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + 64 * j), lo);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(codes + 64 * j + 32), hi);
     }
   }
 };
@@ -773,13 +815,17 @@ struct Q6_KPack {
       const std::byte* ql = wb + 64 * half;
       const __m256i l0 = loadu256(ql), l1 = loadu256(ql + 32), h = loadu256(wb + 128 + 32 * half);
       uint8_t* c = codes + 128 * half;
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(c), _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_slli_epi16(_mm256_and_si256(h, two), 4)));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + 32), _mm256_or_si256(_mm256_and_si256(l1, low),
-          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), two), 4)));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + 64), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low),
-          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), two), 4)));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + 96), _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
-          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), two), 4)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(c),
+                          _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_slli_epi16(_mm256_and_si256(h, two), 4)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + 32),
+                          _mm256_or_si256(_mm256_and_si256(l1, low),
+                                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 2), two), 4)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + 64),
+                          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low),
+                                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 4), two), 4)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(c + 96),
+                          _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
+                                          _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(h, 6), two), 4)));
     }
   }
 };
@@ -826,8 +872,8 @@ inline __m512i bcast4(const int8_t* p) {
 
 // One super-block of RX activation rows x NP panels into t (before the activation scale).
 template <int RX, int NP>
-inline void q4_k_panel_block(const KPanelBlock* const* panel, int64_t b, const int8_t* const* xq, const int16_t* const* bs,
-                             __m512 (&t)[NP][RX]) {
+inline void q4_k_panel_block(const KPanelBlock* const* panel, int64_t b, const int8_t* const* xq,
+                             const int16_t* const* bs, __m512 (&t)[NP][RX]) {
   for (int j = 0; j < 8; ++j) {
     __m512i s[NP][RX];
     for (int p = 0; p < NP; ++p)
@@ -851,8 +897,8 @@ inline void q4_k_panel_block(const KPanelBlock* const* panel, int64_t b, const i
 }
 
 template <int RX, int NP>
-inline void q6_k_panel_block(const KPanelBlock* const* panel, int64_t b, const int8_t* const* xq, const int16_t* const* bs,
-                             __m512 (&t)[NP][RX]) {
+inline void q6_k_panel_block(const KPanelBlock* const* panel, int64_t b, const int8_t* const* xq,
+                             const int16_t* const* bs, __m512 (&t)[NP][RX]) {
   for (int j = 0; j < 16; ++j) {
     __m512i s[NP][RX];
     for (int r = 0; r < RX; ++r) {
@@ -909,7 +955,8 @@ void kpanel_rows(const KPanelBlock* const* panel, const __mmask16* valid, int64_
                  const std::byte* x, size_t xs, int64_t nx, int64_t cols, float* y, int64_t ldy) {
   constexpr int RX = 3;
   int64_t r = 0;
-  for (; r + RX <= nx; r += RX) kpanel_tile<kQ6, RX, NP>(panel, valid, b0, nb, first, x + r * xs, xs, cols, y + r * ldy, ldy);
+  for (; r + RX <= nx; r += RX)
+    kpanel_tile<kQ6, RX, NP>(panel, valid, b0, nb, first, x + r * xs, xs, cols, y + r * ldy, ldy);
   for (; r < nx; ++r) kpanel_tile<kQ6, 1, NP>(panel, valid, b0, nb, first, x + r * xs, xs, cols, y + r * ldy, ldy);
 }
 
@@ -993,14 +1040,16 @@ void kpanel_tile(const KPanelBlock* panel, int valid, int64_t b0, int64_t nb, bo
         sum[r] = kQ6 ? _mm256_set1_epi32(-32 * xr[r].bsums[16 * sb + j]) : _mm256_setzero_si256();
       for (int g = 0; g < kPer; ++g) {
         const __m256i wv = _mm256_load_si256(reinterpret_cast<const __m256i*>(pb.codes[kPer * j + g]));
-        for (int r = 0; r < RX; ++r) sum[r] = _mm256_add_epi32(sum[r], dot_group(wv, xr[r].q + 256 * sb + 4 * (kPer * j + g)));
+        for (int r = 0; r < RX; ++r)
+          sum[r] = _mm256_add_epi32(sum[r], dot_group(wv, xr[r].q + 256 * sb + 4 * (kPer * j + g)));
       }
       const __m256 sc = _mm256_load_ps(pb.scale[j]);
       for (int r = 0; r < RX; ++r) {
         t[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), sc, t[r]);
         if constexpr (!kQ6) {
           const int16_t* bs = xr[r].bsums + 16 * sb;
-          t[r] = _mm256_fnmadd_ps(_mm256_load_ps(pb.mins[j]), _mm256_set1_ps(static_cast<float>(bs[2 * j] + bs[2 * j + 1])), t[r]);
+          t[r] = _mm256_fnmadd_ps(_mm256_load_ps(pb.mins[j]),
+                                  _mm256_set1_ps(static_cast<float>(bs[2 * j] + bs[2 * j + 1])), t[r]);
         }
       }
     }
@@ -1021,7 +1070,8 @@ void rows_kpanel(const std::byte* w, size_t wrb, int64_t nw, const std::byte* x,
       const int64_t n = nb - b0 < kKPanelBlocks ? nb - b0 : kKPanelBlocks;
       pack_kpanel<Pack>(w + o * wrb, wrb, kSuperBlockBytes, rows, b0, n, buf);
       int64_t r = 0;
-      for (; r + RX <= nx; r += RX) kpanel_tile<kQ6, RX>(buf, rows, b0, n, b0 == 0, x + r * xs, xs, cols, y + r * ldy + o, ldy);
+      for (; r + RX <= nx; r += RX)
+        kpanel_tile<kQ6, RX>(buf, rows, b0, n, b0 == 0, x + r * xs, xs, cols, y + r * ldy + o, ldy);
       for (; r < nx; ++r) kpanel_tile<kQ6, 1>(buf, rows, b0, n, b0 == 0, x + r * xs, xs, cols, y + r * ldy + o, ldy);
     }
   }
@@ -1067,8 +1117,10 @@ inline __m512 load16(const std::byte* row, int64_t i) {
 
 template <Float T>
 struct FloatTiles {
-  template <int RW, int RX> struct Tile {
-    static void run(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t cols, float* y, int64_t ldy) {
+  template <int RW, int RX>
+  struct Tile {
+    static void run(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t cols, float* y,
+                    int64_t ldy) {
       const float* xr[RX];
       for (int r = 0; r < RX; ++r) xr[r] = at<float>(x, r * xs);
       int64_t i = 0;
@@ -1117,7 +1169,8 @@ struct FloatTiles {
 // TW x TX is the largest tile: TW weight rows share each activation load, TX activation rows each weight
 // unpack; TW * TX accumulators and the unpacked weights must fit in registers.
 template <template <int, int> class Tile, int RW, int TX>
-void over_x(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t nx, int64_t cols, float* y, int64_t ldy) {
+void over_x(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t nx, int64_t cols, float* y,
+            int64_t ldy) {
   int64_t r = 0;
   for (; r + TX <= nx; r += TX) Tile<RW, TX>::run(w, wrb, x + r * xs, xs, cols, y + r * ldy, ldy);
   const int64_t left = nx - r;
@@ -1134,8 +1187,8 @@ void over_x(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64
 }
 
 template <template <int, int> class Tile, int TW, int TX>
-void rows(const std::byte* w, size_t wrb, int64_t nw, const std::byte* x, size_t xs, int64_t nx, int64_t cols,
-          float* y, int64_t ldy) {
+void rows(const std::byte* w, size_t wrb, int64_t nw, const std::byte* x, size_t xs, int64_t nx, int64_t cols, float* y,
+          int64_t ldy) {
   // One activation row (decode): one weight row at a time. Four interleaved rows were faster on heap
   // memory but 30 % slower on a mapped model file (four streams of 4 KB pages).
   if (nx == 1) {
@@ -1154,15 +1207,16 @@ const KernelSet& kernel_set() {
   // One weight row per tile for the quantized types: a few interleaved rows of a mapped file stream
   // slower than one, and the work per (weight, activation) pair is the same either way.
   constexpr int W = kWide ? 4 : 2, X = kWide ? 4 : 2;  // floats
-  constexpr int QX = 4;                                 // 32-value blocks
-  constexpr int KX = kWide ? 4 : 2;                     // K-quants: one weight row unpacks to 8-16 registers
+  constexpr int QX = 4;                                // 32-value blocks
+  constexpr int KX = kWide ? 4 : 2;                    // K-quants: one weight row unpacks to 8-16 registers
   static const KernelSet set{
       .name = kWide ? "avx512" : "avx2",
       .q8_0 = {&quantize_x32<Q8_0Unpack::kOffset>, &x32_bytes, &rows<Q8_0Tile, 1, QX>, &rows_panel<Q8_0Unpack>},
       .q4_0 = {&quantize_x32<Q4_0Unpack::kOffset>, &x32_bytes, &rows<Q4_0Tile, 1, QX>, &rows_panel<Q4_0Unpack>},
       .q5_0 = {&quantize_x32<Q5_0Unpack::kOffset>, &x32_bytes, &rows<Q5_0Tile, 1, QX>, &rows_panel<Q5_0Unpack>},
       .iq4_nl = {&quantize_x32<IQ4_NLUnpack::kOffset>, &x32_bytes, &rows<IQ4_NLTile, 1, QX>, &rows_panel<IQ4_NLUnpack>},
-      .q4_k = {&quantize_xk, &xk_bytes, &rows<Q4_KTile, 1, KX>, &rows_kpanel<Q4_KPack, false, 144>},
+      .q4_k = {&quantize_xk, &xk_bytes, &rows<K4Tiles<false>::Tile, 1, KX>, &rows_kpanel<K4Pack<false>, false, 144>},
+      .q5_k = {&quantize_xk, &xk_bytes, &rows<K4Tiles<true>::Tile, 1, KX>, &rows_kpanel<K4Pack<true>, false, 176>},
       .q6_k = {&quantize_xk, &xk_bytes, &rows<Q6_KTile, 1, KX>, &rows_kpanel<Q6_KPack, true, 210>},
       .f32 = &rows<FloatTiles<Float::f32>::Tile, W, X>,
       .f16 = &rows<FloatTiles<Float::f16>::Tile, W, X>,
