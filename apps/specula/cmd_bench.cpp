@@ -4,6 +4,7 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <cmath>
 #include <chrono>
 #include <cstdint>
 #include <vector>
@@ -18,6 +19,8 @@
 #include "specula/log.hpp"
 
 namespace {
+
+constexpr int kMaxVerify = 9;  // verification batches timed: 2 .. 9 tokens (K = 1 .. 8)
 
 namespace cli = specula::cli;
 using Clock = std::chrono::steady_clock;
@@ -59,7 +62,7 @@ int run_bench(const std::vector<std::string>& args) {
   cli::ModelArgs model;
   int64_t prompt_tokens = 512, gen_tokens = 128;
   int repetitions = 3, threads = 0;
-  bool as_json = false, no_drafter = false, profile = false;
+  bool as_json = false, no_drafter = false, profile = false, verify = false;
   cli::po::options_description desc(
       "usage: specula bench PIPELINE.yaml [options]\n"
       "       specula bench --model PATH [--backend NAME] [options]\n\n"
@@ -75,6 +78,8 @@ int run_bench(const std::vector<std::string>& args) {
       "threads,t", cli::po::value(&threads)->default_value(0), "backend threads (0 = the pipeline's or all cores)")(
       "json", cli::po::bool_switch(&as_json), "print one JSON object")(
       "no-drafter", cli::po::bool_switch(&no_drafter), "skip the speculative measurement")(
+      "verify", cli::po::bool_switch(&verify),
+      "time verification forwards of 2..9 tokens against a decode step (always with a drafter: the MTP cost model)")(
       "profile", cli::po::bool_switch(&profile),
       "print time per op kind, weight and layer when the backend ends (CPU backend; includes the untimed run)");
   cli::add_model_options(desc, model);
@@ -102,7 +107,7 @@ int run_bench(const std::vector<std::string>& args) {
   const int draft = built.drafter ? (pipeline.drafter ? pipeline.drafter->draft_tokens : 3) : 0;
   specula::ContextOptions copts;
   // The smallest context that holds the run, or the one asked for (llama-bench allocates n_ctx 4096).
-  const int64_t needed = prompt_tokens + gen_tokens + draft + 1;
+  const int64_t needed = prompt_tokens + std::max<int64_t>(gen_tokens + draft + 1, verify || built.drafter ? kMaxVerify : 0);
   const int64_t asked = pipeline.target.context_length;
   copts.context_length = std::max(needed, asked);
   const int64_t limit = asked > 0 ? asked : target->info().context_length;
@@ -134,6 +139,44 @@ int run_bench(const std::vector<std::string>& args) {
     specula::log_debug("bench run {}: pp {:.2f} tok/s, tg {:.2f} tok/s", r + 1, pp.back(), tg.back());
   }
   const Summary pps = summarize(pp), tgs = summarize(tg);
+
+  // The MTP cost model: what a verification of K + 1 tokens and a draft of K cost against one decode step,
+  // and the acceptance rate from which drafting K tokens pays (tokens per round (1 - a^(K+1)) / (1 - a),
+  // each accepted independently with probability a).
+  nlohmann::json costs = nullptr;
+  if (verify || built.drafter) {
+    const double step = 1.0 / tgs.median;
+    auto ctx = target->new_context(copts);
+    std::vector<float> logits = ctx->forward(prompt, 1);
+    const int32_t last = argmax(logits);
+    std::vector<int32_t> tokens(kMaxVerify, last);
+    costs = nlohmann::json::array();
+    for (int k = 1; k + 1 <= kMaxVerify; ++k) {
+      std::vector<double> tv, td;
+      for (int r = 0; r < std::max(repetitions, 3); ++r) {
+        auto t0 = Clock::now();
+        ctx->forward(std::span<const int32_t>(tokens.data(), static_cast<size_t>(k + 1)), k + 1);
+        tv.push_back(seconds_since(t0));
+        ctx->truncate(prompt_tokens);
+        if (built.drafter) {
+          t0 = Clock::now();
+          built.drafter->draft(ctx->view(), last, k);
+          td.push_back(seconds_since(t0));
+        }
+      }
+      const double v = summarize(tv).median, d = td.empty() ? 0.0 : summarize(td).median;
+      const double round = (v + d) / step;  // in decode steps
+      auto speedup = [&](double a) { return (a >= 1.0 ? k + 1.0 : (1.0 - std::pow(a, k + 1)) / (1.0 - a)) / round; };
+      double lo = 0.0, hi = 1.0;  // speedup grows with a: bisect for speedup = 1
+      if (speedup(hi) < 1.0) lo = hi = std::nan("");
+      else
+        for (int i = 0; i < 50 && speedup(lo) < 1.0; ++i) ((speedup((lo + hi) / 2) < 1.0) ? lo : hi) = (lo + hi) / 2;
+      nlohmann::json even = nullptr;  // null: never pays, even with every draft accepted
+      if (!std::isnan(hi)) even = speedup(0.0) >= 1.0 ? 0.0 : hi;
+      costs.push_back({{"draft_tokens", k}, {"verify_ms", 1e3 * v}, {"verify_steps", v / step}, {"draft_ms", 1e3 * d},
+                       {"round_steps", round}, {"break_even_acceptance", even}});
+    }
+  }
 
   nlohmann::json spec = nullptr;
   if (built.drafter) {
@@ -176,7 +219,8 @@ int run_bench(const std::vector<std::string>& args) {
                         {"tg_min", tgs.min},
                         {"tg_max", tgs.max},
                         {"peak_rss_mib", peak_rss_mib()},
-                        {"speculative", spec}};
+                        {"speculative", spec},
+                        {"verify_costs", costs}};
     fmt::print("{}\n", j.dump(2));
     return 0;
   }
@@ -184,6 +228,15 @@ int run_bench(const std::vector<std::string>& args) {
              built.backend->name(), dev.name, load_seconds, peak_rss_mib());
   fmt::print("pp{:<6} {:8.2f} tok/s  ({:.2f}-{:.2f})\n", prompt_tokens, pps.median, pps.min, pps.max);
   fmt::print("tg{:<6} {:8.2f} tok/s  ({:.2f}-{:.2f})\n", gen_tokens, tgs.median, tgs.min, tgs.max);
+  if (!costs.is_null()) {
+    fmt::print("{:<8} {:>10} {:>8} {:>10} {:>8} {:>11}\n", "draft K", "verify ms", "steps", "draft ms", "round", "break-even");
+    for (const auto& c : costs) {
+      const auto& a = c["break_even_acceptance"];
+      fmt::print("{:<8} {:>10.1f} {:>8.2f} {:>10.1f} {:>8.2f} {:>11}\n", c["draft_tokens"].get<int>(),
+                 c["verify_ms"].get<double>(), c["verify_steps"].get<double>(), c["draft_ms"].get<double>(),
+                 c["round_steps"].get<double>(), a.is_number() ? fmt::format("{:.0f}%", 100 * a.get<double>()) : "never");
+    }
+  }
   if (!spec.is_null())
     fmt::print("spec{:<4} {:8.2f} tok/s  ({:.2f}-{:.2f}), draft {}, acceptance {:.1f}%, {:.2f} tokens/step, x{:.2f} vs tg\n",
                gen_tokens, spec["tokens_per_second"].get<double>(), spec["min"].get<double>(),

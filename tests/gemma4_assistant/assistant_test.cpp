@@ -617,6 +617,22 @@ TEST(BenchCli, MeasuresPlainAndSpeculativeDecodingOnTheFixtures) {
   // Every speculative step makes at least one token and at most draft + 1.
   EXPECT_GE(spec["tokens_per_step"].get<double>(), 1.0);
   EXPECT_LE(spec["tokens_per_step"].get<double>(), 3.0);
+  // The MTP cost model: K = 1..8, a round costs its verification plus its draft, in decode steps; the
+  // break-even acceptance is a rate or null (never pays).
+  const json& costs = j["verify_costs"];
+  ASSERT_TRUE(costs.is_array()) << out;
+  ASSERT_EQ(costs.size(), 8u);
+  for (size_t k = 0; k < costs.size(); ++k) {
+    const json& c = costs[k];
+    EXPECT_EQ(c["draft_tokens"], static_cast<int>(k) + 1);
+    EXPECT_GT(c["verify_ms"].get<double>(), 0.0);
+    EXPECT_GT(c["draft_ms"].get<double>(), 0.0);
+    EXPECT_GT(c["round_steps"].get<double>(), c["verify_steps"].get<double>());
+    if (!c["break_even_acceptance"].is_null()) {
+      EXPECT_GE(c["break_even_acceptance"].get<double>(), 0.0);
+      EXPECT_LE(c["break_even_acceptance"].get<double>(), 1.0);
+    }
+  }
 
   // A run that cannot fit the model's context is refused up front, naming the numbers.
   const std::string big = run_cli(common + "-n 250 -g 100", &status);
