@@ -35,7 +35,7 @@ inline constexpr int64_t kPrefillRows = 16;
 
 struct KernelSet {
   const char* name;  // "avx2", "avx512"
-  QuantKernel q8_0, q4_0, q5_0, iq4_nl, q4_k, q5_k, q6_k;
+  QuantKernel q8_0, q4_0, q5_0, iq4_nl, iq4_xs, q4_k, q5_k, q6_k;
   RowsKernel f32, f16, bf16;  // x rows are F32, x_stride = cols * 4
 };
 

@@ -1,5 +1,5 @@
 // Matrix products, dispatched by weight storage type:
-//  - Q8_0 / Q4_0 / Q5_0 / IQ4_NL / Q4_K / Q5_K / Q6_K at any row count, and F32 / F16 / BF16 below gemm_min_rows: the kernel set
+//  - Q8_0 / Q4_0 / Q5_0 / IQ4_NL / IQ4_XS / Q4_K / Q5_K / Q6_K at any row count, and F32 / F16 / BF16 below gemm_min_rows: the kernel set
 //    of this CPU (isa.hpp, qkernels.cpp) streams each weight row once, never materialising it in F32, and
 //    dots it with a tile of activation rows quantized on the fly to 8 bits (the llama.cpp scheme).
 //  - F32 / F16 / BF16 with many rows (prefill): weight rows decoded to F32 in tiles, oneDNN's GEMM.
@@ -35,6 +35,7 @@ const QuantKernel* quant_kernel(const KernelSet& ks, DType type) {
     case DType::Q4_0: return &ks.q4_0;
     case DType::Q5_0: return &ks.q5_0;
     case DType::IQ4_NL: return &ks.iq4_nl;
+    case DType::IQ4_XS: return &ks.iq4_xs;
     case DType::Q4_K: return &ks.q4_k;
     case DType::Q5_K: return &ks.q5_k;
     case DType::Q6_K: return &ks.q6_k;
@@ -123,6 +124,7 @@ int64_t gemm_min_rows(DType type) {
     case DType::Q4_0:
     case DType::Q5_0:
     case DType::IQ4_NL:
+    case DType::IQ4_XS:
     case DType::Q4_K:
     case DType::Q5_K:
     case DType::Q6_K:

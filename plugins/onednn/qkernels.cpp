@@ -141,10 +141,10 @@ void tile_x32(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int
     __m512i wq[RW];
     __m512 dw[RW];
     for (int i = 0; i < RW; ++i) {
-      const std::byte* wb = w + i * wrb + Unpack::kBytes * b;
-      prefetch_ahead(wb, 2 * Unpack::kBytes);
-      wq[i] = join(Unpack::codes(wb), Unpack::codes(wb + Unpack::kBytes));
-      dw[i] = f16_pair(wb, wb + Unpack::kBytes);
+      const std::byte* row = w + i * wrb;
+      prefetch_ahead(Unpack::at(row, b), 2 * Unpack::kBytes);
+      wq[i] = join(Unpack::codes(Unpack::at(row, b)), Unpack::codes(Unpack::at(row, b + 1)));
+      dw[i] = Unpack::scale2(row, b);
     }
     for (int r = 0; r < RX; ++r) {
       const __m512i xv = _mm512_loadu_si512(xq[r] + 32 * b);
@@ -158,9 +158,9 @@ void tile_x32(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int
   }
   if (b < nb) {  // an odd last block belongs to the even (low) half
     for (int i = 0; i < RW; ++i) {
-      const std::byte* wb = w + i * wrb + Unpack::kBytes * b;
-      const __m512i wq = _mm512_castsi256_si512(Unpack::codes(wb));
-      const __m512 dw = _mm512_set1_ps(f16(wb));
+      const std::byte* row = w + i * wrb;
+      const __m512i wq = _mm512_castsi256_si512(Unpack::codes(Unpack::at(row, b)));
+      const __m512 dw = _mm512_set1_ps(Unpack::scale(row, b));
       for (int r = 0; r < RX; ++r) {
         const __m512i xv = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[r] + 32 * b)));
         const __m512i in = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xi[r] + 8 * b)));
@@ -182,10 +182,10 @@ void tile_x32(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int
     __m256i wq[RW], wsign[RW];
     __m256 dw[RW];
     for (int i = 0; i < RW; ++i) {
-      const std::byte* wb = w + i * wrb + Unpack::kBytes * b;
-      prefetch_ahead(wb, Unpack::kBytes);
-      wq[i] = Unpack::codes_avx2(wb, wsign[i]);
-      dw[i] = _mm256_set1_ps(f16(wb));
+      const std::byte* row = w + i * wrb;
+      prefetch_ahead(Unpack::at(row, b), Unpack::kBytes);
+      wq[i] = Unpack::codes_avx2(Unpack::at(row, b), wsign[i]);
+      dw[i] = _mm256_set1_ps(Unpack::scale(row, b));
     }
     for (int r = 0; r < RX; ++r) {
       const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[r] + 32 * b));
@@ -207,9 +207,20 @@ inline __m256i dot4_avx2(__m256i u, __m256i s) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
 
+// Blocks of 32 values, B bytes each, the f16 scale first (Q8_0, Q4_0, Q5_0, IQ4_NL). at(row, b) is what
+// codes() reads; scale(row, b) the block's scale.
+template <size_t B>
+struct Blocks32 {
+  static constexpr size_t kBytes = B;
+  static const std::byte* at(const std::byte* row, int64_t b) { return row + B * b; }
+  static float scale(const std::byte* row, int64_t b) { return f16(at(row, b)); }
+#if SPECULA_WIDE
+  static __m512 scale2(const std::byte* row, int64_t b) { return f16_pair(at(row, b), at(row, b + 1)); }
+#endif
+};
+
 // Q8_0: f16 scale, 32 int8 codes. AVX-512 stores them + 128 (unsigned); AVX2 dots |w| with sign(x, w).
-struct Q8_0Unpack {
-  static constexpr size_t kBytes = 34;
+struct Q8_0Unpack : Blocks32<34> {
   static constexpr int kOffset = SPECULA_WIDE ? 128 : 0;
   static __m256i codes(const std::byte* wb) {
     return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 2)), _mm256_set1_epi8(-128));
@@ -227,8 +238,7 @@ struct Q8_0Unpack {
 };
 
 // Q4_0: f16 scale, 16 bytes: values 0..15 in the low nibbles, 16..31 in the high ones, stored + 8.
-struct Q4_0Unpack {
-  static constexpr size_t kBytes = 18;
+struct Q4_0Unpack : Blocks32<18> {
   static constexpr int kOffset = 8;
   static __m256i codes(const std::byte* wb) {
     const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 2));
@@ -243,8 +253,7 @@ struct Q4_0Unpack {
 };
 
 // Q5_0: f16 scale, 32 bits of fifth bits, 16 bytes of nibbles as Q4_0; stored + 16.
-struct Q5_0Unpack {
-  static constexpr size_t kBytes = 22;
+struct Q5_0Unpack : Blocks32<22> {
   static constexpr int kOffset = 16;
   static __m256i codes(const std::byte* wb) {
     const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 6));
@@ -270,26 +279,56 @@ struct Q5_0Unpack {
 
 // IQ4_NL: f16 scale, nibbles as Q4_0 indexing a fixed table of 16 int8 values (llama.cpp's
 // kvalues_iq4nl). AVX-512 looks the values up + 128 (unsigned); AVX2 dots |w| with sign(x, w).
-struct IQ4_NLUnpack {
-  static constexpr size_t kBytes = 18;
+struct IQ4_NLUnpack : Blocks32<18> {
   static constexpr int kOffset = SPECULA_WIDE ? 128 : 0;
-  static __m256i nibbles(const std::byte* wb) {
-    const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 2));
-    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(p, 4), p), _mm256_set1_epi8(0x0f));
-  }
-  static __m256i values(const std::byte* wb) {
+  static constexpr bool kSigned = !SPECULA_WIDE;
+  // The table values of 16 bytes of nibbles (values 0..15 low, 16..31 high).
+  static __m256i values_of(const std::byte* q) {
+    const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+    const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(p, 4), p), _mm256_set1_epi8(0x0f));
     const __m256i table = _mm256_broadcastsi128_si256(
         _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113));
-    return _mm256_shuffle_epi8(table, nibbles(wb));
+    return _mm256_shuffle_epi8(table, nib);
   }
+  static __m256i values(const std::byte* wb) { return values_of(wb + 2); }
   static __m256i codes(const std::byte* wb) { return _mm256_xor_si256(values(wb), _mm256_set1_epi8(-128)); }
   static __m256i codes_avx2(const std::byte* wb, __m256i& sign) {
     sign = values(wb);
     return _mm256_sign_epi8(sign, sign);
   }
   static __m256i dot_avx2(__m256i, __m256i aw, __m256i w, __m256i x) { return dot4_avx2(aw, _mm256_sign_epi8(x, w)); }
-  static constexpr bool kSigned = !SPECULA_WIDE;
   static __m256i panel_codes(const std::byte* wb) { return kSigned ? values(wb) : codes(wb); }
+};
+
+// IQ4_XS: 256-value super-blocks of 136 bytes: f16 d, 16 bits of scale high parts, 4 bytes of scale low
+// nibbles, then 8 x 16 bytes of IQ4_NL nibbles; block ib of 32 has scale d * (ls - 32) with ls = low
+// nibble ib | high bits ib << 4 (6 bits). Handled as 32-value blocks with computed scales.
+struct IQ4_XSUnpack {
+  static constexpr size_t kBytes = 17;  // 136 / 8, for the prefetch distance
+  static constexpr int kOffset = IQ4_NLUnpack::kOffset;
+  static constexpr bool kSigned = IQ4_NLUnpack::kSigned;
+  static const std::byte* at(const std::byte* row, int64_t b) { return row + 136 * (b / 8) + 8 + 16 * (b % 8); }
+  static float scale(const std::byte* row, int64_t b) {
+    const std::byte* sb = row + 136 * (b / 8);
+    const int ib = static_cast<int>(b % 8);
+    uint16_t high;
+    std::memcpy(&high, sb + 2, 2);
+    const int ls = ((static_cast<int>(sb[4 + ib / 2]) >> (4 * (ib % 2))) & 0xf) | (((high >> (2 * ib)) & 3) << 4);
+    return f16(sb) * static_cast<float>(ls - 32);
+  }
+#if SPECULA_WIDE
+  static __m512 scale2(const std::byte* row, int64_t b) {
+    return join(_mm256_set1_ps(scale(row, b)), _mm256_set1_ps(scale(row, b + 1)));
+  }
+#endif
+  static __m256i values(const std::byte* q) { return IQ4_NLUnpack::values_of(q); }
+  static __m256i codes(const std::byte* q) { return _mm256_xor_si256(values(q), _mm256_set1_epi8(-128)); }
+  static __m256i codes_avx2(const std::byte* q, __m256i& sign) {
+    sign = values(q);
+    return _mm256_sign_epi8(sign, sign);
+  }
+  static __m256i dot_avx2(__m256i, __m256i aw, __m256i w, __m256i x) { return dot4_avx2(aw, _mm256_sign_epi8(x, w)); }
+  static __m256i panel_codes(const std::byte* q) { return kSigned ? values(q) : codes(q); }
 };
 
 template <int RW, int RX>
@@ -302,6 +341,12 @@ template <int RW, int RX>
 struct Q5_0Tile {
   static void run(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t c, float* y, int64_t ldy) {
     tile_x32<Q5_0Unpack, RW, RX>(w, wrb, x, xs, c, y, ldy);
+  }
+};
+template <int RW, int RX>
+struct IQ4_XSTile {
+  static void run(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t c, float* y, int64_t ldy) {
+    tile_x32<IQ4_XSUnpack, RW, RX>(w, wrb, x, xs, c, y, ldy);
   }
 };
 template <int RW, int RX>
@@ -356,19 +401,19 @@ constexpr int64_t kPanelBlocks = 64;  // blocks per pass: two panels of 36 KB st
 template <class Unpack>
 void pack_panel(const std::byte* w, size_t wrb, int rows, int64_t b0, int64_t nb, PanelBlock* out) {
   alignas(64) uint8_t codes[16][32];
-  alignas(32) uint16_t scales[16];
+  alignas(64) float scales[16];
   std::memset(codes, 0, sizeof codes);
   std::memset(scales, 0, sizeof scales);
   for (int64_t b = 0; b < nb; ++b) {
     for (int i = 0; i < rows; ++i) {
-      const std::byte* wb = w + i * wrb + Unpack::kBytes * (b0 + b);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(codes[i]), Unpack::panel_codes(wb));
-      std::memcpy(&scales[i], wb, 2);
+      const std::byte* row = w + i * wrb;
+      _mm256_store_si256(reinterpret_cast<__m256i*>(codes[i]), Unpack::panel_codes(Unpack::at(row, b0 + b)));
+      scales[i] = Unpack::scale(row, b0 + b);
     }
     __m512i g8[8];
     transpose16x8(codes, 32, g8);
     for (int g = 0; g < 8; ++g) _mm512_store_si512(out[b].codes[g], g8[g]);
-    _mm512_store_ps(out[b].scale, _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(scales))));
+    _mm512_store_ps(out[b].scale, _mm512_load_ps(scales));
   }
 }
 
@@ -483,19 +528,19 @@ inline void transpose8x8(const void* rows, size_t stride, __m256i* out) {
 template <class Unpack>
 void pack_panel(const std::byte* w, size_t wrb, int rows, int64_t b0, int64_t nb, PanelBlock* out) {
   alignas(64) uint8_t codes[8][32];
-  alignas(16) uint16_t scales[8];
+  alignas(64) float scales[8];
   std::memset(codes, 0, sizeof codes);
   std::memset(scales, 0, sizeof scales);
   for (int64_t b = 0; b < nb; ++b) {
     for (int i = 0; i < rows; ++i) {
-      const std::byte* wb = w + i * wrb + Unpack::kBytes * (b0 + b);
-      _mm256_store_si256(reinterpret_cast<__m256i*>(codes[i]), Unpack::panel_codes(wb));
-      std::memcpy(&scales[i], wb, 2);
+      const std::byte* row = w + i * wrb;
+      _mm256_store_si256(reinterpret_cast<__m256i*>(codes[i]), Unpack::panel_codes(Unpack::at(row, b0 + b)));
+      scales[i] = Unpack::scale(row, b0 + b);
     }
     __m256i g8[8];
     transpose8x8(codes, 32, g8);
     for (int g = 0; g < 8; ++g) _mm256_store_si256(reinterpret_cast<__m256i*>(out[b].codes[g]), g8[g]);
-    _mm256_store_ps(out[b].scale, _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(scales))));
+    _mm256_store_ps(out[b].scale, _mm256_load_ps(scales));
   }
 }
 
@@ -1215,6 +1260,7 @@ const KernelSet& kernel_set() {
       .q4_0 = {&quantize_x32<Q4_0Unpack::kOffset>, &x32_bytes, &rows<Q4_0Tile, 1, QX>, &rows_panel<Q4_0Unpack>},
       .q5_0 = {&quantize_x32<Q5_0Unpack::kOffset>, &x32_bytes, &rows<Q5_0Tile, 1, QX>, &rows_panel<Q5_0Unpack>},
       .iq4_nl = {&quantize_x32<IQ4_NLUnpack::kOffset>, &x32_bytes, &rows<IQ4_NLTile, 1, QX>, &rows_panel<IQ4_NLUnpack>},
+      .iq4_xs = {&quantize_x32<IQ4_XSUnpack::kOffset>, &x32_bytes, &rows<IQ4_XSTile, 1, QX>, &rows_panel<IQ4_XSUnpack>},
       .q4_k = {&quantize_xk, &xk_bytes, &rows<K4Tiles<false>::Tile, 1, KX>, &rows_kpanel<K4Pack<false>, false, 144>},
       .q5_k = {&quantize_xk, &xk_bytes, &rows<K4Tiles<true>::Tile, 1, KX>, &rows_kpanel<K4Pack<true>, false, 176>},
       .q6_k = {&quantize_xk, &xk_bytes, &rows<Q6_KTile, 1, KX>, &rows_kpanel<Q6_KPack, true, 210>},

@@ -47,7 +47,7 @@ std::vector<float> run(const KernelSet& ks, const Product& p, int64_t row0, int6
   std::vector<float> y(static_cast<size_t>(rows * p.O), std::nanf(""));
   const float* x = p.x.data() + row0 * p.I;
   const cpu::QuantKernel* q = p.type == DType::Q8_0 ? &ks.q8_0 : p.type == DType::Q4_0 ? &ks.q4_0
-                            : p.type == DType::Q5_0 ? &ks.q5_0 : p.type == DType::IQ4_NL ? &ks.iq4_nl
+                            : p.type == DType::Q5_0 ? &ks.q5_0 : p.type == DType::IQ4_NL ? &ks.iq4_nl : p.type == DType::IQ4_XS ? &ks.iq4_xs
                             : p.type == DType::Q4_K ? &ks.q4_k : p.type == DType::Q5_K ? &ks.q5_k : p.type == DType::Q6_K ? &ks.q6_k : nullptr;
   if (q) {
     const size_t stride = q->record_bytes(p.I);
@@ -75,7 +75,7 @@ class KernelSets : public ::testing::TestWithParam<DType> {};
 
 TEST_P(KernelSets, BitIdenticalAcrossSetsAndBatchSizes) {
   const DType type = GetParam();
-  const bool k_quant = type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K;
+  const bool k_quant = type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K || type == DType::IQ4_XS;
   // 37 weight rows: tiles of 4 and a remainder; 25 blocks of 32 (an odd count: AVX-512's half step) or
   // 3 super-blocks; 29 = 16 + 13 floats leave a scalar tail.
   const int64_t I = k_quant ? 768 : dtype_traits(type)->quantized ? 800 : 29 * 16 + 13;
@@ -124,7 +124,7 @@ TEST_P(KernelSets, BitIdenticalAcrossSetsAndBatchSizes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, KernelSets,
-                         ::testing::Values(DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::IQ4_NL, DType::Q4_K,
+                         ::testing::Values(DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::IQ4_NL, DType::IQ4_XS, DType::Q4_K,
                                            DType::Q5_K, DType::Q6_K, DType::F32, DType::F16, DType::BF16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
