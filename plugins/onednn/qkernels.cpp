@@ -143,7 +143,10 @@ void tile_x32(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int
     for (int i = 0; i < RW; ++i) {
       const std::byte* row = w + i * wrb;
       prefetch_ahead(Unpack::at(row, b), 2 * Unpack::kBytes);
-      wq[i] = join(Unpack::codes(Unpack::at(row, b)), Unpack::codes(Unpack::at(row, b + 1)));
+      if constexpr (requires { Unpack::codes2(row, b); })
+        wq[i] = Unpack::codes2(row, b);
+      else
+        wq[i] = join(Unpack::codes(Unpack::at(row, b)), Unpack::codes(Unpack::at(row, b + 1)));
       dw[i] = Unpack::scale2(row, b);
     }
     for (int r = 0; r < RX; ++r) {
@@ -250,6 +253,18 @@ struct Q4_0Unpack : Blocks32<18> {
   }
   static constexpr bool kSigned = false;
   static __m256i panel_codes(const std::byte* wb) { return codes(wb); }
+#if SPECULA_WIDE
+  // Blocks b and b + 1 with one shift and one mask: [p0, p1, p0 >> 4, p1 >> 4] reordered to
+  // [lo0, hi0, lo1, hi1], the codes of the two blocks in value order.
+  static __m512i codes2(const std::byte* row, int64_t b) {
+    const std::byte* wb = at(row, b);
+    const __m256i p = _mm256_inserti128_si256(
+        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 2))),
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 2 + kBytes)), 1);
+    const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(p), _mm256_srli_epi16(p, 4), 1);
+    return _mm512_and_si512(_mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0)), _mm512_set1_epi8(0x0f));
+  }
+#endif
 };
 
 // Q5_0: f16 scale, 32 bits of fifth bits, 16 bytes of nibbles as Q4_0; stored + 16.
