@@ -292,20 +292,20 @@ struct Q5_0Unpack : Blocks32<22> {
   static __m256i panel_codes(const std::byte* wb) { return codes(wb); }
 };
 
-// IQ4_NL: f16 scale, nibbles as Q4_0 indexing a fixed table of 16 int8 values (llama.cpp's
-// kvalues_iq4nl). AVX-512 looks the values up + 128 (unsigned); AVX2 dots |w| with sign(x, w).
-struct IQ4_NLUnpack : Blocks32<18> {
+// IQ4 codes: 16 bytes of nibbles (values 0..15 low, 16..31 high) at kSkip bytes past what codes() is
+// given, indexing a fixed table of 16 int8 values (llama.cpp's kvalues_iq4nl). AVX-512 uses the values
+// + 128 (unsigned); AVX2 dots |w| with sign(x, w).
+template <int kSkip>
+struct IQ4Codes {
   static constexpr int kOffset = SPECULA_WIDE ? 128 : 0;
   static constexpr bool kSigned = !SPECULA_WIDE;
-  // The table values of 16 bytes of nibbles (values 0..15 low, 16..31 high).
-  static __m256i values_of(const std::byte* q) {
-    const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(q));
+  static __m256i values(const std::byte* wb) {
+    const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + kSkip));
     const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(p, 4), p), _mm256_set1_epi8(0x0f));
     const __m256i table = _mm256_broadcastsi128_si256(
         _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113));
     return _mm256_shuffle_epi8(table, nib);
   }
-  static __m256i values(const std::byte* wb) { return values_of(wb + 2); }
   static __m256i codes(const std::byte* wb) { return _mm256_xor_si256(values(wb), _mm256_set1_epi8(-128)); }
   static __m256i codes_avx2(const std::byte* wb, __m256i& sign) {
     sign = values(wb);
@@ -315,13 +315,14 @@ struct IQ4_NLUnpack : Blocks32<18> {
   static __m256i panel_codes(const std::byte* wb) { return kSigned ? values(wb) : codes(wb); }
 };
 
+// IQ4_NL: f16 scale, then the nibbles.
+struct IQ4_NLUnpack : Blocks32<18>, IQ4Codes<2> {};
+
 // IQ4_XS: 256-value super-blocks of 136 bytes: f16 d, 16 bits of scale high parts, 4 bytes of scale low
 // nibbles, then 8 x 16 bytes of IQ4_NL nibbles; block ib of 32 has scale d * (ls - 32) with ls = low
 // nibble ib | high bits ib << 4 (6 bits). Handled as 32-value blocks with computed scales.
-struct IQ4_XSUnpack {
+struct IQ4_XSUnpack : IQ4Codes<0> {
   static constexpr size_t kBytes = 17;  // 136 / 8, for the prefetch distance
-  static constexpr int kOffset = IQ4_NLUnpack::kOffset;
-  static constexpr bool kSigned = IQ4_NLUnpack::kSigned;
   static const std::byte* at(const std::byte* row, int64_t b) { return row + 136 * (b / 8) + 8 + 16 * (b % 8); }
   static float scale(const std::byte* row, int64_t b) {
     const std::byte* sb = row + 136 * (b / 8);
@@ -336,45 +337,17 @@ struct IQ4_XSUnpack {
     return join(_mm256_set1_ps(scale(row, b)), _mm256_set1_ps(scale(row, b + 1)));
   }
 #endif
-  static __m256i values(const std::byte* q) { return IQ4_NLUnpack::values_of(q); }
-  static __m256i codes(const std::byte* q) { return _mm256_xor_si256(values(q), _mm256_set1_epi8(-128)); }
-  static __m256i codes_avx2(const std::byte* q, __m256i& sign) {
-    sign = values(q);
-    return _mm256_sign_epi8(sign, sign);
-  }
-  static __m256i dot_avx2(__m256i, __m256i aw, __m256i w, __m256i x) { return dot4_avx2(aw, _mm256_sign_epi8(x, w)); }
-  static __m256i panel_codes(const std::byte* q) { return kSigned ? values(q) : codes(q); }
 };
 
-template <int RW, int RX>
-struct Q8_0Tile {
-  static void run(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t c, float* y, int64_t ldy) {
-    tile_x32<Q8_0Unpack, RW, RX>(w, wrb, x, xs, c, y, ldy);
-  }
-};
-template <int RW, int RX>
-struct Q5_0Tile {
-  static void run(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t c, float* y, int64_t ldy) {
-    tile_x32<Q5_0Unpack, RW, RX>(w, wrb, x, xs, c, y, ldy);
-  }
-};
-template <int RW, int RX>
-struct IQ4_XSTile {
-  static void run(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t c, float* y, int64_t ldy) {
-    tile_x32<IQ4_XSUnpack, RW, RX>(w, wrb, x, xs, c, y, ldy);
-  }
-};
-template <int RW, int RX>
-struct IQ4_NLTile {
-  static void run(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t c, float* y, int64_t ldy) {
-    tile_x32<IQ4_NLUnpack, RW, RX>(w, wrb, x, xs, c, y, ldy);
-  }
-};
-template <int RW, int RX>
-struct Q4_0Tile {
-  static void run(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t c, float* y, int64_t ldy) {
-    tile_x32<Q4_0Unpack, RW, RX>(w, wrb, x, xs, c, y, ldy);
-  }
+// The x32 tiles as rows() takes them.
+template <class Unpack>
+struct X32Tiles {
+  template <int RW, int RX>
+  struct Tile {
+    static void run(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t c, float* y, int64_t ldy) {
+      tile_x32<Unpack, RW, RX>(w, wrb, x, xs, c, y, ldy);
+    }
+  };
 };
 
 #if SPECULA_WIDE
@@ -1271,11 +1244,11 @@ const KernelSet& kernel_set() {
   constexpr int KX = kWide ? 4 : 2;                    // K-quants: one weight row unpacks to 8-16 registers
   static const KernelSet set{
       .name = kWide ? "avx512" : "avx2",
-      .q8_0 = {&quantize_x32<Q8_0Unpack::kOffset>, &x32_bytes, &rows<Q8_0Tile, 1, QX>, &rows_panel<Q8_0Unpack>},
-      .q4_0 = {&quantize_x32<Q4_0Unpack::kOffset>, &x32_bytes, &rows<Q4_0Tile, 1, QX>, &rows_panel<Q4_0Unpack>},
-      .q5_0 = {&quantize_x32<Q5_0Unpack::kOffset>, &x32_bytes, &rows<Q5_0Tile, 1, QX>, &rows_panel<Q5_0Unpack>},
-      .iq4_nl = {&quantize_x32<IQ4_NLUnpack::kOffset>, &x32_bytes, &rows<IQ4_NLTile, 1, QX>, &rows_panel<IQ4_NLUnpack>},
-      .iq4_xs = {&quantize_x32<IQ4_XSUnpack::kOffset>, &x32_bytes, &rows<IQ4_XSTile, 1, QX>, &rows_panel<IQ4_XSUnpack>},
+      .q8_0 = {&quantize_x32<Q8_0Unpack::kOffset>, &x32_bytes, &rows<X32Tiles<Q8_0Unpack>::Tile, 1, QX>, &rows_panel<Q8_0Unpack>},
+      .q4_0 = {&quantize_x32<Q4_0Unpack::kOffset>, &x32_bytes, &rows<X32Tiles<Q4_0Unpack>::Tile, 1, QX>, &rows_panel<Q4_0Unpack>},
+      .q5_0 = {&quantize_x32<Q5_0Unpack::kOffset>, &x32_bytes, &rows<X32Tiles<Q5_0Unpack>::Tile, 1, QX>, &rows_panel<Q5_0Unpack>},
+      .iq4_nl = {&quantize_x32<IQ4_NLUnpack::kOffset>, &x32_bytes, &rows<X32Tiles<IQ4_NLUnpack>::Tile, 1, QX>, &rows_panel<IQ4_NLUnpack>},
+      .iq4_xs = {&quantize_x32<IQ4_XSUnpack::kOffset>, &x32_bytes, &rows<X32Tiles<IQ4_XSUnpack>::Tile, 1, QX>, &rows_panel<IQ4_XSUnpack>},
       .q4_k = {&quantize_xk, &xk_bytes, &rows<K4Tiles<false>::Tile, 1, KX>, &rows_kpanel<K4Pack<false>, false, 144>},
       .q5_k = {&quantize_xk, &xk_bytes, &rows<K4Tiles<true>::Tile, 1, KX>, &rows_kpanel<K4Pack<true>, false, 176>},
       .q6_k = {&quantize_xk, &xk_bytes, &rows<Q6_KTile, 1, KX>, &rows_kpanel<Q6_KPack, true, 210>},
