@@ -3,6 +3,7 @@
 // microseconds, which would dominate small ops.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <cstdint>
@@ -27,7 +28,9 @@ class ThreadPool {
   // exception thrown on any thread is rethrown here.
   void run(const std::function<void(int, int)>& fn);
 
-  // Splits [0, n) into contiguous chunks, at least `grain` long, one per thread; calls fn(begin, end).
+  // Splits [0, n) into contiguous chunks at least `grain` long (up to 8 per thread) and calls fn(begin,
+  // end) for each. Threads claim chunks in order as they come free, so one that starts late (a worker
+  // waking up) or runs slower does less, instead of the others waiting for it.
   template <typename F>
   void parallel_for(int64_t n, int64_t grain, F&& fn) {
     if (n <= 0) return;
@@ -37,10 +40,15 @@ class ThreadPool {
       fn(int64_t{0}, n);
       return;
     }
+    const int64_t chunks = std::min<int64_t>(max_chunks, int64_t{8} * threads);
+    std::atomic<int64_t> next{0};
     run([&](int t, int) {
       if (t >= threads) return;
-      const int64_t begin = n * t / threads, end = n * (t + 1) / threads;
-      if (begin < end) fn(begin, end);
+      for (int64_t c = next.fetch_add(1, std::memory_order_relaxed); c < chunks;
+           c = next.fetch_add(1, std::memory_order_relaxed)) {
+        const int64_t begin = n * c / chunks, end = n * (c + 1) / chunks;
+        if (begin < end) fn(begin, end);
+      }
     });
   }
 

@@ -6,6 +6,9 @@
 
 #include <algorithm>
 #include <atomic>
+#include <vector>
+#include <chrono>
+#include <thread>
 #include <cmath>
 #include <limits>
 #include <numeric>
@@ -671,7 +674,7 @@ namespace {
 
 TEST(ThreadPool, WorkerExceptionReachesCallerAndPoolSurvives) {
   cpu::ThreadPool pool(2);
-  // Chunk [1, 2) runs on the worker thread.
+  // Chunk [1, 2) throws, on whichever thread claims it.
   EXPECT_THROW(pool.parallel_for(2, 1, [](int64_t b, int64_t) {
     if (b == 1) throw Error("worker failed");
   }), Error);
@@ -680,6 +683,23 @@ TEST(ThreadPool, WorkerExceptionReachesCallerAndPoolSurvives) {
     for (int64_t i = b; i < e; ++i) sum += i;
   });
   EXPECT_EQ(sum.load(), 4950);
+}
+
+// Chunks are claimed dynamically: every index is covered exactly once, in chunks of at least `grain`,
+// even when one thread is much slower than the other.
+TEST(ThreadPool, DynamicChunksCoverEveryIndexOnce) {
+  cpu::ThreadPool pool(2);
+  std::vector<std::atomic<int>> hits(1000);
+  std::atomic<int64_t> shortest{1 << 30};
+  pool.parallel_for(1000, 7, [&](int64_t b, int64_t e) {
+    if (b == 0) std::this_thread::sleep_for(std::chrono::milliseconds(20));  // a late or slow thread
+    int64_t prev = shortest.load();
+    while (e - b < prev && !shortest.compare_exchange_weak(prev, e - b)) {
+    }
+    for (int64_t i = b; i < e; ++i) hits[static_cast<size_t>(i)]++;
+  });
+  for (size_t i = 0; i < hits.size(); ++i) ASSERT_EQ(hits[i].load(), 1) << "index " << i;
+  EXPECT_GE(shortest.load(), 7);
 }
 
 }  // namespace
