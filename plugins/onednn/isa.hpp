@@ -26,9 +26,9 @@ struct QuantKernel {
   QuantizeKernel quantize = nullptr;
   size_t (*record_bytes)(int64_t cols) = nullptr;
   RowsKernel rows = nullptr;
-  // For kPrefillRows activation rows and more (prompt chunks), where a set has one: repacks weight panels
-  // on the fly. Its rows differ from `rows` in float rounding; below that (decode, speculative
-  // verification) every set computes the same bits.
+  // For kPrefillRows activation rows and more (prompt chunks): repacks weight panels on the fly. Its rows
+  // differ from those of `rows` in float rounding (the same on every set); below kPrefillRows (decode,
+  // speculative verification) a row's result does not depend on how many rows share the call.
   RowsKernel prefill = nullptr;
 };
 inline constexpr int64_t kPrefillRows = 16;

@@ -1,7 +1,8 @@
 // Matrix products, dispatched by weight storage type:
-//  - Q8_0 / Q4_0 / Q5_0 / IQ4_NL / IQ4_XS / Q4_K / Q5_K / Q6_K at any row count, and F32 / F16 / BF16 below gemm_min_rows: the kernel set
-//    of this CPU (isa.hpp, qkernels.cpp) streams each weight row once, never materialising it in F32, and
-//    dots it with a tile of activation rows quantized on the fly to 8 bits (the llama.cpp scheme).
+//  - Q8_0 / Q4_0 / Q5_0 / IQ4_NL / IQ4_XS / Q4_K / Q5_K / Q6_K at any row count, and F32 / F16 / BF16 below
+//    gemm_min_rows: the kernel set of this CPU (isa.hpp, qkernels.cpp) streams each weight row once, never
+//    materialising it in F32, and dots it with activation rows quantized on the fly to 8 bits (the
+//    llama.cpp scheme): tiles for few rows, repacked panels for prompt chunks.
 //  - F32 / F16 / BF16 with many rows (prefill): weight rows decoded to F32 in tiles, oneDNN's GEMM.
 //  - other types: matmul_generic (decode a row with the SDK codec, dot in F32).
 #include <dnnl.h>
