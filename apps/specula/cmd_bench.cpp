@@ -167,17 +167,15 @@ int run_bench(const std::vector<std::string>& args) {
       const double v = summarize(tv).median, d = td.empty() ? 0.0 : summarize(td).median;
       const double round = (v + d) / step;  // in decode steps
       auto speedup = [&](double a) { return (a >= 1.0 ? k + 1.0 : (1.0 - std::pow(a, k + 1)) / (1.0 - a)) / round; };
-      double lo = 0.0, hi = 1.0;  // speedup grows with a: bisect for speedup = 1
-      if (speedup(hi) < 1.0) {
-        hi = std::nan("");
-      } else {
+      nlohmann::json even = nullptr;  // null: never pays, even with every draft accepted
+      if (speedup(1.0) >= 1.0) {
+        double lo = 0.0, hi = 1.0;  // speedup grows with a: bisect for speedup = 1
         for (int i = 0; i < 50; ++i) {
           const double mid = (lo + hi) / 2;
           (speedup(mid) < 1.0 ? lo : hi) = mid;
         }
+        even = speedup(0.0) >= 1.0 ? 0.0 : hi;
       }
-      nlohmann::json even = nullptr;  // null: never pays, even with every draft accepted
-      if (!std::isnan(hi)) even = speedup(0.0) >= 1.0 ? 0.0 : hi;
       costs.push_back({{"draft_tokens", k}, {"verify_ms", 1e3 * v}, {"verify_steps", v / step}, {"draft_ms", 1e3 * d},
                        {"round_steps", round}, {"break_even_acceptance", even}});
     }
