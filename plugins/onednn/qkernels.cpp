@@ -29,8 +29,8 @@ constexpr size_t align64(size_t b) { return (b + 63) / 64 * 64; }
 // prefetcher stops at every 4 KB page of the mapped file.
 constexpr int kPrefetch = 2048;
 // The lines of [p, p + bytes) kPrefetch bytes ahead.
-inline void prefetch_ahead(const std::byte* p, size_t bytes) {
-  for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p) + kPrefetch + o, _MM_HINT_T0);
+inline void prefetch_ahead(const std::byte* p, size_t bytes, ptrdiff_t ahead = kPrefetch) {
+  for (size_t o = 0; o < bytes; o += 64) _mm_prefetch(reinterpret_cast<const char*>(p) + ahead + o, _MM_HINT_T0);
 }
 
 inline float hsum8(__m256 v) {
@@ -119,11 +119,26 @@ void quantize_x32(const float* x, int64_t cols, std::byte* rec) {
   }
 }
 
-// A tile of RW weight rows x RX activation rows over all blocks. Unpack<> turns the weight bytes of
+// Blocks [b0, b1) of a column pass. The accumulators of each (weight row i, activation row r) pair, 16
+// floats, are carried between passes; weight bytes are prefetched `ahead` bytes on (the next row's
+// chunk when rows are read in chunks).
+struct Chunk {
+  int64_t b0, b1;
+  float* carry = nullptr;  // [RW][ldc]
+  int64_t ldc = 0;         // floats between weight rows
+  ptrdiff_t ahead = kPrefetch;
+  float* at(int i, int r) const { return carry + i * ldc + 16 * r; }
+};
+
+// A tile of RW weight rows x RX activation rows over blocks [b0, b1). Unpack<> turns the weight bytes of
 // one block (two with AVX-512) into unsigned codes and a dot start (init) that removes their offset.
+// Chunks (b1 < nb) leave their accumulators in the carry, the next chunk starts from them: the same
+// operations in the same order as one pass, so the same bits. Chunks start at even blocks.
 template <class Unpack, int RW, int RX>
-void tile_x32(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t cols, float* y, int64_t ldy) {
-  const int64_t nb = cols / 32;
+void tile_x32(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t cols, float* y, int64_t ldy,
+              const Chunk& chunk) {
+  const int64_t nb = chunk.b1;
+  const bool resume = chunk.b0 > 0, suspend = chunk.b1 < cols / 32;
   const int8_t* xq[RX];
   const int32_t* xi[RX];
   const float* xd[RX];
@@ -135,14 +150,14 @@ void tile_x32(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int
 #if SPECULA_WIDE
   __m512 acc[RW][RX];
   for (int i = 0; i < RW; ++i)
-    for (int r = 0; r < RX; ++r) acc[i][r] = _mm512_setzero_ps();
-  int64_t b = 0;
+    for (int r = 0; r < RX; ++r) acc[i][r] = resume ? _mm512_loadu_ps(chunk.at(i, r)) : _mm512_setzero_ps();
+  int64_t b = chunk.b0;
   for (; b + 2 <= nb; b += 2) {
     __m512i wq[RW];
     __m512 dw[RW];
     for (int i = 0; i < RW; ++i) {
       const std::byte* row = w + i * wrb;
-      prefetch_ahead(Unpack::at(row, b), 2 * Unpack::kBytes);
+      prefetch_ahead(Unpack::at(row, b), 2 * Unpack::kBytes, chunk.ahead);
       if constexpr (requires { Unpack::codes2(row, b); })
         wq[i] = Unpack::codes2(row, b);
       else
@@ -174,19 +189,25 @@ void tile_x32(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int
     }
   }
   for (int i = 0; i < RW; ++i)
-    for (int r = 0; r < RX; ++r) y[r * ldy + i] = hsum8(fold(acc[i][r]));
+    for (int r = 0; r < RX; ++r) {
+      if (suspend)
+        _mm512_storeu_ps(chunk.at(i, r), acc[i][r]);
+      else
+        y[r * ldy + i] = hsum8(fold(acc[i][r]));
+    }
 #else
   __m256 acc[2][RW][RX];
   for (int h = 0; h < 2; ++h)
     for (int i = 0; i < RW; ++i)
-      for (int r = 0; r < RX; ++r) acc[h][i][r] = _mm256_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
+      for (int r = 0; r < RX; ++r)
+        acc[h][i][r] = resume ? _mm256_loadu_ps(chunk.at(i, r) + 8 * h) : _mm256_setzero_ps();
+  for (int64_t b = chunk.b0; b < nb; ++b) {
     const int h = static_cast<int>(b & 1);
     __m256i wq[RW], wsign[RW];
     __m256 dw[RW];
     for (int i = 0; i < RW; ++i) {
       const std::byte* row = w + i * wrb;
-      prefetch_ahead(Unpack::at(row, b), Unpack::kBytes);
+      prefetch_ahead(Unpack::at(row, b), Unpack::kBytes, chunk.ahead);
       wq[i] = Unpack::codes_avx2(Unpack::at(row, b), wsign[i]);
       dw[i] = _mm256_set1_ps(Unpack::scale(row, b));
     }
@@ -201,7 +222,14 @@ void tile_x32(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int
     }
   }
   for (int i = 0; i < RW; ++i)
-    for (int r = 0; r < RX; ++r) y[r * ldy + i] = hsum8(_mm256_add_ps(acc[0][i][r], acc[1][i][r]));
+    for (int r = 0; r < RX; ++r) {
+      if (suspend) {
+        _mm256_storeu_ps(chunk.at(i, r), acc[0][i][r]);
+        _mm256_storeu_ps(chunk.at(i, r) + 8, acc[1][i][r]);
+      } else {
+        y[r * ldy + i] = hsum8(_mm256_add_ps(acc[0][i][r], acc[1][i][r]));
+      }
+    }
 #endif
 }
 
@@ -339,13 +367,18 @@ struct IQ4_XSUnpack : IQ4Codes<0> {
 #endif
 };
 
-// The x32 tiles as rows() takes them.
+// The x32 tiles as rows() takes them: all blocks, or (chunked) blocks [b0, b1) with a carry.
 template <class Unpack>
 struct X32Tiles {
   template <int RW, int RX>
   struct Tile {
+    static constexpr int64_t kBlock = 32;
     static void run(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t c, float* y, int64_t ldy) {
-      tile_x32<Unpack, RW, RX>(w, wrb, x, xs, c, y, ldy);
+      tile_x32<Unpack, RW, RX>(w, wrb, x, xs, c, y, ldy, Chunk{0, c / 32});
+    }
+    static void run(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t c, float* y, int64_t ldy,
+                    const Chunk& chunk) {
+      tile_x32<Unpack, RW, RX>(w, wrb, x, xs, c, y, ldy, chunk);
     }
   };
 };
@@ -1200,24 +1233,26 @@ struct FloatTiles {
 
 // ---- tiling over weight rows and activation rows --------------------------------------------------------
 // TW x TX is the largest tile: TW weight rows share each activation load, TX activation rows each weight
-// unpack; TW * TX accumulators and the unpacked weights must fit in registers.
-template <template <int, int> class Tile, int RW, int TX>
-void over_x(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t nx, int64_t cols, float* y,
-            int64_t ldy) {
+// unpack; TW * TX accumulators and the unpacked weights must fit in registers. over_x splits nx
+// activation rows into tiles of TX rows and calls tile.template operator()<RX>(first row) for each.
+template <int TX, class F>
+void over_x(int64_t nx, F&& tile) {
   int64_t r = 0;
-  for (; r + TX <= nx; r += TX) Tile<RW, TX>::run(w, wrb, x + r * xs, xs, cols, y + r * ldy, ldy);
+  for (; r + TX <= nx; r += TX) tile.template operator()<TX>(r);
   const int64_t left = nx - r;
-  x += r * xs;
-  y += r * ldy;
-  if (left == 1) Tile<RW, 1>::run(w, wrb, x, xs, cols, y, ldy);
+  if (left == 1) tile.template operator()<1>(r);
   if constexpr (TX > 2)
-    if (left == 2) Tile<RW, 2>::run(w, wrb, x, xs, cols, y, ldy);
+    if (left == 2) tile.template operator()<2>(r);
   if constexpr (TX > 3)
-    if (left == 3) Tile<RW, 3>::run(w, wrb, x, xs, cols, y, ldy);
+    if (left == 3) tile.template operator()<3>(r);
   if constexpr (TX > 4)
-    for (int64_t k = left >= 4 ? 0 : left; k < left; ++k)
-      Tile<RW, 1>::run(w, wrb, x + k * xs, xs, cols, y + k * ldy, ldy);
+    for (int64_t k = left >= 4 ? 0 : left; k < left; ++k) tile.template operator()<1>(r + k);
 }
+
+// Activation records kept in L1 while weight rows stream past them (of its 48 KB), and the weight rows
+// whose accumulators one column pass carries.
+constexpr size_t kL1Records = 24 << 10;
+constexpr int64_t kCarryRows = 32;
 
 template <template <int, int> class Tile, int TW, int TX>
 void rows(const std::byte* w, size_t wrb, int64_t nw, const std::byte* x, size_t xs, int64_t nx, int64_t cols, float* y,
@@ -1228,9 +1263,39 @@ void rows(const std::byte* w, size_t wrb, int64_t nw, const std::byte* x, size_t
     for (int64_t o = 0; o < nw; ++o) Tile<1, 1>::run(w + o * wrb, wrb, x, xs, cols, y + o, ldy);
     return;
   }
+  const auto pass = [&]<int RW>(int64_t o) {
+    over_x<TX>(nx, [&]<int RX>(int64_t r) { Tile<RW, RX>::run(w + o * wrb, wrb, x + r * xs, xs, cols, y + r * ldy + o, ldy); });
+  };
+  // Several activation rows over long weight rows (ffn_down: 6144-12288 columns): their records outgrow
+  // L1 and every weight block would fetch them from L2 again, so the columns go in chunks that fit.
+  if constexpr (requires { Tile<1, 1>::kBlock; }) {
+    constexpr int64_t kBlock = Tile<1, 1>::kBlock;
+    const int64_t nb = cols / kBlock, block_bytes = static_cast<int64_t>(xs) / nb;
+    const int64_t fit = static_cast<int64_t>(kL1Records) / (nx * block_bytes) / 2 * 2, chunk = fit > 2 ? fit : 2;
+    if (nb > chunk && nx < kPrefillRows) {
+      alignas(64) float carry[kCarryRows * (kPrefillRows - 1) * 16];
+      for (int64_t g = 0; g < nw; g += kCarryRows) {
+        const int64_t ng = nw - g < kCarryRows ? nw - g : kCarryRows;
+        for (int64_t b0 = 0; b0 < nb; b0 += chunk) {
+          const int64_t b1 = nb - b0 < chunk ? nb : b0 + chunk;
+          const auto tile = [&]<int RW>(int64_t o) {
+            over_x<TX>(nx, [&]<int RX>(int64_t r) {
+              Tile<RW, RX>::run(w + o * wrb, wrb, x + r * xs, xs, cols, y + r * ldy + o, ldy,
+                                Chunk{b0, b1, carry + (o - g) * nx * 16 + r * 16, nx * 16,
+                                      static_cast<ptrdiff_t>(RW * wrb)});
+            });
+          };
+          int64_t o = g;
+          for (; o + TW <= g + ng; o += TW) tile.template operator()<TW>(o);
+          for (; o < g + ng; ++o) tile.template operator()<1>(o);
+        }
+      }
+      return;
+    }
+  }
   int64_t o = 0;
-  for (; o + TW <= nw; o += TW) over_x<Tile, TW, TX>(w + o * wrb, wrb, x, xs, nx, cols, y + o, ldy);
-  for (; o < nw; ++o) over_x<Tile, 1, TX>(w + o * wrb, wrb, x, xs, nx, cols, y + o, ldy);
+  for (; o + TW <= nw; o += TW) pass.template operator()<TW>(o);
+  for (; o < nw; ++o) pass.template operator()<1>(o);
 }
 
 }  // namespace

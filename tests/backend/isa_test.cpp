@@ -76,9 +76,10 @@ class KernelSets : public ::testing::TestWithParam<DType> {};
 TEST_P(KernelSets, BitIdenticalAcrossSetsAndBatchSizes) {
   const DType type = GetParam();
   const bool k_quant = type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K || type == DType::IQ4_XS;
-  // 37 weight rows: tiles of 4 and a remainder; 25 blocks of 32 (an odd count: AVX-512's half step) or
-  // 3 super-blocks; 29 = 16 + 13 floats leave a scalar tail.
-  const int64_t I = k_quant ? 768 : dtype_traits(type)->quantized ? 800 : 29 * 16 + 13;
+  // 37 weight rows: tiles of 4 and a remainder; 125 blocks of 32 (an odd count: AVX-512's half step; long
+  // enough that several activation rows go in column chunks) or 3 super-blocks; 29 = 16 + 13 floats leave
+  // a scalar tail.
+  const int64_t I = k_quant ? 768 : dtype_traits(type)->quantized ? 4000 : 29 * 16 + 13;
   const int64_t rows = 11, prompt = 2 * cpu::kPrefillRows + 3;  // few rows; a prompt chunk (prefill kernels)
   const Product p = make(type, 37, I, prompt, 17);
   const auto all = sets();
