@@ -73,22 +73,47 @@ constexpr bool kWide = true;
 constexpr bool kWide = false;
 #endif
 
-// ---- 32-value blocks (Q8_0, Q4_0): activation record -----------------------------------------------
-// q: int8[cols] | init: int32[cols / 4] | scale: float[cols / 4] | block_init: int32[cols / 32]
-//   init[j] = -kOffset * (q[4j] + ... + q[4j + 3]): the start value of a dot whose weight codes are
-//             stored kOffset above their value (so they are unsigned bytes)
-//   scale[j] = the scale of the block holding value 4j (eight copies per block: one register's lanes)
-//   block_init[b] = the sum of block b's eight inits (for the prefill panels)
-size_t x32_bytes(int64_t cols) { return align64(3 * static_cast<size_t>(cols) + static_cast<size_t>(cols) / 8); }
+// ---- 32-value blocks (Q8_0, Q4_0, Q5_0, IQ4_NL, IQ4_XS) --------------------------------------------------
+// Blocks go in groups of four (a partial last group is padded with zeros). Lane L = 4j + k of a group
+// (block j, k = 0..3) stands for values 4k..4k+3 and 16+4k..16+4k+3 of block j: one dpbusd over the
+// group's first halves and one over its second halves leave 16 integer dots, four per block, so that
+// converting, scaling and accumulating them costs one instruction per four blocks (AVX2: two of 8
+// lanes, lanes 0-7 and 8-15). The integer dots are exact, the float steps lane for lane the same on both
+// sets, and the final reduction too, so both give the same bits.
+//
+// Activation record (per row):
+//   q: int8[ng][128]: values 0-15 of the group's blocks 0..3 (16 bytes each), then their values 16-31
+//   init: int32[ng][16]: -kOffset * (the sum of lane L's eight codes): the dot start that removes the
+//         weight codes' storage offset (they are kept unsigned)
+//   scale: float[ng][16]: the scale of lane L's block
+//   block_init: int32[nb]: the sum of block b's four inits (for the prefill panels)
+struct X32Layout {
+  int64_t nb, ng;
+  explicit X32Layout(int64_t cols) : nb(cols / 32), ng((cols / 32 + 3) / 4) {}
+  size_t init() const { return static_cast<size_t>(128 * ng); }
+  size_t scale() const { return static_cast<size_t>(192 * ng); }
+  size_t block_init() const { return static_cast<size_t>(256 * ng); }
+  size_t bytes() const { return align64(static_cast<size_t>(256 * ng + 4 * nb)); }
+  // Where values 4g..4g+3 of block b start in q, and block b's first scale lane.
+  static int64_t q(int64_t b, int g) { return 128 * (b / 4) + 16 * (b % 4) + 4 * (g & 3) + 64 * (g >> 2); }
+  static int64_t d(int64_t b) { return 16 * (b / 4) + 4 * (b % 4); }
+};
+size_t x32_bytes(int64_t cols) { return X32Layout(cols).bytes(); }
 
 template <int kOffset>
 void quantize_x32(const float* x, int64_t cols, std::byte* rec) {
+  const X32Layout lay(cols);
   auto* q = reinterpret_cast<int8_t*>(rec);
-  auto* init = reinterpret_cast<int32_t*>(rec + cols);
-  auto* scale = reinterpret_cast<float*>(rec + 2 * cols);
-  auto* block_init = reinterpret_cast<int32_t*>(rec + 3 * cols);
+  auto* init = reinterpret_cast<int32_t*>(rec + lay.init());
+  auto* scale = reinterpret_cast<float*>(rec + lay.scale());
+  auto* block_init = reinterpret_cast<int32_t*>(rec + lay.block_init());
+  if (lay.nb % 4) {  // the padding of a partial last group contributes nothing
+    std::memset(q + 128 * (lay.ng - 1), 0, 128);
+    std::memset(init + 16 * (lay.ng - 1), 0, 64);
+    std::memset(scale + 16 * (lay.ng - 1), 0, 64);
+  }
   const __m256 sign = _mm256_set1_ps(-0.0f);
-  for (int64_t b = 0; b < cols / 32; ++b) {
+  for (int64_t b = 0; b < lay.nb; ++b) {
     const float* xb = x + 32 * b;
     __m256 v[4];
     __m256 amax = _mm256_setzero_ps();
@@ -107,130 +132,19 @@ void quantize_x32(const float* x, int64_t cols, std::byte* rec) {
     const __m256i p01 = _mm256_packs_epi32(i[0], i[1]), p23 = _mm256_packs_epi32(i[2], i[3]);
     __m256i qv = _mm256_packs_epi16(p01, p23);
     qv = _mm256_permutevar8x32_epi32(qv, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 32 * b), qv);
+    int8_t* qb = q + X32Layout::q(b, 0);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qb), _mm256_castsi256_si128(qv));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 64), _mm256_extracti128_si256(qv, 1));
+    // Sums of values 4k..4k+3 (k = 0..7); lane k takes sums k and k + 4.
     const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), qv), _mm256_set1_epi16(1));
-    const __m256i in = _mm256_mullo_epi32(sums, _mm256_set1_epi32(-kOffset));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(init + 8 * b), in);
-    _mm256_storeu_ps(scale + 8 * b, _mm256_set1_ps(d));
-    __m128i h = _mm_add_epi32(_mm256_castsi256_si128(in), _mm256_extracti128_si256(in, 1));
-    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0x4e));
+    const __m128i lane = _mm_mullo_epi32(_mm_add_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1)),
+                                         _mm_set1_epi32(-kOffset));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(init + X32Layout::d(b)), lane);
+    _mm_storeu_ps(scale + X32Layout::d(b), _mm_set1_ps(d));
+    __m128i h = _mm_add_epi32(lane, _mm_shuffle_epi32(lane, 0x4e));
     h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
     block_init[b] = _mm_cvtsi128_si32(h);
   }
-}
-
-// Blocks [b0, b1) of a column pass. The accumulators of each (weight row i, activation row r) pair, 16
-// floats, are carried between passes; weight bytes are prefetched `ahead` bytes on (the next row's
-// chunk when rows are read in chunks).
-struct Chunk {
-  int64_t b0, b1;
-  float* carry = nullptr;  // [RW][ldc]
-  int64_t ldc = 0;         // floats between weight rows
-  ptrdiff_t ahead = kPrefetch;
-  float* at(int i, int r) const { return carry + i * ldc + 16 * r; }
-};
-
-// A tile of RW weight rows x RX activation rows over blocks [b0, b1). Unpack<> turns the weight bytes of
-// one block (two with AVX-512) into unsigned codes and a dot start (init) that removes their offset.
-// Chunks (b1 < nb) leave their accumulators in the carry, the next chunk starts from them: the same
-// operations in the same order as one pass, so the same bits. Chunks start at even blocks.
-template <class Unpack, int RW, int RX>
-void tile_x32(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t cols, float* y, int64_t ldy,
-              const Chunk& chunk) {
-  const int64_t nb = chunk.b1;
-  const bool resume = chunk.b0 > 0, suspend = chunk.b1 < cols / 32;
-  const int8_t* xq[RX];
-  const int32_t* xi[RX];
-  const float* xd[RX];
-  for (int r = 0; r < RX; ++r) {
-    xq[r] = at<int8_t>(x, r * xs);
-    xi[r] = at<int32_t>(x, r * xs + cols);
-    xd[r] = at<float>(x, r * xs + 2 * cols);
-  }
-#if SPECULA_WIDE
-  __m512 acc[RW][RX];
-  for (int i = 0; i < RW; ++i)
-    for (int r = 0; r < RX; ++r) acc[i][r] = resume ? _mm512_loadu_ps(chunk.at(i, r)) : _mm512_setzero_ps();
-  int64_t b = chunk.b0;
-  for (; b + 2 <= nb; b += 2) {
-    __m512i wq[RW];
-    __m512 dw[RW];
-    for (int i = 0; i < RW; ++i) {
-      const std::byte* row = w + i * wrb;
-      prefetch_ahead(Unpack::at(row, b), 2 * Unpack::kBytes, chunk.ahead);
-      if constexpr (requires { Unpack::codes2(row, b); })
-        wq[i] = Unpack::codes2(row, b);
-      else
-        wq[i] = join(Unpack::codes(Unpack::at(row, b)), Unpack::codes(Unpack::at(row, b + 1)));
-      dw[i] = Unpack::scale2(row, b);
-    }
-    for (int r = 0; r < RX; ++r) {
-      const __m512i xv = _mm512_loadu_si512(xq[r] + 32 * b);
-      const __m512i in = _mm512_loadu_si512(xi[r] + 8 * b);
-      const __m512 dx = _mm512_loadu_ps(xd[r] + 8 * b);
-      for (int i = 0; i < RW; ++i) {
-        const __m512i p = _mm512_dpbusd_epi32(in, wq[i], xv);
-        acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw[i], dx), acc[i][r]);
-      }
-    }
-  }
-  if (b < nb) {  // an odd last block belongs to the even (low) half
-    for (int i = 0; i < RW; ++i) {
-      const std::byte* row = w + i * wrb;
-      const __m512i wq = _mm512_castsi256_si512(Unpack::codes(Unpack::at(row, b)));
-      const __m512 dw = _mm512_set1_ps(Unpack::scale(row, b));
-      for (int r = 0; r < RX; ++r) {
-        const __m512i xv = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[r] + 32 * b)));
-        const __m512i in = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xi[r] + 8 * b)));
-        const __m512 dx = _mm512_castps256_ps512(_mm256_loadu_ps(xd[r] + 8 * b));
-        const __m512i p = _mm512_dpbusd_epi32(in, wq, xv);
-        acc[i][r] = _mm512_mask3_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw, dx), acc[i][r], 0x00ff);
-      }
-    }
-  }
-  for (int i = 0; i < RW; ++i)
-    for (int r = 0; r < RX; ++r) {
-      if (suspend)
-        _mm512_storeu_ps(chunk.at(i, r), acc[i][r]);
-      else
-        y[r * ldy + i] = hsum8(fold(acc[i][r]));
-    }
-#else
-  __m256 acc[2][RW][RX];
-  for (int h = 0; h < 2; ++h)
-    for (int i = 0; i < RW; ++i)
-      for (int r = 0; r < RX; ++r)
-        acc[h][i][r] = resume ? _mm256_loadu_ps(chunk.at(i, r) + 8 * h) : _mm256_setzero_ps();
-  for (int64_t b = chunk.b0; b < nb; ++b) {
-    const int h = static_cast<int>(b & 1);
-    __m256i wq[RW], wsign[RW];
-    __m256 dw[RW];
-    for (int i = 0; i < RW; ++i) {
-      const std::byte* row = w + i * wrb;
-      prefetch_ahead(Unpack::at(row, b), Unpack::kBytes, chunk.ahead);
-      wq[i] = Unpack::codes_avx2(Unpack::at(row, b), wsign[i]);
-      dw[i] = _mm256_set1_ps(Unpack::scale(row, b));
-    }
-    for (int r = 0; r < RX; ++r) {
-      const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xq[r] + 32 * b));
-      const __m256i in = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(xi[r] + 8 * b));
-      const __m256 dx = _mm256_loadu_ps(xd[r] + 8 * b);
-      for (int i = 0; i < RW; ++i) {
-        const __m256i p = Unpack::dot_avx2(in, wq[i], wsign[i], xv);
-        acc[h][i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw[i], dx), acc[h][i][r]);
-      }
-    }
-  }
-  for (int i = 0; i < RW; ++i)
-    for (int r = 0; r < RX; ++r) {
-      if (suspend) {
-        _mm256_storeu_ps(chunk.at(i, r), acc[0][i][r]);
-        _mm256_storeu_ps(chunk.at(i, r) + 8, acc[1][i][r]);
-      } else {
-        y[r * ldy + i] = hsum8(_mm256_add_ps(acc[0][i][r], acc[1][i][r]));
-      }
-    }
-#endif
 }
 
 // Sum over groups of 4 bytes of u8 * i8 products (u <= 128 keeps maddubs from saturating for |s| <= 127).
@@ -239,58 +153,58 @@ inline __m256i dot4_avx2(__m256i u, __m256i s) {
 }
 
 // Blocks of 32 values, B bytes each, the f16 scale first (Q8_0, Q4_0, Q5_0, IQ4_NL). at(row, b) is what
-// codes() reads; scale(row, b) the block's scale.
+// codes() reads; scale(row, b) the block's scale, scales4 those of blocks b..b+3.
 template <size_t B>
 struct Blocks32 {
   static constexpr size_t kBytes = B;
   static const std::byte* at(const std::byte* row, int64_t b) { return row + B * b; }
   static float scale(const std::byte* row, int64_t b) { return f16(at(row, b)); }
-#if SPECULA_WIDE
-  static __m512 scale2(const std::byte* row, int64_t b) { return f16_pair(at(row, b), at(row, b + 1)); }
-#endif
+  static __m128 scales4(const std::byte* row, int64_t b) {
+    uint16_t h[4];
+    for (int k = 0; k < 4; ++k) std::memcpy(&h[k], at(row, b + k), 2);
+    int64_t v;
+    std::memcpy(&v, h, 8);
+    return _mm_cvtph_ps(_mm_cvtsi64_si128(v));
+  }
 };
+
+// Each weight type says how its blocks unpack: codes(wb) gives a block's 32 codes in value order, kept
+// kOffset above their value (unsigned: what AVX-512's dpbusd takes); panel_codes(wb) what the AVX2
+// kernels take: the signed values for kSigned types (dotted as |w| against sign(x, w)), else the codes.
 
 // Q8_0: f16 scale, 32 int8 codes. AVX-512 stores them + 128 (unsigned); AVX2 dots |w| with sign(x, w).
 struct Q8_0Unpack : Blocks32<34> {
   static constexpr int kOffset = SPECULA_WIDE ? 128 : 0;
-  static __m256i codes(const std::byte* wb) {
-    return _mm256_xor_si256(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 2)), _mm256_set1_epi8(-128));
-  }
-  static __m256i codes_avx2(const std::byte* wb, __m256i& sign) {
-    sign = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 2));
-    return _mm256_sign_epi8(sign, sign);
-  }
-  static __m256i dot_avx2(__m256i, __m256i aw, __m256i w, __m256i x) { return dot4_avx2(aw, _mm256_sign_epi8(x, w)); }
-  // AVX2 panels keep the codes signed and dot |w| with sign(x, w), as the tiles do.
   static constexpr bool kSigned = !SPECULA_WIDE;
-  static __m256i panel_codes(const std::byte* wb) {
-    return kSigned ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wb + 2)) : codes(wb);
-  }
+  static __m256i codes(const std::byte* wb) { return _mm256_xor_si256(loadu256(wb + 2), _mm256_set1_epi8(-128)); }
+  static __m256i panel_codes(const std::byte* wb) { return kSigned ? loadu256(wb + 2) : codes(wb); }
 };
+
+// 16 bytes of nibbles at p, p + s, p + 2s, p + 3s in one register.
+#if SPECULA_WIDE
+inline __m512i load4x16(const std::byte* p, size_t s) {
+  __m512i z = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  z = _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + s)), 1);
+  z = _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * s)), 2);
+  return _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 3 * s)), 3);
+}
+#endif
 
 // Q4_0: f16 scale, 16 bytes: values 0..15 in the low nibbles, 16..31 in the high ones, stored + 8.
 struct Q4_0Unpack : Blocks32<18> {
   static constexpr int kOffset = 8;
+  static constexpr bool kSigned = false;
   static __m256i codes(const std::byte* wb) {
     const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 2));
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(p, 4), p), _mm256_set1_epi8(0x0f));
   }
-  static __m256i codes_avx2(const std::byte* wb, __m256i&) { return codes(wb); }
-  static __m256i dot_avx2(__m256i init, __m256i q, __m256i, __m256i x) {
-    return _mm256_add_epi32(init, dot4_avx2(q, x));
-  }
-  static constexpr bool kSigned = false;
   static __m256i panel_codes(const std::byte* wb) { return codes(wb); }
 #if SPECULA_WIDE
-  // Blocks b and b + 1 with one shift and one mask: [p0, p1, p0 >> 4, p1 >> 4] reordered to
-  // [lo0, hi0, lo1, hi1], the codes of the two blocks in value order.
-  static __m512i codes2(const std::byte* row, int64_t b) {
-    const std::byte* wb = at(row, b);
-    const __m256i p = _mm256_inserti128_si256(
-        _mm256_castsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 2))),
-        _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 2 + kBytes)), 1);
-    const __m512i z = _mm512_inserti64x4(_mm512_castsi256_si512(p), _mm256_srli_epi16(p, 4), 1);
-    return _mm512_and_si512(_mm512_shuffle_i64x2(z, z, _MM_SHUFFLE(3, 1, 2, 0)), _mm512_set1_epi8(0x0f));
+  // A group's first halves are the low nibbles, its second halves the high ones.
+  static void codes4(const std::byte* row, int64_t b, __m512i& lo, __m512i& hi) {
+    const __m512i z = load4x16(at(row, b) + 2, kBytes);
+    lo = _mm512_and_si512(z, _mm512_set1_epi8(0x0f));
+    hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), _mm512_set1_epi8(0x0f));
   }
 #endif
 };
@@ -298,6 +212,7 @@ struct Q4_0Unpack : Blocks32<18> {
 // Q5_0: f16 scale, 32 bits of fifth bits, 16 bytes of nibbles as Q4_0; stored + 16.
 struct Q5_0Unpack : Blocks32<22> {
   static constexpr int kOffset = 16;
+  static constexpr bool kSigned = false;
   static __m256i codes(const std::byte* wb) {
     const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 6));
     const __m256i low = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(p, 4), p), _mm256_set1_epi8(0x0f));
@@ -312,11 +227,6 @@ struct Q5_0Unpack : Blocks32<22> {
         _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
     return _mm256_or_si256(low, high);
   }
-  static __m256i codes_avx2(const std::byte* wb, __m256i&) { return codes(wb); }
-  static __m256i dot_avx2(__m256i init, __m256i q, __m256i, __m256i x) {
-    return _mm256_add_epi32(init, dot4_avx2(q, x));
-  }
-  static constexpr bool kSigned = false;
   static __m256i panel_codes(const std::byte* wb) { return codes(wb); }
 };
 
@@ -327,19 +237,13 @@ template <int kSkip>
 struct IQ4Codes {
   static constexpr int kOffset = SPECULA_WIDE ? 128 : 0;
   static constexpr bool kSigned = !SPECULA_WIDE;
+  static __m128i table() { return _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113); }
   static __m256i values(const std::byte* wb) {
     const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + kSkip));
     const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(p, 4), p), _mm256_set1_epi8(0x0f));
-    const __m256i table = _mm256_broadcastsi128_si256(
-        _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113));
-    return _mm256_shuffle_epi8(table, nib);
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(table()), nib);
   }
   static __m256i codes(const std::byte* wb) { return _mm256_xor_si256(values(wb), _mm256_set1_epi8(-128)); }
-  static __m256i codes_avx2(const std::byte* wb, __m256i& sign) {
-    sign = values(wb);
-    return _mm256_sign_epi8(sign, sign);
-  }
-  static __m256i dot_avx2(__m256i, __m256i aw, __m256i w, __m256i x) { return dot4_avx2(aw, _mm256_sign_epi8(x, w)); }
   static __m256i panel_codes(const std::byte* wb) { return kSigned ? values(wb) : codes(wb); }
 };
 
@@ -360,19 +264,177 @@ struct IQ4_XSUnpack : IQ4Codes<0> {
     const int ls = ((static_cast<int>(sb[4 + ib / 2]) >> (4 * (ib % 2))) & 0xf) | (((high >> (2 * ib)) & 3) << 4);
     return f16(sb) * static_cast<float>(ls - 32);
   }
-#if SPECULA_WIDE
-  static __m512 scale2(const std::byte* row, int64_t b) {
-    return join(_mm256_set1_ps(scale(row, b)), _mm256_set1_ps(scale(row, b + 1)));
+  static __m128 scales4(const std::byte* row, int64_t b) {
+    return _mm_setr_ps(scale(row, b), scale(row, b + 1), scale(row, b + 2), scale(row, b + 3));
   }
-#endif
 };
+
+// ---- tiles: a few weight rows x a few activation rows over blocks [b0, b1) -----------------------------
+// Blocks [b0, b1) of a column pass. The accumulators of each (weight row i, activation row r) pair, 16
+// floats, are carried between passes; weight bytes are prefetched `ahead` bytes on (the next row's
+// chunk when rows are read in chunks). Passes start at a group (b0 % 4 == 0).
+struct Chunk {
+  int64_t b0, b1;
+  float* carry = nullptr;  // [RW][ldc]
+  int64_t ldc = 0;         // floats between weight rows
+  ptrdiff_t ahead = kPrefetch;
+  float* at(int i, int r) const { return carry + i * ldc + 16 * r; }
+};
+
+// The weight codes of blocks b..b+n-1 (n < 4 only for a row's last group) as the group layout wants them
+// (lo: first halves, hi: second halves; AVX2: pair h = blocks 2h, 2h+1), their scales per lane, zero for
+// absent blocks. Absent blocks meet zero activations, so they add exact zeros.
+#if SPECULA_WIDE
+inline __m512 spread4(__m128 s) {
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), _mm512_castps128_ps512(s));
+}
+
+template <class Unpack>
+inline void group_codes(const std::byte* row, int64_t b, int n, __m512i& lo, __m512i& hi, __m512& dw) {
+  if (n == 4) {
+    dw = spread4(Unpack::scales4(row, b));
+    if constexpr (requires { Unpack::codes4(row, b, lo, hi); }) {
+      Unpack::codes4(row, b, lo, hi);
+    } else {
+      const __m512i a = join(Unpack::codes(Unpack::at(row, b)), Unpack::codes(Unpack::at(row, b + 1)));
+      const __m512i c = join(Unpack::codes(Unpack::at(row, b + 2)), Unpack::codes(Unpack::at(row, b + 3)));
+      lo = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(2, 0, 2, 0));
+      hi = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(3, 1, 3, 1));
+    }
+    return;
+  }
+  alignas(64) uint8_t c[2][64] = {};
+  alignas(16) float s[4] = {};
+  for (int j = 0; j < n; ++j) {
+    const __m256i v = Unpack::codes(Unpack::at(row, b + j));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(c[0] + 16 * j), _mm256_castsi256_si128(v));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(c[1] + 16 * j), _mm256_extracti128_si256(v, 1));
+    s[j] = Unpack::scale(row, b + j);
+  }
+  lo = _mm512_load_si512(c[0]);
+  hi = _mm512_load_si512(c[1]);
+  dw = spread4(_mm_load_ps(s));
+}
+#else
+template <class Unpack>
+inline void group_codes(const std::byte* row, int64_t b, int n, __m256i (&lo)[2], __m256i (&hi)[2], __m256 (&dw)[2]) {
+  __m256i v[4];
+  for (int j = 0; j < 4; ++j) v[j] = j < n ? Unpack::panel_codes(Unpack::at(row, b + j)) : _mm256_setzero_si256();
+  alignas(16) float s[4] = {};
+  if (n == 4) {
+    _mm_store_ps(s, Unpack::scales4(row, b));
+  } else {
+    for (int j = 0; j < n; ++j) s[j] = Unpack::scale(row, b + j);
+  }
+  const __m256 s4 = _mm256_castps128_ps256(_mm_load_ps(s));
+  for (int h = 0; h < 2; ++h) {
+    lo[h] = _mm256_permute2x128_si256(v[2 * h], v[2 * h + 1], 0x20);
+    hi[h] = _mm256_permute2x128_si256(v[2 * h], v[2 * h + 1], 0x31);
+    dw[h] = _mm256_permutevar8x32_ps(s4, _mm256_setr_epi32(2 * h, 2 * h, 2 * h, 2 * h, 2 * h + 1, 2 * h + 1,
+                                                            2 * h + 1, 2 * h + 1));
+  }
+}
+
+// The 8 lanes' dots of weight codes w (values or codes, see panel_codes) with activation bytes x.
+template <class Unpack>
+inline __m256i dot_avx2(__m256i w, __m256i x) {
+  if constexpr (Unpack::kSigned) return dot4_avx2(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+  return dot4_avx2(w, x);
+}
+#endif
+
+// A tile of RW weight rows x RX activation rows. Chunks (b1 < nb) leave their accumulators in the
+// carry, the next chunk starts from them: the same operations in the same order as one pass.
+template <class Unpack, int RW, int RX>
+void tile_x32(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t cols, float* y, int64_t ldy,
+              const Chunk& chunk) {
+  const X32Layout lay(cols);
+  const bool resume = chunk.b0 > 0, suspend = chunk.b1 < lay.nb;
+  const int8_t* xq[RX];
+  const int32_t* xi[RX];
+  const float* xd[RX];
+  for (int r = 0; r < RX; ++r) {
+    xq[r] = at<int8_t>(x, r * xs);
+    xi[r] = at<int32_t>(x, r * xs + lay.init());
+    xd[r] = at<float>(x, r * xs + lay.scale());
+  }
+#if SPECULA_WIDE
+  __m512 acc[RW][RX];
+  for (int i = 0; i < RW; ++i)
+    for (int r = 0; r < RX; ++r) acc[i][r] = resume ? _mm512_loadu_ps(chunk.at(i, r)) : _mm512_setzero_ps();
+  for (int64_t b = chunk.b0; b < chunk.b1; b += 4) {
+    const int n = chunk.b1 - b < 4 ? static_cast<int>(chunk.b1 - b) : 4;
+    const int64_t g = b / 4;
+    __m512i lo[RW], hi[RW];
+    __m512 dw[RW];
+    for (int i = 0; i < RW; ++i) {
+      const std::byte* row = w + i * wrb;
+      prefetch_ahead(Unpack::at(row, b), 4 * Unpack::kBytes, chunk.ahead);
+      group_codes<Unpack>(row, b, n, lo[i], hi[i], dw[i]);
+    }
+    for (int r = 0; r < RX; ++r) {
+      const __m512i xlo = _mm512_loadu_si512(xq[r] + 128 * g), xhi = _mm512_loadu_si512(xq[r] + 128 * g + 64);
+      const __m512i in = _mm512_loadu_si512(xi[r] + 16 * g);
+      const __m512 dx = _mm512_loadu_ps(xd[r] + 16 * g);
+      for (int i = 0; i < RW; ++i) {
+        const __m512i p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(in, lo[i], xlo), hi[i], xhi);
+        acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw[i], dx), acc[i][r]);
+      }
+    }
+  }
+  for (int i = 0; i < RW; ++i)
+    for (int r = 0; r < RX; ++r) {
+      if (suspend)
+        _mm512_storeu_ps(chunk.at(i, r), acc[i][r]);
+      else
+        y[r * ldy + i] = hsum8(fold(acc[i][r]));
+    }
+#else
+  __m256 acc[2][RW][RX];
+  for (int h = 0; h < 2; ++h)
+    for (int i = 0; i < RW; ++i)
+      for (int r = 0; r < RX; ++r)
+        acc[h][i][r] = resume ? _mm256_loadu_ps(chunk.at(i, r) + 8 * h) : _mm256_setzero_ps();
+  for (int64_t b = chunk.b0; b < chunk.b1; b += 4) {
+    const int n = chunk.b1 - b < 4 ? static_cast<int>(chunk.b1 - b) : 4;
+    const int64_t g = b / 4;
+    __m256i lo[RW][2], hi[RW][2];
+    __m256 dw[RW][2];
+    for (int i = 0; i < RW; ++i) {
+      const std::byte* row = w + i * wrb;
+      prefetch_ahead(Unpack::at(row, b), 4 * Unpack::kBytes, chunk.ahead);
+      group_codes<Unpack>(row, b, n, lo[i], hi[i], dw[i]);
+    }
+    for (int r = 0; r < RX; ++r)
+      for (int h = 0; h < 2; ++h) {
+        const __m256i xlo = loadu256(xq[r] + 128 * g + 32 * h), xhi = loadu256(xq[r] + 128 * g + 64 + 32 * h);
+        const __m256i in = loadu256(xi[r] + 16 * g + 8 * h);
+        const __m256 dx = _mm256_loadu_ps(xd[r] + 16 * g + 8 * h);
+        for (int i = 0; i < RW; ++i) {
+          const __m256i p = _mm256_add_epi32(
+              in, _mm256_add_epi32(dot_avx2<Unpack>(lo[i][h], xlo), dot_avx2<Unpack>(hi[i][h], xhi)));
+          acc[h][i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw[i][h], dx), acc[h][i][r]);
+        }
+      }
+  }
+  for (int i = 0; i < RW; ++i)
+    for (int r = 0; r < RX; ++r) {
+      if (suspend) {
+        _mm256_storeu_ps(chunk.at(i, r), acc[0][i][r]);
+        _mm256_storeu_ps(chunk.at(i, r) + 8, acc[1][i][r]);
+      } else {
+        y[r * ldy + i] = hsum8(_mm256_add_ps(acc[0][i][r], acc[1][i][r]));
+      }
+    }
+#endif
+}
 
 // The x32 tiles as rows() takes them: all blocks, or (chunked) blocks [b0, b1) with a carry.
 template <class Unpack>
 struct X32Tiles {
   template <int RW, int RX>
   struct Tile {
-    static constexpr int64_t kBlock = 32;
+    static constexpr int64_t kBlock = 32, kGroup = 4;
     static void run(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t c, float* y, int64_t ldy) {
       tile_x32<Unpack, RW, RX>(w, wrb, x, xs, c, y, ldy, Chunk{0, c / 32});
     }
@@ -447,8 +509,8 @@ void panel_tile(const PanelBlock* const* panel, const __mmask16* valid, int64_t 
   const int32_t* xi[RX];
   for (int r = 0; r < RX; ++r) {
     xq[r] = at<int8_t>(x, r * xs);
-    xd[r] = at<float>(x, r * xs + 2 * cols);
-    xi[r] = at<int32_t>(x, r * xs + 3 * cols);
+    xd[r] = at<float>(x, r * xs + X32Layout(cols).scale());
+    xi[r] = at<int32_t>(x, r * xs + X32Layout(cols).block_init());
   }
   __m512 acc[NP][RX];
   for (int p = 0; p < NP; ++p)
@@ -466,7 +528,7 @@ void panel_tile(const PanelBlock* const* panel, const __mmask16* valid, int64_t 
       for (int p = 0; p < NP; ++p) wv[p] = _mm512_load_si512(panel[p][b].codes[g]);
       for (int r = 0; r < RX; ++r) {
         int32_t x4;
-        std::memcpy(&x4, xq[r] + 32 * xb + 4 * g, 4);
+        std::memcpy(&x4, xq[r] + X32Layout::q(xb, g), 4);
         const __m512i xv = _mm512_set1_epi32(x4);
         for (int p = 0; p < NP; ++p) sum[p][r] = _mm512_dpbusd_epi32(sum[p][r], wv[p], xv);
       }
@@ -475,7 +537,7 @@ void panel_tile(const PanelBlock* const* panel, const __mmask16* valid, int64_t 
       const __m512 dw = _mm512_load_ps(panel[p][b].scale);
       for (int r = 0; r < RX; ++r)
         acc[p][r] =
-            _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[p][r]), _mm512_mul_ps(dw, _mm512_set1_ps(xd[r][8 * xb])), acc[p][r]);
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[p][r]), _mm512_mul_ps(dw, _mm512_set1_ps(xd[r][X32Layout::d(xb)])), acc[p][r]);
     }
   }
   for (int p = 0; p < NP; ++p)
@@ -573,8 +635,8 @@ void panel_tile(const PanelBlock* panel, int valid, int64_t b0, int64_t nb, bool
   const int32_t* xi[RX];
   for (int r = 0; r < RX; ++r) {
     xq[r] = at<int8_t>(x, r * xs);
-    xd[r] = at<float>(x, r * xs + 2 * cols);
-    xi[r] = at<int32_t>(x, r * xs + 3 * cols);
+    xd[r] = at<float>(x, r * xs + X32Layout(cols).scale());
+    xi[r] = at<int32_t>(x, r * xs + X32Layout(cols).block_init());
   }
   const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   __m256 acc[RX];
@@ -589,7 +651,7 @@ void panel_tile(const PanelBlock* panel, int valid, int64_t b0, int64_t nb, bool
       const __m256i aw = Unpack::kSigned ? _mm256_sign_epi8(wv, wv) : wv;
       for (int r = 0; r < RX; ++r) {
         int32_t x4;
-        std::memcpy(&x4, xq[r] + 32 * xb + 4 * g, 4);
+        std::memcpy(&x4, xq[r] + X32Layout::q(xb, g), 4);
         __m256i xv = _mm256_set1_epi32(x4);
         if constexpr (Unpack::kSigned) xv = _mm256_sign_epi8(xv, wv);
         sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xv), ones));
@@ -597,7 +659,7 @@ void panel_tile(const PanelBlock* panel, int valid, int64_t b0, int64_t nb, bool
     }
     const __m256 dw = _mm256_load_ps(panel[b].scale);
     for (int r = 0; r < RX; ++r)
-      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), _mm256_mul_ps(dw, _mm256_set1_ps(xd[r][8 * xb])), acc[r]);
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), _mm256_mul_ps(dw, _mm256_set1_ps(xd[r][X32Layout::d(xb)])), acc[r]);
   }
   for (int r = 0; r < RX; ++r) _mm256_maskstore_ps(y + r * ldy, mask, acc[r]);
 }
@@ -1235,18 +1297,18 @@ struct FloatTiles {
 // TW x TX is the largest tile: TW weight rows share each activation load, TX activation rows each weight
 // unpack; TW * TX accumulators and the unpacked weights must fit in registers. over_x splits nx
 // activation rows into tiles of TX rows and calls tile.template operator()<RX>(first row) for each.
+template <int N, class F>
+void tail_x(int64_t left, int64_t r, F& tile) {
+  if constexpr (N > 0) {
+    if (left == N) return tile.template operator()<N>(r);
+    tail_x<N - 1>(left, r, tile);
+  }
+}
 template <int TX, class F>
 void over_x(int64_t nx, F&& tile) {
   int64_t r = 0;
   for (; r + TX <= nx; r += TX) tile.template operator()<TX>(r);
-  const int64_t left = nx - r;
-  if (left == 1) tile.template operator()<1>(r);
-  if constexpr (TX > 2)
-    if (left == 2) tile.template operator()<2>(r);
-  if constexpr (TX > 3)
-    if (left == 3) tile.template operator()<3>(r);
-  if constexpr (TX > 4)
-    for (int64_t k = left >= 4 ? 0 : left; k < left; ++k) tile.template operator()<1>(r + k);
+  tail_x<TX - 1>(nx - r, r, tile);
 }
 
 // Activation records kept in L1 while weight rows stream past them (of its 48 KB), and the weight rows
@@ -1271,7 +1333,9 @@ void rows(const std::byte* w, size_t wrb, int64_t nw, const std::byte* x, size_t
   if constexpr (requires { Tile<1, 1>::kBlock; }) {
     constexpr int64_t kBlock = Tile<1, 1>::kBlock;
     const int64_t nb = cols / kBlock, block_bytes = static_cast<int64_t>(xs) / nb;
-    const int64_t fit = static_cast<int64_t>(kL1Records) / (nx * block_bytes) / 2 * 2, chunk = fit > 2 ? fit : 2;
+    constexpr int64_t kGroup = Tile<1, 1>::kGroup;
+    const int64_t fit = static_cast<int64_t>(kL1Records) / (nx * block_bytes) / kGroup * kGroup;
+    const int64_t chunk = fit > kGroup ? fit : kGroup;
     if (nb > chunk && nx < kPrefillRows) {
       alignas(64) float carry[kCarryRows * (kPrefillRows - 1) * 16];
       for (int64_t g = 0; g < nw; g += kCarryRows) {
@@ -1305,7 +1369,7 @@ const KernelSet& kernel_set() {
   // One weight row per tile for the quantized types: a few interleaved rows of a mapped file stream
   // slower than one, and the work per (weight, activation) pair is the same either way.
   constexpr int W = kWide ? 4 : 2, X = kWide ? 4 : 2;  // floats
-  constexpr int QX = 4;                                // 32-value blocks
+  constexpr int QX = kWide ? 8 : 4;                    // 32-value blocks: K + 1 = 2..9 verified rows in one tile
   constexpr int KX = kWide ? 4 : 2;                    // K-quants: one weight row unpacks to 8-16 registers
   static const KernelSet set{
       .name = kWide ? "avx512" : "avx2",
