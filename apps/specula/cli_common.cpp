@@ -1,5 +1,9 @@
 #include "cli_common.hpp"
 
+#include <unistd.h>
+
+#include <csignal>
+#include <fstream>
 #include <iostream>
 #include <sstream>
 
@@ -10,10 +14,29 @@
 
 namespace specula::cli {
 
+namespace {
+// `--seed -1`: program_options would read "-1" as an option; join a negative number to its flag.
+std::vector<std::string> join_negative_values(const std::vector<std::string>& args) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    const bool flag = a.size() > 2 && a.rfind("--", 0) == 0 && a.find('=') == std::string::npos;
+    const bool negative = i + 1 < args.size() && args[i + 1].size() > 1 && args[i + 1][0] == '-' &&
+                          (std::isdigit(static_cast<unsigned char>(args[i + 1][1])) || args[i + 1][1] == '.');
+    if (flag && negative) {
+      out.push_back(a + "=" + args[++i]);
+    } else {
+      out.push_back(a);
+    }
+  }
+  return out;
+}
+}  // namespace
+
 bool parse_args(const std::vector<std::string>& args, const po::options_description& desc,
                 const po::positional_options_description& pos, po::variables_map& vm) {
   try {
-    po::store(po::command_line_parser(args).options(desc).positional(pos).run(), vm);
+    po::store(po::command_line_parser(join_negative_values(args)).options(desc).positional(pos).run(), vm);
     if (vm.count("help")) {
       std::cout << desc << "\n";
       return false;
@@ -36,75 +59,79 @@ void apply_log_options(const po::variables_map& vm) {
   if (vm.count("quiet") && vm["quiet"].as<bool>()) set_log_level(LogLevel::Warn);
 }
 
+namespace {
+
+// A flag that sets pipeline key `key`; `path` values become absolute (they are relative to the working
+// directory, not to the YAML file).
+void add_key(po::options_description& desc, ModelArgs& a, const char* names, const char* key, const char* help,
+             bool path = false, bool append = false) {
+  std::string long_name = names;
+  long_name = long_name.substr(0, long_name.find(','));
+  const std::string flag = fmt::format("command line (--{})", long_name);
+  auto add = [&a, key, flag, path, append](const std::string& v) {
+    std::string value = v;
+    if (path && !v.empty()) value = std::filesystem::absolute(v).lexically_normal().string();
+    a.overrides.push_back({key, value, flag, append});
+  };
+  if (append) {
+    desc.add_options()(names, po::value<std::vector<std::string>>()->composing()->notifier(
+                                  [add](const std::vector<std::string>& vs) { for (const auto& v : vs) add(v); }), help);
+  } else {
+    desc.add_options()(names, po::value<std::string>()->notifier(add), help);
+  }
+}
+
+// A pipeline argument that is a checkpoint rather than a YAML file: a directory, or not *.yaml / *.yml.
+bool is_model_path(const std::string& arg) {
+  const std::filesystem::path p(arg);
+  std::error_code ec;
+  if (std::filesystem::is_directory(p, ec)) return true;
+  const std::string ext = p.extension().string();
+  return ext != ".yaml" && ext != ".yml";
+}
+
+}  // namespace
+
 void add_model_options(po::options_description& desc, ModelArgs& a) {
-  desc.add_options()
-      ("pipeline", po::value(&a.pipeline), "pipeline YAML (also the first positional argument)")
-      ("model,m", po::value(&a.model), "target checkpoint (GGUF file or safetensors directory); overrides target.model")
-      ("backend,b", po::value(&a.backend), "compute backend plugin (default onednn); overrides backend.plugin")
-      ("drafter", po::value(&a.drafter), "drafter checkpoint for speculative decoding; overrides drafter.model")
-      ("sampler", po::value(&a.sampler), "sampler plugin (default standard); overrides sampler.plugin")
-      ("plugin-path", po::value(&a.plugin_paths)->composing(), "directory searched for plugins first (repeatable)")
-      ("context-length", po::value(&a.context_length), "context length in tokens (default: the model's)")
-      ("draft-tokens", po::value(&a.draft_tokens), "tokens drafted per speculative step (default 3)");
+  desc.add_options()("pipeline", po::value(&a.pipeline),
+                     "pipeline YAML, or a model file or directory to run with the default pipeline (also the first "
+                     "positional argument)");
+  add_key(desc, a, "model,m", "target.model", "target checkpoint (GGUF file or safetensors directory); overrides target.model", true);
+  add_key(desc, a, "backend,b", "backend.plugin", "compute backend plugin (default onednn); overrides backend.plugin");
+  add_key(desc, a, "threads,t", "backend.options.threads", "backend threads (backend option threads; 0 = all cores)");
+  add_key(desc, a, "drafter", "drafter.model", "drafter checkpoint for speculative decoding; overrides drafter.model", true);
+  add_key(desc, a, "sampler", "sampler.plugin", "sampler plugin (default standard); overrides sampler.plugin");
+  desc.add_options()("plugin-path", po::value(&a.plugin_paths)->composing(), "directory searched for plugins first (repeatable)");
+  add_key(desc, a, "ctx-size,c", "target.context_length", "context length in tokens (0 = the model's)");
+  add_key(desc, a, "context-length", "target.context_length", "the same as --ctx-size");
+  add_key(desc, a, "draft-max", "drafter.draft_tokens", "tokens drafted per speculative step, 1..64 (default 3)");
+  add_key(desc, a, "draft-tokens", "drafter.draft_tokens", "the same as --draft-max");
 }
 
-void add_sampling_options(po::options_description& desc, SamplingArgs& a) {
-  desc.add_options()
-      ("temperature,t", po::value<float>()->notifier([&a](float v) { a.temperature = v; }), "0 = greedy (default)")
-      ("top-k", po::value<int32_t>()->notifier([&a](int32_t v) { a.top_k = v; }), "keep the k most likely tokens (0 = off)")
-      ("top-p", po::value<float>()->notifier([&a](float v) { a.top_p = v; }), "nucleus sampling mass (1 = off)")
-      ("repeat-penalty", po::value<float>()->notifier([&a](float v) { a.repeat_penalty = v; }), "repetition penalty (1 = off)")
-      ("seed", po::value<uint64_t>()->notifier([&a](uint64_t v) { a.seed = v; }), "random seed")
-      ("max-tokens,n", po::value<int>()->notifier([&a](int v) { a.max_tokens = v; }), "tokens to generate at most (default 256)");
-}
-
-void apply_sampling_args(const SamplingArgs& a, core::SamplerConfig& s) {
-  if (a.temperature) {
-    if (*a.temperature < 0) fail("--temperature must be >= 0, got {}", *a.temperature);
-    s.params.temperature = *a.temperature;
-  }
-  if (a.top_k) {
-    if (*a.top_k < 0) fail("--top-k must be >= 0, got {}", *a.top_k);
-    s.params.top_k = *a.top_k;
-  }
-  if (a.top_p) {
-    if (*a.top_p <= 0 || *a.top_p > 1) fail("--top-p must be in (0, 1], got {}", *a.top_p);
-    s.params.top_p = *a.top_p;
-  }
-  if (a.repeat_penalty) {
-    if (*a.repeat_penalty <= 0) fail("--repeat-penalty must be > 0, got {}", *a.repeat_penalty);
-    s.params.repetition_penalty = *a.repeat_penalty;
-  }
-  if (a.seed) s.params.seed = *a.seed;
-  if (a.max_tokens) {
-    if (*a.max_tokens < 1) fail("--max-tokens must be >= 1, got {}", *a.max_tokens);
-    s.max_tokens = *a.max_tokens;
-  }
+void add_sampling_options(po::options_description& desc, ModelArgs& a) {
+  add_key(desc, a, "temp", "sampler.temperature", "temperature, 0 = greedy (default)");
+  add_key(desc, a, "temperature", "sampler.temperature", "the same as --temp");
+  add_key(desc, a, "top-k", "sampler.top_k", "keep the k most likely tokens (0 = off)");
+  add_key(desc, a, "top-p", "sampler.top_p", "nucleus sampling mass (1 = off)");
+  add_key(desc, a, "repeat-penalty", "sampler.repetition_penalty", "repetition penalty (1 = off)");
+  add_key(desc, a, "seed", "sampler.seed", "random seed (-1 = a random one, printed)");
+  add_key(desc, a, "n-predict,n", "sampler.max_tokens", "tokens to generate at most (default 256)");
+  add_key(desc, a, "max-tokens", "sampler.max_tokens", "the same as --n-predict");
+  add_key(desc, a, "stop", "sampler.stop", "stop string: generation ends before it (repeatable)", false, true);
 }
 
 core::Pipeline resolve_pipeline(const ModelArgs& a) {
-  core::Pipeline p;
-  if (!a.pipeline.empty()) {
-    p = core::load_pipeline(a.pipeline);
-  } else if (a.model.empty()) {
-    fail("no model: give a pipeline YAML (e.g. configs/default.yaml) or --model PATH");
+  std::vector<core::Override> overrides = a.overrides;
+  if (!a.pipeline.empty() && is_model_path(a.pipeline)) {
+    for (const auto& o : overrides) {
+      if (o.key == "target.model") fail("{} and --model both name the model; give one", a.pipeline);
+    }
+    overrides.insert(overrides.begin(), {"target.model", std::filesystem::absolute(a.pipeline).lexically_normal().string(),
+                                         fmt::format("command line (model {})", a.pipeline)});
+    return core::default_pipeline(overrides);
   }
-  namespace fs = std::filesystem;
-  if (!a.model.empty()) p.target.model = fs::absolute(a.model).lexically_normal();
-  if (!a.backend.empty()) p.backend.plugin = a.backend;
-  if (!a.sampler.empty()) p.sampler.plugin = a.sampler;
-  if (!a.drafter.empty()) {
-    if (!p.drafter) p.drafter = core::DrafterConfig{};
-    p.drafter->model = fs::absolute(a.drafter).lexically_normal();
-  }
-  if (a.context_length < 0) fail("--context-length must be >= 0, got {}", a.context_length);
-  if (a.context_length > 0) p.target.context_length = a.context_length;
-  if (a.draft_tokens < 0) fail("--draft-tokens must be >= 0, got {}", a.draft_tokens);
-  if (a.draft_tokens > 0) {
-    if (!p.drafter) fail("--draft-tokens needs a drafter (--drafter PATH or a drafter section)");
-    p.drafter->draft_tokens = a.draft_tokens;
-  }
-  return p;
+  if (a.pipeline.empty()) return core::default_pipeline(overrides);
+  return core::load_pipeline(a.pipeline, overrides);
 }
 
 std::unique_ptr<core::PluginHost> make_host(const core::Pipeline& pipeline, const std::vector<std::string>& plugin_paths) {
@@ -116,15 +143,50 @@ std::unique_ptr<core::PluginHost> make_host(const core::Pipeline& pipeline, cons
   return host;
 }
 
-Session open_session(const ModelArgs& args, const SamplingArgs* sampling, bool load_drafter) {
+Session open_session(const ModelArgs& args, bool load_drafter) {
   Session s;
   s.pipeline = resolve_pipeline(args);
-  if (sampling) apply_sampling_args(*sampling, s.pipeline.sampler);
+  if (s.pipeline.sampler.random_seed) {
+    log_info("seed: {} (drawn at random; --seed {} repeats it)", s.pipeline.sampler.params.seed,
+             s.pipeline.sampler.params.seed);
+  }
   s.host = make_host(s.pipeline, args.plugin_paths);
   core::BuildOptions options;
   options.load_drafter = load_drafter;
   s.built = core::build_pipeline(s.pipeline, *s.host, options);
   return s;
+}
+
+std::string read_text_file(const std::string& path, const std::string& flag) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("{} {}: cannot be read (does it exist?)", flag, path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+namespace {
+std::atomic<bool> g_interrupted{false};
+std::atomic<int> g_signals{0};
+void on_sigint(int) {
+  if (g_signals.fetch_add(1) >= 1) _exit(130);  // the second Ctrl+C: leave now
+  g_interrupted = true;
+}
+}  // namespace
+
+void install_interrupt_handler() {
+  struct sigaction sa {};
+  sa.sa_handler = on_sigint;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = 0;  // no SA_RESTART: a read of the chat prompt returns, so Ctrl+C there ends the chat
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+const std::atomic<bool>* interrupt_flag() { return &g_interrupted; }
+
+void clear_interrupt() {
+  g_interrupted = false;
+  g_signals = 0;
 }
 
 std::vector<int32_t> parse_token_list(const std::string& text) {

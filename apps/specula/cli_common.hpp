@@ -4,23 +4,23 @@
 //   SPECULA_COMMAND("mycmd", "one line", [](const std::vector<std::string>& args) {
 //     namespace po = boost::program_options;
 //     specula::cli::ModelArgs model;
-//     specula::cli::SamplingArgs sampling;
 //     po::options_description desc("specula mycmd [PIPELINE.yaml] [options]");
 //     desc.add_options()("help,h", "show this help");
 //     specula::cli::add_log_options(desc);
 //     specula::cli::add_model_options(desc, model);
-//     specula::cli::add_sampling_options(desc, sampling);
+//     specula::cli::add_sampling_options(desc, model);
 //     po::positional_options_description pos;
 //     pos.add("pipeline", 1);
 //     po::variables_map vm;
 //     if (!specula::cli::parse_args(args, desc, pos, vm)) return 0;   // printed --help
-//     specula::cli::Session s = specula::cli::open_session(model, &sampling);
+//     specula::cli::Session s = specula::cli::open_session(model);
 //     // s.pipeline (the resolved config), s.host, s.built.{backend,target,drafter,sampler}
 //   });
 //
 // Every function throws specula::Error with a message for people; main() prints it and exits 1.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -45,37 +45,26 @@ bool parse_args(const std::vector<std::string>& args, const po::options_descript
 void add_log_options(po::options_description& desc);
 void apply_log_options(const po::variables_map& vm);
 
-// Where the model comes from: a pipeline YAML, or --model (+ --backend, --drafter) without one.
-// Flags given together with a pipeline override its values.
+// Where the model comes from: a pipeline YAML, a model file or directory in its place (run with the
+// default pipeline: backend onednn, sampler standard), or --model without one. Every flag that sets a
+// pipeline key becomes a core::Override, so it passes the same checks as the YAML key (range, type,
+// plugin option schema) and errors name the flag.
 struct ModelArgs {
-  std::string pipeline;                    // PIPELINE.yaml ("" = none); also the first positional
-  std::string model;                       // --model PATH: target checkpoint
-  std::string backend;                     // --backend NAME (default onednn without a pipeline)
-  std::string drafter;                     // --drafter PATH: speculative drafter checkpoint
-  std::string sampler;                     // --sampler NAME: sampler plugin (default standard)
+  std::string pipeline;                    // PIPELINE.yaml or a model path ("" = none); also the first positional
+  std::vector<core::Override> overrides;   // the pipeline keys the flags set
   std::vector<std::string> plugin_paths;   // --plugin-path DIR (repeatable): searched first
-  int64_t context_length = 0;              // --context-length N (0 = pipeline's or model's)
-  int draft_tokens = 0;                    // --draft-tokens N (0 = pipeline's, default 3)
 };
-// Adds --pipeline, --model, --backend, --drafter, --sampler, --plugin-path, --context-length,
-// --draft-tokens. Add the positional yourself (`pos.add("pipeline", 1)`) if the command takes one.
+// Adds --pipeline, -m/--model, -b/--backend, --drafter, --sampler, --plugin-path, -c/--ctx-size
+// (--context-length), --draft-max (--draft-tokens), -t/--threads. Add the positional yourself
+// (`pos.add("pipeline", 1)`) if the command takes one.
 void add_model_options(po::options_description& desc, ModelArgs& args);
 
-// Sampling flags: --temperature, --top-k, --top-p, --repeat-penalty, --seed, --max-tokens.
-struct SamplingArgs {
-  std::optional<float> temperature;
-  std::optional<int32_t> top_k;
-  std::optional<float> top_p;
-  std::optional<float> repeat_penalty;
-  std::optional<uint64_t> seed;
-  std::optional<int> max_tokens;
-};
-void add_sampling_options(po::options_description& desc, SamplingArgs& args);
-// Copies the flags that were given into the pipeline's sampler section.
-void apply_sampling_args(const SamplingArgs& args, core::SamplerConfig& sampler);
+// Sampling flags, named as llama.cpp names them: --temp (--temperature), --top-k, --top-p,
+// --repeat-penalty, --seed (-1 = random), -n/--n-predict (--max-tokens).
+void add_sampling_options(po::options_description& desc, ModelArgs& args);
 
-// The pipeline the flags describe: the YAML (if any) with flag overrides applied. Throws when
-// neither a pipeline nor --model was given.
+// The pipeline the flags describe: the YAML (if any) with the flag overrides applied and checked.
+// Throws when neither a pipeline nor a model was given.
 core::Pipeline resolve_pipeline(const ModelArgs& args);
 
 // A plugin host that has scanned --plugin-path dirs, then the pipeline's plugin_paths, then
@@ -88,8 +77,18 @@ struct Session {
   std::unique_ptr<core::PluginHost> host;
   core::BuiltPipeline built;               // backend, target (file + model), drafter, sampler
 };
-// resolve_pipeline + make_host + build_pipeline. `sampling` (optional) overrides the sampler section.
-Session open_session(const ModelArgs& args, const SamplingArgs* sampling = nullptr, bool load_drafter = true);
+// resolve_pipeline + make_host + build_pipeline; logs the seed when it was drawn at random.
+Session open_session(const ModelArgs& args, bool load_drafter = true);
+
+// The whole file as text; throws naming `flag` and the path.
+std::string read_text_file(const std::string& path, const std::string& flag);
+
+// Ctrl+C: the first SIGINT sets interrupt_flag() (the Generator stops at the next token, the command
+// prints what it has); a second one exits at once with status 130. Commands that continue after an
+// interruption (chat) call clear_interrupt().
+void install_interrupt_handler();
+const std::atomic<bool>* interrupt_flag();
+void clear_interrupt();
 
 // "1,2,3" or "1 2 3" -> ids. Throws naming the bad entry.
 std::vector<int32_t> parse_token_list(const std::string& text);

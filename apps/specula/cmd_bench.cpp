@@ -61,21 +61,20 @@ double peak_rss_mib() {
 int run_bench(const std::vector<std::string>& args) {
   cli::ModelArgs model;
   int64_t prompt_tokens = 512, gen_tokens = 128;
-  int repetitions = 3, threads = 0;
+  int repetitions = 3;
   bool as_json = false, no_drafter = false, profile = false, verify = false;
   cli::po::options_description desc(
       "usage: specula bench PIPELINE.yaml [options]\n"
       "       specula bench --model PATH [--backend NAME] [options]\n\n"
-      "Measures, on a fixed synthetic prompt, prompt processing (one forward over --prompt-tokens, as\n"
-      "llama-bench's pp) and token generation (--gen-tokens single-token forwards, greedy, as its tg),\n"
+      "Measures, on a fixed synthetic prompt, prompt processing (one forward over -p/--prompt-tokens, as\n"
+      "llama-bench's pp) and token generation (-n/--gen-tokens single-token forwards, greedy, as its tg),\n"
       "each --repetitions times on a fresh context; reports the median (min-max). With a drafter in the\n"
       "pipeline it also times greedy speculative generation and its acceptance. The first, untimed run\n"
       "pages the weights in.\n\noptions");
   desc.add_options()("help,h", "show this help")(
-      "prompt-tokens,n", cli::po::value(&prompt_tokens)->default_value(prompt_tokens), "prompt length")(
-      "gen-tokens,g", cli::po::value(&gen_tokens)->default_value(gen_tokens), "tokens generated")(
-      "repetitions,r", cli::po::value(&repetitions)->default_value(repetitions), "timed runs")(
-      "threads,t", cli::po::value(&threads)->default_value(0), "backend threads (0 = the pipeline's or all cores)")(
+      "prompt-tokens,p", cli::po::value(&prompt_tokens)->default_value(prompt_tokens), "prompt length (llama-bench -p)")(
+      "gen-tokens,n", cli::po::value(&gen_tokens)->default_value(gen_tokens), "tokens generated (llama-bench -n)")(
+      "repetitions,r", cli::po::value(&repetitions)->default_value(repetitions), "timed runs (llama-bench -r)")(
       "json", cli::po::bool_switch(&as_json), "print one JSON object")(
       "no-drafter", cli::po::bool_switch(&no_drafter), "skip the speculative measurement")(
       "verify", cli::po::bool_switch(&verify),
@@ -90,12 +89,10 @@ int run_bench(const std::vector<std::string>& args) {
   if (!cli::parse_args(args, desc, pos, vm)) return 0;
   if (prompt_tokens < 1 || gen_tokens < 1 || repetitions < 1)
     specula::fail("--prompt-tokens, --gen-tokens and --repetitions must be at least 1");
-  if (threads < 0) specula::fail("--threads {} must be 0 (all cores) or more", threads);
+  if (profile) model.overrides.push_back({"backend.options.profile", "true", "command line (--profile)"});
 
   const auto t_load = Clock::now();
   specula::core::Pipeline pipeline = cli::resolve_pipeline(model);
-  if (threads > 0) pipeline.backend.options["threads"] = threads;
-  if (profile) pipeline.backend.options["profile"] = true;
   auto host = cli::make_host(pipeline, model.plugin_paths);
   specula::core::BuildOptions build;
   build.load_drafter = !no_drafter;

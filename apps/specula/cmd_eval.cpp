@@ -58,9 +58,10 @@ int run_eval(const std::vector<std::string>& args) {
   // Only the backend and the target: eval needs no sampler or drafter.
   const specula::core::Pipeline p = cli::resolve_pipeline(model);
   auto host = cli::make_host(p, model.plugin_paths);
-  auto backend = host->make_backend(p.backend.plugin, p.backend.options);
-  auto file = host->open_model(p.target.model, p.target.format);
-  auto loader = p.target.plugin.empty() ? host->find_model_loader(*file) : host->make_model_loader(p.target.plugin);
+  auto backend = specula::core::make_backend(p, *host);
+  auto file = specula::core::open_target(p, *host);
+  auto loader = specula::core::target_loader(p, *host, *file);
+  specula::core::check_target(p, *loader, *file, *backend);
   auto target = loader->load(file, backend, p.target.options);
   specula::ContextOptions copt;
   copt.context_length = p.target.context_length > 0 ? p.target.context_length : static_cast<int64_t>(tokens.size());

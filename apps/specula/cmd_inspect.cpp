@@ -18,22 +18,32 @@ constexpr size_t kArrayHead = 8;     // elements shown of a long array
 constexpr size_t kLongArray = 16;    // arrays longer than this are summarised
 constexpr size_t kLongString = 160;  // strings longer than this are cut
 
-// A copy of `v` with long arrays reduced to their first elements plus a note, and long strings cut.
-json summarise(const json& v) {
+// A copy of `v` with long arrays reduced to their first elements and long strings cut. Without `notes`
+// (text output) a cut array ends with a note string; with it (--json) arrays stay typed and each cut
+// is recorded in `notes` under its key path: {"shown": 8, "length": 30}.
+json summarise(const json& v, json* notes = nullptr, const std::string& path = "") {
   if (v.is_array()) {
     json out = json::array();
     const size_t n = v.size() > kLongArray ? kArrayHead : v.size();
-    for (size_t i = 0; i < n; ++i) out.push_back(summarise(v[i]));
-    if (n < v.size()) out.push_back(fmt::format("... ({} more, {} in all)", v.size() - n, v.size()));
+    for (size_t i = 0; i < n; ++i) out.push_back(summarise(v[i], notes, fmt::format("{}[{}]", path, i)));
+    if (n < v.size()) {
+      if (notes) (*notes)[path] = {{"shown", n}, {"length", v.size()}};
+      else out.push_back(fmt::format("... ({} more, {} in all)", v.size() - n, v.size()));
+    }
     return out;
   }
   if (v.is_object()) {
     json out = json::object();
-    for (auto it = v.begin(); it != v.end(); ++it) out[it.key()] = summarise(*it);
+    for (auto it = v.begin(); it != v.end(); ++it)
+      out[it.key()] = summarise(*it, notes, path.empty() ? it.key() : path + "." + it.key());
     return out;
   }
   if (v.is_string() && v.get_ref<const std::string&>().size() > kLongString) {
     const auto& s = v.get_ref<const std::string&>();
+    if (notes) {
+      (*notes)[path] = {{"shown", kLongString}, {"length", s.size()}};
+      return s.substr(0, kLongString);
+    }
     return s.substr(0, kLongString) + fmt::format("... ({} chars)", s.size());
   }
   return v;
@@ -105,13 +115,15 @@ int run_inspect(const std::vector<std::string>& args) {
     e.first += 1;
     e.second += b;
   }
-  const json metadata = full ? file->metadata() : summarise(file->metadata());
+  json summarised = json::object();  // --json: what was cut, by key path
+  const json metadata = full ? file->metadata() : summarise(file->metadata(), as_json ? &summarised : nullptr);
 
   if (as_json) {
     json j;
     j["path"] = file->path().string();
     j["format"] = file->format();
     j["metadata"] = metadata;
+    if (!summarised.empty()) j["metadata_summarised"] = summarised;  // arrays stay typed; --full shows all
     if (!no_tensors) {
       j["tensors"] = json::array();
       for (const auto& t : file->tensors()) {

@@ -5,14 +5,58 @@
 #include "cli_common.hpp"
 #include "command.hpp"
 #include "specula/core/version.hpp"
+#include "specula/error.hpp"
 
 namespace {
+
+// `specula plugins --options NAME`: the schema of each kind the plugin provides.
+int print_options(const specula::core::PluginHost& host, const std::string& name, bool as_json) {
+  const auto* info = host.find(name);
+  if (!info) {
+    std::vector<std::string> names;
+    for (const auto& p : host.plugins()) names.push_back(p.name);
+    const std::string hint = specula::closest_match(name, names);
+    specula::fail("no plugin named '{}'{}; `specula plugins` lists them", name,
+                  hint.empty() ? std::string() : fmt::format(" (did you mean '{}'?)", hint));
+  }
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& kind : info->kinds) {
+    if (kind == "format") continue;  // a pipeline has no format options
+    const specula::OptionSchema* schema = host.option_schema(name, kind);
+    if (as_json) {
+      if (!schema) {
+        j[kind] = nullptr;
+        continue;
+      }
+      j[kind] = nlohmann::json::array();
+      for (const auto& o : *schema)
+        j[kind].push_back({{"name", o.name}, {"type", specula::describe_option_type(o)}, {"default", o.default_value},
+                           {"doc", o.doc}});
+      continue;
+    }
+    const char* section = kind == "model" ? "target" : kind.c_str();
+    fmt::print("{} plugin '{}' ({}.options):\n", kind, name, section);
+    if (!schema) {
+      fmt::print("  (no schema declared: the plugin checks its options itself)\n");
+    } else if (schema->empty()) {
+      fmt::print("  (no options)\n");
+    }
+    for (const auto& o : schema ? *schema : specula::OptionSchema{}) {
+      fmt::print("  {:<18} {}{}\n", o.name, specula::describe_option_type(o),
+                 o.default_value.is_null() ? std::string() : ", default " + o.default_value.dump());
+      if (!o.doc.empty()) fmt::print("  {:<18} {}\n", "", o.doc);
+    }
+  }
+  if (as_json) fmt::print("{}\n", j.dump(2));
+  return 0;
+}
 
 int run_plugins(const std::vector<std::string>& args) {
   namespace cli = specula::cli;
   std::vector<std::string> plugin_paths;
   std::string pipeline;
   bool as_json = false;
+  std::string options_of;
   cli::po::options_description desc(
       "usage: specula plugins [--plugin-path DIR]... [--pipeline PIPELINE.yaml] [--json]\n\n"
       "Lists the plugins found in the search path (--plugin-path, the pipeline's plugin_paths,\n"
@@ -21,7 +65,8 @@ int run_plugins(const std::vector<std::string>& args) {
   desc.add_options()("help,h", "show this help")(
       "plugin-path", cli::po::value(&plugin_paths)->composing(), "directory searched first (repeatable)")(
       "pipeline", cli::po::value(&pipeline), "also search the plugin_paths of this pipeline")(
-      "json", cli::po::bool_switch(&as_json), "print JSON");
+      "json", cli::po::bool_switch(&as_json), "print JSON")(
+      "options", cli::po::value(&options_of), "print the options plugin NAME takes (per kind: type, default, doc)");
   cli::add_log_options(desc);
   cli::po::positional_options_description pos;
   cli::po::variables_map vm;
@@ -34,6 +79,7 @@ int run_plugins(const std::vector<std::string>& args) {
   const auto search = specula::core::plugin_search_path(first);
   specula::core::PluginHost host;
   host.discover(search);
+  if (!options_of.empty()) return print_options(host, options_of, as_json);
 
   if (as_json) {
     nlohmann::json j;

@@ -18,31 +18,39 @@ namespace cli = specula::cli;
 
 int run_run(const std::vector<std::string>& args) {
   cli::ModelArgs model;
-  cli::SamplingArgs sampling;
-  std::string prompt, tokens_text;
+  std::string prompt, tokens_text, prompt_file;
   bool as_json = false, show_thoughts = false, raw = false, no_drafter = false;
   cli::po::options_description desc(
-      "usage: specula run PIPELINE.yaml (--prompt TEXT | --tokens 1,2,3) [options]\n"
-      "       specula run --model PATH [--backend NAME] (--prompt TEXT | --tokens 1,2,3) [options]\n\n"
+      "usage: specula run PIPELINE.yaml (-p TEXT | -f FILE | --tokens 1,2,3) [options]\n"
+      "       specula run MODEL.gguf|MODEL_DIR (-p TEXT | -f FILE | --tokens 1,2,3) [options]\n"
+      "       specula run -m PATH [-b NAME] (-p TEXT | -f FILE | --tokens 1,2,3) [options]\n\n"
       "Generates a reply and streams it to stdout; statistics go to stderr (or into --json).\n"
       "--prompt is rendered as a user message with the model's chat format (system message from the\n"
-      "pipeline's chat section) and tokenized with special tokens parsed; --tokens are used as is.\n\noptions");
+      "pipeline's chat section) and tokenized with special tokens parsed; --tokens are used as is.\n"
+      "Ctrl+C stops generation (the text so far and the statistics are still printed); a second exits.\n\noptions");
   desc.add_options()("help,h", "show this help")("prompt,p", cli::po::value(&prompt), "the user message")(
+      "file,f", cli::po::value(&prompt_file), "read the user message from a file")(
+      "system,s", cli::po::value<std::string>(), "system message (overrides the pipeline's chat.system)")(
       "tokens", cli::po::value(&tokens_text), "prompt token ids, comma-separated")(
       "raw", cli::po::bool_switch(&raw), "tokenize --prompt as is, without the chat format")(
       "json", cli::po::bool_switch(&as_json), "print one JSON object (tokens, text, statistics) at the end")(
       "show-thoughts", cli::po::bool_switch(&show_thoughts), "also print the model's thought channel")(
       "no-drafter", cli::po::bool_switch(&no_drafter), "ignore the pipeline's drafter (plain decoding)");
   cli::add_model_options(desc, model);
-  cli::add_sampling_options(desc, sampling);
+  cli::add_sampling_options(desc, model);
   cli::add_log_options(desc);
   cli::po::positional_options_description pos;
   pos.add("pipeline", 1);
   cli::po::variables_map vm;
   if (!cli::parse_args(args, desc, pos, vm)) return 0;
-  if (prompt.empty() == tokens_text.empty()) specula::fail("give exactly one of --prompt TEXT and --tokens IDS");
+  if (vm.count("system")) model.overrides.push_back({"chat.system", vm["system"].as<std::string>(), "command line (--system)"});
+  if (!prompt_file.empty()) {
+    if (!prompt.empty()) specula::fail("give either --prompt TEXT or --file FILE, not both");
+    prompt = cli::read_text_file(prompt_file, "--file");
+  }
+  if (prompt.empty() == tokens_text.empty()) specula::fail("give exactly one of --prompt TEXT and --tokens IDS (--file FILE reads the prompt from a file)");
 
-  cli::Session s = cli::open_session(model, &sampling, !no_drafter);
+  cli::Session s = cli::open_session(model, !no_drafter);
   auto& target = s.built.target;
   std::vector<int32_t> ids;
   if (!tokens_text.empty()) {
@@ -71,6 +79,9 @@ int run_run(const std::vector<std::string>& args) {
   options.max_tokens = s.pipeline.sampler.max_tokens;
   options.show_thoughts = show_thoughts || s.pipeline.chat.show_thoughts;
   if (s.pipeline.drafter) options.draft_tokens = s.pipeline.drafter->draft_tokens;
+  options.stop_strings = s.pipeline.sampler.stop;
+  options.interrupt = cli::interrupt_flag();
+  cli::install_interrupt_handler();
   specula::core::Generator generator(target, s.built.sampler, s.built.drafter);
   auto result = generator.generate(
       ids, options,
@@ -89,6 +100,7 @@ int run_run(const std::vector<std::string>& args) {
     j["text"] = result.text;
     j["stop_reason"] = std::string(specula::core::stop_reason_name(result.stop_reason));
     j["stop_token"] = result.stop_token;
+    j["seed"] = s.pipeline.sampler.params.seed;
     j["stats"] = {{"prompt_tokens", st.prompt_tokens},
                   {"generated_tokens", st.generated_tokens},
                   {"prefill_seconds", st.prefill_seconds},

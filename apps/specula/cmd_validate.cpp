@@ -1,5 +1,5 @@
-// `specula validate`: checks a pipeline without running it: plugins found and ABI-compatible, model
-// files open and are accepted by a model plugin, the backend supports what the weights need.
+// `specula validate`: the checks `specula run` makes before generating (core::build_pipeline's steps),
+// one line each, without loading weights; plus the backend's support for the weights' storage types.
 #include <set>
 
 #include <fmt/format.h>
@@ -11,7 +11,6 @@
 namespace {
 
 namespace cli = specula::cli;
-using specula::core::PluginHost;
 
 struct Report {
   int failures = 0;
@@ -61,21 +60,30 @@ void check_weights(Report& report, const std::string& label, const specula::Mode
 
 int run_validate(const std::vector<std::string>& args) {
   cli::ModelArgs model;
+  bool no_drafter = false;
   cli::po::options_description desc(
-      "usage: specula validate PIPELINE.yaml [options]\n\n"
-      "Checks everything a pipeline needs without running it: plugins found and ABI-compatible, model\n"
-      "files open and accepted by a model plugin, the backend supports the weights' storage types.\n"
+      "usage: specula validate PIPELINE.yaml [options]\n"
+      "       specula validate MODEL.gguf|MODEL_DIR [options]\n\n"
+      "Makes every check `specula run` and `specula chat` make before generating, without loading the\n"
+      "weights: the pipeline and the flags (the same flags as run), the plugins and their options, the\n"
+      "model files, the model's configuration and context length, the KV cache dtype and the weights'\n"
+      "storage types against the backend, the drafter against the target, the sampler.\n"
       "Exits 0 when every check passes, 1 otherwise.\n\noptions");
-  desc.add_options()("help,h", "show this help");
+  desc.add_options()("help,h", "show this help")(
+      "system,s", cli::po::value<std::string>(), "system message (as run and chat take it)")(
+      "no-drafter", cli::po::bool_switch(&no_drafter), "skip the drafter (as run --no-drafter)");
   cli::add_model_options(desc, model);
+  cli::add_sampling_options(desc, model);
   cli::add_log_options(desc);
   cli::po::positional_options_description pos;
   pos.add("pipeline", 1);
   cli::po::variables_map vm;
   if (!cli::parse_args(args, desc, pos, vm)) return 0;
+  if (vm.count("system")) model.overrides.push_back({"chat.system", vm["system"].as<std::string>(), "command line (--system)"});
 
+  namespace core = specula::core;
   Report report;
-  specula::core::Pipeline p;
+  core::Pipeline p;
   fmt::print("pipeline {}\n", model.pipeline.empty() ? std::string("(command line)") : model.pipeline);
   if (!report.check("pipeline parses", [&] {
         p = cli::resolve_pipeline(model);
@@ -86,60 +94,60 @@ int run_validate(const std::vector<std::string>& args) {
   auto host = cli::make_host(p, model.plugin_paths);
   fmt::print("plugins: {} found, {} rejected\n", host->plugins().size(), host->rejected().size());
   for (const auto& r : host->rejected()) fmt::print("  note  rejected {}\n", r.reason);
-
-  auto require_plugin = [&](const std::string& section, const std::string& name, const std::string& kind) {
-    return report.check(fmt::format("{}: {} plugin '{}'", section, kind, name), [&] {
-      const auto* info = host->find(name);
-      if (!info) specula::fail("not found (run `specula plugins` to see the search path and rejections)");
-      if (!info->has_kind(kind)) specula::fail("'{}' is not a {} plugin", name, kind);
-      return fmt::format("{} {}", info->version, info->file.string());
-    });
+  auto plugin_file = [&](const std::string& name) {
+    const auto* info = host->find(name);
+    return info ? fmt::format("{} {}", info->version, info->file.string()) : std::string();
   };
 
+  // The steps of core::build_pipeline, one line each, with the messages `run` gives.
   std::shared_ptr<specula::ComputeBackend> backend;
-  if (require_plugin("backend", p.backend.plugin, "backend")) {
-    report.check("backend: created", [&] {
-      backend = host->make_backend(p.backend.plugin, p.backend.options);
-      return backend->device().name;
-    });
-  }
+  report.check(fmt::format("backend: plugin '{}'", p.backend.plugin), [&] {
+    backend = core::make_backend(p, *host);
+    return backend->device().name;
+  });
   std::shared_ptr<const specula::ModelFile> target_file;
+  std::shared_ptr<specula::ModelLoader> target_loader;
+  specula::ModelInfo target_info;
+  bool target_checked = false;
   if (report.check("target: " + p.target.model.string() + " opens", [&] {
-        target_file = host->open_model(p.target.model, p.target.format);
+        target_file = core::open_target(p, *host);
         return fmt::format("{}, {} tensors", target_file->format(), target_file->tensors().size());
       })) {
-    report.check("target: a model plugin accepts it", [&] {
-      auto loader = p.target.plugin.empty() ? host->find_model_loader(*target_file, p.target.options)
-                                            : host->make_model_loader(p.target.plugin, p.target.options);
-      if (!loader->accepts(*target_file)) {
-        specula::fail("model plugin '{}' does not accept it (its architecture: '{}')", p.target.plugin,
-                      specula::core::declared_architecture(*target_file));
-      }
-      return loader->architecture();
-    });
+    if (report.check("target: a model plugin accepts it", [&] {
+          target_loader = core::target_loader(p, *host, *target_file);
+          return target_loader->architecture();
+        }) && backend) {
+      target_checked = report.check("target: options, configuration and context length", [&] {
+        target_info = core::check_target(p, *target_loader, *target_file, *backend);
+        const int64_t ctx = p.target.context_length > 0 ? p.target.context_length : target_info.context_length;
+        return ctx > 0 ? fmt::format("context {} tokens", ctx) : std::string();
+      });
+    }
     if (backend) check_weights(report, "target", *target_file, *backend);
   }
-  if (p.drafter) {
+  if (p.drafter && !no_drafter) {
     std::shared_ptr<const specula::ModelFile> drafter_file;
     if (report.check("drafter: " + p.drafter->model.string() + " opens", [&] {
-          drafter_file = host->open_model(p.drafter->model, p.drafter->format);
+          drafter_file = core::open_drafter(p, *host);
           return fmt::format("{}, {} tensors", drafter_file->format(), drafter_file->tensors().size());
         })) {
-      report.check("drafter: a drafter plugin accepts it", [&] {
-        auto loader = p.drafter->plugin.empty() ? host->find_drafter_loader(*drafter_file, p.drafter->options)
-                                                : host->make_drafter_loader(p.drafter->plugin, p.drafter->options);
-        if (!loader->accepts(*drafter_file)) specula::fail("drafter plugin '{}' does not accept it", p.drafter->plugin);
-        return loader->architecture();
-      });
+      std::shared_ptr<specula::DrafterLoader> loader;
+      if (report.check("drafter: a drafter plugin accepts it", [&] {
+            loader = core::drafter_loader(p, *host, *drafter_file);
+            return loader->architecture();
+          }) && backend && target_checked) {
+        report.check("drafter: options and pairing with the target", [&] {
+          core::check_drafter(p, *loader, *drafter_file, *backend, target_info);
+          return std::string();
+        });
+      }
       if (backend) check_weights(report, "drafter", *drafter_file, *backend);
     }
   }
-  if (require_plugin("sampler", p.sampler.plugin, "sampler")) {
-    report.check("sampler: created", [&] {
-      host->make_sampler(p.sampler.plugin, p.sampler.params, p.sampler.options);
-      return std::string();
-    });
-  }
+  report.check(fmt::format("sampler: plugin '{}'", p.sampler.plugin), [&] {
+    core::make_sampler(p, *host);
+    return plugin_file(p.sampler.plugin);
+  });
   if (report.failures) {
     fmt::print("{} check(s) failed\n", report.failures);
     return 1;
@@ -150,4 +158,4 @@ int run_validate(const std::vector<std::string>& args) {
 
 }  // namespace
 
-SPECULA_COMMAND("validate", "check a pipeline (plugins, model files, backend support) without running it", run_validate);
+SPECULA_COMMAND("validate", "make every check `run` makes (plugins, options, files, pairing, context) without loading weights", run_validate);

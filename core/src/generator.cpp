@@ -14,6 +14,8 @@ std::string_view stop_reason_name(StopReason r) {
     case StopReason::EndToken: return "end_token";
     case StopReason::MaxTokens: return "max_tokens";
     case StopReason::ContextFull: return "context_full";
+    case StopReason::StopString: return "stop_string";
+    case StopReason::Interrupted: return "interrupted";
   }
   return "";
 }
@@ -184,6 +186,30 @@ GenerationResult Generator::generate(ModelContext& ctx, std::span<const int32_t>
     return s.token;
   };
   bool done = false;
+  std::string held;  // visible text not handed out yet because it may begin a stop string
+  // Hands visible text to the result and the callback; false when it completed a stop string (the text
+  // is cut before it). `last_piece`: nothing follows, so nothing is held back.
+  auto deliver = [&](int32_t t, std::string piece, bool last_piece) {
+    held += piece;
+    size_t cut = std::string::npos;
+    for (const auto& stop : options.stop_strings) {
+      if (!stop.empty()) cut = std::min(cut, held.find(stop));
+    }
+    size_t keep = 0;
+    if (cut == std::string::npos && !last_piece) {
+      for (const auto& stop : options.stop_strings) {
+        if (stop.empty()) continue;
+        for (size_t n = std::min(stop.size() - 1, held.size()); n > keep; --n) {
+          if (held.compare(held.size() - n, n, stop, 0, n) == 0) keep = n;
+        }
+      }
+    }
+    const std::string out = held.substr(0, cut != std::string::npos ? cut : held.size() - keep);
+    held.erase(0, cut != std::string::npos ? held.size() : out.size());
+    result.text += out;
+    if (on_token) on_token(t, out);
+    return cut == std::string::npos;
+  };
   // Accepts one token; returns false when generation has ended.
   auto emit = [&](int32_t t) {
     if (stops.count(t)) {
@@ -194,9 +220,11 @@ GenerationResult Generator::generate(ModelContext& ctx, std::span<const int32_t>
     }
     result.tokens.push_back(t);
     history.push_back(t);
-    std::string piece = text.push(t);
-    result.text += piece;
-    if (on_token) on_token(t, piece);
+    if (!deliver(t, text.push(t), false)) {
+      result.stop_reason = StopReason::StopString;
+      done = true;
+      return false;
+    }
     if (static_cast<int64_t>(result.tokens.size()) >= options.max_tokens) {
       result.stop_reason = StopReason::MaxTokens;
       done = true;
@@ -223,6 +251,10 @@ GenerationResult Generator::generate(ModelContext& ctx, std::span<const int32_t>
   auto t1 = Clock::now();
   emit(last);
   while (!done) {
+    if (options.interrupt && options.interrupt->load()) {
+      result.stop_reason = StopReason::Interrupted;
+      break;
+    }
     const int64_t room = capacity - ctx.position();  // positions the context can still take
     if (room < 1) {
       result.stop_reason = StopReason::ContextFull;
@@ -283,10 +315,9 @@ GenerationResult Generator::generate(ModelContext& ctx, std::span<const int32_t>
   const int64_t keep = start + static_cast<int64_t>(prompt.size()) +
                        std::max<int64_t>(0, static_cast<int64_t>(result.tokens.size()) - 1);
   if (ctx.position() > keep) ctx.truncate(keep);
-  std::string rest = text.finish();
-  if (!rest.empty()) {
-    result.text += rest;
-    if (on_token) on_token(-1, rest);
+  if (result.stop_reason != StopReason::StopString) {
+    std::string rest = text.finish();
+    if ((!rest.empty() || !held.empty()) && !deliver(-1, rest, true)) result.stop_reason = StopReason::StopString;
   }
   stats.decode_seconds = seconds_since(t1);
   stats.generated_tokens = static_cast<int64_t>(result.tokens.size());

@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <limits>
+#include <map>
+#include <random>
 #include <sstream>
 
 #include <yaml-cpp/yaml.h>
@@ -61,40 +63,7 @@ std::string expand_env(std::string_view text, std::string_view where) {
 
 namespace {
 
-size_t edit_distance(std::string_view a, std::string_view b) {
-  std::vector<size_t> prev(b.size() + 1), cur(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) prev[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    cur[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      size_t sub = prev[j - 1] + (a[i - 1] == b[j - 1] ? 0 : 1);
-      cur[j] = std::min({prev[j] + 1, cur[j - 1] + 1, sub});
-    }
-    std::swap(prev, cur);
-  }
-  return prev[b.size()];
-}
-
-}  // namespace
-
-std::string closest_match(std::string_view word, const std::vector<std::string>& candidates) {
-  std::string best;
-  size_t best_d = std::numeric_limits<size_t>::max();
-  for (const auto& c : candidates) {
-    size_t d = edit_distance(word, c);
-    if (d < best_d) {
-      best_d = d;
-      best = c;
-    }
-  }
-  // Suggest only when at most about a third of the word differs (typos, not unrelated words).
-  size_t limit = std::max<size_t>(2, word.size() / 3);
-  return best_d <= limit ? best : std::string();
-}
-
-namespace {
-
-enum class Kind { String, Path, Int, Float, Bool, PathList, Map };
+enum class Kind { String, Path, Int, Float, Bool, PathList, StringList, Map };
 
 const char* kind_name(Kind k) {
   switch (k) {
@@ -104,6 +73,7 @@ const char* kind_name(Kind k) {
     case Kind::Float: return "a number";
     case Kind::Bool: return "true or false";
     case Kind::PathList: return "a list of paths";
+    case Kind::StringList: return "a string or a list of strings";
     case Kind::Map: return "a mapping";
   }
   return "";
@@ -117,12 +87,38 @@ struct Key {
 
 class Reader {
  public:
-  Reader(fs::path source, fs::path base) : source_(std::move(source)), base_(std::move(base)) {}
+  Reader(fs::path source, fs::path base, const std::vector<Override>& overrides)
+      : source_(std::move(source)), base_(std::move(base)) {
+    for (const auto& o : overrides) flags_[o.key] = o.flag;
+  }
 
   std::string where(const YAML::Node& n) const {
     const auto m = n.Mark();
     if (m.line < 0) return source_.string();
     return fmt::format("{}:{}:{}", source_.string(), m.line + 1, m.column + 1);
+  }
+  // The place a key's value came from: its command-line flag when overridden, else its line.
+  std::string where(const YAML::Node& n, const std::string& key) const {
+    auto it = flags_.find(key);
+    return it != flags_.end() ? it->second : where(n);
+  }
+
+  // yaml-cpp keeps a repeated key and answers lookups with the first: refuse it, naming both lines.
+  void check_duplicates(const YAML::Node& n) const {
+    if (n.IsSequence()) {
+      for (const auto& item : n) check_duplicates(item);
+    }
+    if (!n.IsMap()) return;
+    std::map<std::string, YAML::Mark> seen;
+    for (const auto& item : n) {
+      const std::string key = item.first.Scalar();
+      auto [it, fresh] = seen.emplace(key, item.first.Mark());
+      if (!fresh) {
+        fail("{}: duplicate key '{}' (first at line {}, again at line {}); each key may appear once in a mapping",
+             where(item.first), key, it->second.line + 1, item.first.Mark().line + 1);
+      }
+      check_duplicates(item.second);
+    }
   }
 
   // Checks a mapping against its keys: unknown keys (with a suggestion), missing required keys.
@@ -165,22 +161,30 @@ class Reader {
   }
 
   [[noreturn]] void wrong_type(const YAML::Node& n, const std::string& key, Kind kind) const {
-    fail("{}: key '{}' must be {}, got {}", where(n), key, kind_name(kind), describe(n));
+    fail("{}: key '{}' must be {}, got {}", where(n, key), key, kind_name(kind), describe(n));
   }
 
   std::string string(const YAML::Node& n, const std::string& key) const {
     if (!n.IsScalar()) wrong_type(n, key, Kind::String);
-    return expand_env(n.Scalar(), where(n));
+    return expand_env(n.Scalar(), where(n, key));
+  }
+  // A string that must be one of `choices`.
+  std::string choice(const YAML::Node& n, const std::string& key, const std::vector<std::string>& choices) const {
+    const std::string v = string(n, key);
+    if (std::find(choices.begin(), choices.end(), v) != choices.end()) return v;
+    std::string list;
+    for (const auto& c : choices) list += (list.empty() ? "" : ", ") + c;
+    fail("{}: key '{}' must be one of {}, got '{}'", where(n, key), key, list, v);
   }
   fs::path path(const YAML::Node& n, const std::string& key) const {
     if (!n.IsScalar()) wrong_type(n, key, Kind::Path);
-    fs::path p = expand_env(n.Scalar(), where(n));
-    if (p.empty()) fail("{}: key '{}' must be a path, got an empty string", where(n), key);
+    fs::path p = expand_env(n.Scalar(), where(n, key));
+    if (p.empty()) fail("{}: key '{}' must be a path, got an empty string", where(n, key), key);
     return p.is_absolute() ? p : (base_ / p).lexically_normal();
   }
   int64_t integer(const YAML::Node& n, const std::string& key, int64_t lo, int64_t hi) const {
     if (!n.IsScalar()) wrong_type(n, key, Kind::Int);
-    std::string text = expand_env(n.Scalar(), where(n));
+    std::string text = expand_env(n.Scalar(), where(n, key));
     int64_t v = 0;
     size_t used = 0;
     try {
@@ -189,12 +193,12 @@ class Reader {
       used = 0;
     }
     if (used == 0 || used != text.size()) wrong_type(n, key, Kind::Int);
-    if (v < lo || v > hi) fail("{}: key '{}' must be between {} and {}, got {}", where(n), key, lo, hi, v);
+    if (v < lo || v > hi) fail("{}: key '{}' must be between {} and {}, got {}", where(n, key), key, lo, hi, v);
     return v;
   }
   double number(const YAML::Node& n, const std::string& key, double lo, double hi) const {
     if (!n.IsScalar()) wrong_type(n, key, Kind::Float);
-    std::string text = expand_env(n.Scalar(), where(n));
+    std::string text = expand_env(n.Scalar(), where(n, key));
     double v = 0;
     size_t used = 0;
     try {
@@ -203,15 +207,25 @@ class Reader {
       used = 0;
     }
     if (used == 0 || used != text.size() || !std::isfinite(v)) wrong_type(n, key, Kind::Float);
-    if (v < lo || v > hi) fail("{}: key '{}' must be between {} and {}, got {}", where(n), key, lo, hi, text);
+    if (v < lo || v > hi) fail("{}: key '{}' must be between {} and {}, got {}", where(n, key), key, lo, hi, text);
     return v;
   }
   bool boolean(const YAML::Node& n, const std::string& key) const {
     if (!n.IsScalar()) wrong_type(n, key, Kind::Bool);
-    std::string t = expand_env(n.Scalar(), where(n));
+    std::string t = expand_env(n.Scalar(), where(n, key));
     if (t == "true" || t == "True" || t == "yes" || t == "on") return true;
     if (t == "false" || t == "False" || t == "no" || t == "off") return false;
     wrong_type(n, key, Kind::Bool);
+  }
+  std::vector<std::string> string_list(const YAML::Node& n, const std::string& key) const {
+    if (n.IsScalar()) return {string(n, key)};
+    if (!n.IsSequence()) wrong_type(n, key, Kind::StringList);
+    std::vector<std::string> out;
+    for (const auto& item : n) {
+      if (!item.IsScalar()) wrong_type(item, key, Kind::StringList);
+      out.push_back(string(item, key));
+    }
+    return out;
   }
   std::vector<fs::path> path_list(const YAML::Node& n, const std::string& key) const {
     std::vector<fs::path> out;
@@ -224,10 +238,16 @@ class Reader {
     return out;
   }
 
-  // Plugin option sections go to the factories as JSON; the plugin checks its own keys.
-  nlohmann::json json(const YAML::Node& n, const std::string& key) const {
+  // Plugin option sections go to the factories as JSON; the host checks them against the plugin's
+  // schema, with the place of each key from `at`.
+  nlohmann::json json(const YAML::Node& n, const std::string& key, OptionLocations& at) const {
+    at[""] = where(n, key);
     if (n.IsNull()) return nlohmann::json::object();
     if (!n.IsMap()) wrong_type(n, key, Kind::Map);
+    for (const auto& item : n) {
+      const std::string name = item.first.Scalar();
+      at[name] = where(item.first, key + "." + name);
+    }
     return to_json(n);
   }
   nlohmann::json to_json(const YAML::Node& n) const {
@@ -268,22 +288,82 @@ class Reader {
  private:
   fs::path source_;
   fs::path base_;
+  std::map<std::string, std::string> flags_;  // overridden key -> "command line (--flag)"
 };
+
+std::vector<std::string> split_key(const std::string& key) {
+  std::vector<std::string> parts;
+  std::stringstream in(key);
+  for (std::string part; std::getline(in, part, '.');) parts.push_back(part);
+  return parts;
+}
+
+// Sets root[a][b]... = value, creating the mappings on the way.
+void set_key(YAML::Node node, const std::vector<std::string>& parts, size_t i, const Override& o) {
+  if (i + 1 == parts.size()) {
+    if (!o.append) {
+      node[parts[i]] = o.value;
+      return;
+    }
+    YAML::Node list(YAML::NodeType::Sequence);
+    if (node[parts[i]].IsSequence()) list = node[parts[i]];
+    else if (node[parts[i]].IsScalar()) list.push_back(node[parts[i]].Scalar());
+    list.push_back(o.value);
+    node[parts[i]] = list;
+    return;
+  }
+  if (!node[parts[i]].IsMap()) node[parts[i]] = YAML::Node(YAML::NodeType::Map);
+  set_key(node[parts[i]], parts, i + 1, o);
+}
+
+void apply_overrides(YAML::Node& root, const std::vector<Override>& overrides) {
+  const YAML::Node& const_root = root;
+  const bool has_drafter = (const_root["drafter"] && !const_root["drafter"].IsNull()) ||
+                           std::any_of(overrides.begin(), overrides.end(),
+                                       [](const Override& o) { return o.key == "drafter.model"; });
+  for (const auto& o : overrides) {
+    const auto parts = split_key(o.key);
+    if (parts.size() < 2) fail("{}: '{}' is not a section.key", o.flag, o.key);
+    if (parts[0] == "drafter" && !has_drafter)
+      fail("{}: needs a drafter (--drafter PATH or a drafter section in the pipeline)", o.flag);
+    set_key(root, parts, 0, o);
+  }
+}
+
+// Every check and conversion of the keys, on a document with the overrides applied.
+Pipeline read_pipeline(YAML::Node root, const fs::path& source, const Reader& r);
 
 constexpr int64_t kMaxInt = std::numeric_limits<int32_t>::max();
 
 }  // namespace
 
-Pipeline parse_pipeline(std::string_view yaml_text, const fs::path& source, const fs::path& base_dir) {
+Pipeline parse_pipeline(std::string_view yaml_text, const fs::path& source, const fs::path& base_dir,
+                        const std::vector<Override>& overrides) {
   YAML::Node root;
   try {
     root = YAML::Load(std::string(yaml_text));
   } catch (const YAML::Exception& e) {
     fail("{}:{}:{}: not valid YAML: {}", source.string(), e.mark.line + 1, e.mark.column + 1, e.msg);
   }
-  Reader r(source, base_dir);
+  Reader r(source, base_dir, overrides);
   if (!root || root.IsNull()) fail("{}: the pipeline is empty (expected sections backend, target, sampler, ...)",
                                    source.string());
+  r.check_duplicates(root);
+  if (root.IsMap()) apply_overrides(root, overrides);
+  return read_pipeline(root, source, r);
+}
+
+Pipeline default_pipeline(const std::vector<Override>& overrides) {
+  YAML::Node root(YAML::NodeType::Map);
+  root["backend"]["plugin"] = "onednn";
+  if (std::none_of(overrides.begin(), overrides.end(), [](const Override& o) { return o.key == "target.model"; }))
+    fail("no model: give a pipeline YAML (e.g. configs/default.yaml), a model file or directory, or --model PATH");
+  apply_overrides(root, overrides);
+  return read_pipeline(root, "", Reader("command line", fs::current_path(), overrides));
+}
+
+namespace {
+Pipeline read_pipeline(YAML::Node root, const fs::path& source, const Reader& r) {
   r.check_section(root, "", {{"plugin_paths", Kind::PathList}, {"backend", Kind::Map, true},
                              {"target", Kind::Map, true}, {"drafter", Kind::Map}, {"sampler", Kind::Map},
                              {"chat", Kind::Map}});
@@ -295,7 +375,7 @@ Pipeline parse_pipeline(std::string_view yaml_text, const fs::path& source, cons
     auto s = root["backend"];
     r.check_section(s, "backend", {{"plugin", Kind::String, true}, {"options", Kind::Map}});
     p.backend.plugin = r.string(s["plugin"], "backend.plugin");
-    if (auto o = s["options"]) p.backend.options = r.json(o, "backend.options");
+    if (auto o = s["options"]) p.backend.options = r.json(o, "backend.options", p.backend.options_at);
   }
   {
     auto s = root["target"];
@@ -305,7 +385,7 @@ Pipeline parse_pipeline(std::string_view yaml_text, const fs::path& source, cons
     if (auto n = s["format"]) p.target.format = r.string(n, "target.format");
     if (auto n = s["plugin"]) p.target.plugin = r.string(n, "target.plugin");
     if (auto n = s["context_length"]) p.target.context_length = r.integer(n, "target.context_length", 0, kMaxInt);
-    if (auto o = s["options"]) p.target.options = r.json(o, "target.options");
+    if (auto o = s["options"]) p.target.options = r.json(o, "target.options", p.target.options_at);
   }
   if (auto s = root["drafter"]; s && !s.IsNull()) {
     r.check_section(s, "drafter", {{"model", Kind::Path, true}, {"format", Kind::String}, {"plugin", Kind::String},
@@ -315,14 +395,15 @@ Pipeline parse_pipeline(std::string_view yaml_text, const fs::path& source, cons
     if (auto n = s["format"]) d.format = r.string(n, "drafter.format");
     if (auto n = s["plugin"]) d.plugin = r.string(n, "drafter.plugin");
     if (auto n = s["draft_tokens"]) d.draft_tokens = static_cast<int>(r.integer(n, "drafter.draft_tokens", 1, 64));
-    if (auto o = s["options"]) d.options = r.json(o, "drafter.options");
+    if (auto o = s["options"]) d.options = r.json(o, "drafter.options", d.options_at);
     p.drafter = d;
   }
   if (auto s = root["sampler"]; s && !s.IsNull()) {
     r.check_section(s, "sampler", {{"plugin", Kind::String}, {"temperature", Kind::Float}, {"top_k", Kind::Int},
                                    {"top_p", Kind::Float}, {"repetition_penalty", Kind::Float},
                                    {"penalty_window", Kind::Int}, {"min_length", Kind::Int}, {"seed", Kind::Int},
-                                   {"max_tokens", Kind::Int}, {"device", Kind::String}, {"options", Kind::Map}});
+                                   {"max_tokens", Kind::Int}, {"device", Kind::String}, {"stop", Kind::StringList},
+                                   {"options", Kind::Map}});
     auto& sp = p.sampler.params;
     if (auto n = s["plugin"]) p.sampler.plugin = r.string(n, "sampler.plugin");
     if (auto n = s["temperature"]) sp.temperature = static_cast<float>(r.number(n, "sampler.temperature", 0, 100));
@@ -333,33 +414,96 @@ Pipeline parse_pipeline(std::string_view yaml_text, const fs::path& source, cons
     }
     if (auto n = s["penalty_window"]) sp.penalty_window = static_cast<int32_t>(r.integer(n, "sampler.penalty_window", 0, kMaxInt));
     if (auto n = s["min_length"]) sp.min_length = static_cast<int32_t>(r.integer(n, "sampler.min_length", 0, kMaxInt));
-    if (auto n = s["seed"]) sp.seed = static_cast<uint64_t>(r.integer(n, "sampler.seed", 0, std::numeric_limits<int64_t>::max()));
+    if (auto n = s["seed"]) {
+      const int64_t seed = r.integer(n, "sampler.seed", -1, std::numeric_limits<int64_t>::max());
+      p.sampler.random_seed = seed == -1;  // as llama.cpp: -1 draws one (the commands print it)
+      sp.seed = seed == -1 ? std::random_device{}() : static_cast<uint64_t>(seed);
+    }
     if (auto n = s["max_tokens"]) p.sampler.max_tokens = static_cast<int>(r.integer(n, "sampler.max_tokens", 1, kMaxInt));
-    if (auto o = s["options"]) p.sampler.options = r.json(o, "sampler.options");
+    if (auto n = s["stop"]) p.sampler.stop = r.string_list(n, "sampler.stop");
+    if (auto o = s["options"]) p.sampler.options = r.json(o, "sampler.options", p.sampler.options_at);
     if (auto n = s["device"]) {
-      const std::string d = r.string(n, "sampler.device");
-      if (d == "auto") sp.device = SamplingDevice::Auto;
-      else if (d == "on") sp.device = SamplingDevice::On;
-      else if (d == "off") sp.device = SamplingDevice::Off;
-      else fail("{}: key 'sampler.device' must be auto, on or off, got '{}'", r.where(n), d);
+      const std::string d = r.choice(n, "sampler.device", {"auto", "on", "off"});
+      sp.device = d == "auto" ? SamplingDevice::Auto : d == "on" ? SamplingDevice::On : SamplingDevice::Off;
     }
   }
   if (auto s = root["chat"]; s && !s.IsNull()) {
-    r.check_section(s, "chat", {{"system", Kind::String}, {"enable_thinking", Kind::Bool}, {"show_thoughts", Kind::Bool}});
+    r.check_section(s, "chat", {{"system", Kind::String}, {"enable_thinking", Kind::Bool}, {"show_thoughts", Kind::Bool},
+                                {"context_full", Kind::String}});
+    if (auto n = s["context_full"]) p.chat.drop_old_turns = r.choice(n, "chat.context_full", {"drop", "error"}) == "drop";
     if (auto n = s["system"]) p.chat.system = r.string(n, "chat.system");
     if (auto n = s["enable_thinking"]) p.chat.enable_thinking = r.boolean(n, "chat.enable_thinking");
     if (auto n = s["show_thoughts"]) p.chat.show_thoughts = r.boolean(n, "chat.show_thoughts");
   }
   return p;
 }
+}  // namespace
 
-Pipeline load_pipeline(const fs::path& yaml_file) {
+Pipeline load_pipeline(const fs::path& yaml_file, const std::vector<Override>& overrides) {
   std::ifstream in(yaml_file, std::ios::binary);
   if (!in) fail("pipeline file {} cannot be read (does it exist?)", yaml_file.string());
   std::stringstream text;
   text << in.rdbuf();
   fs::path base = fs::absolute(yaml_file).parent_path();
-  return parse_pipeline(text.str(), yaml_file, base);
+  return parse_pipeline(text.str(), yaml_file, base, overrides);
+}
+
+std::shared_ptr<ComputeBackend> make_backend(const Pipeline& p, const PluginHost& host) {
+  return host.make_backend(p.backend.plugin, p.backend.options, p.backend.options_at);
+}
+
+std::shared_ptr<const ModelFile> open_target(const Pipeline& p, const PluginHost& host) {
+  return host.open_model(p.target.model, p.target.format);
+}
+
+std::shared_ptr<ModelLoader> target_loader(const Pipeline& p, const PluginHost& host, const ModelFile& file) {
+  const auto& t = p.target;
+  if (t.plugin.empty()) return host.find_model_loader(file, t.options, t.options_at);
+  auto loader = host.make_model_loader(t.plugin, t.options, t.options_at);
+  if (!loader->accepts(file)) {
+    fail("model plugin '{}' ({}) does not accept {} (its architecture: '{}')", t.plugin, loader->architecture(),
+         t.model.string(), declared_architecture(file));
+  }
+  return loader;
+}
+
+namespace {
+void check_context_length(const Pipeline& p, const ModelInfo& info) {
+  if (p.target.context_length > 0 && info.context_length > 0 && p.target.context_length > info.context_length) {
+    fail("context length {} exceeds the model's {} tokens ({}); lower target.context_length (--ctx-size)",
+         p.target.context_length, info.context_length, p.target.model.string());
+  }
+}
+}  // namespace
+
+ModelInfo check_target(const Pipeline& p, const ModelLoader& loader, const ModelFile& file, const ComputeBackend& backend) {
+  ModelInfo info = loader.check(file, backend, p.target.options);
+  check_context_length(p, info);
+  return info;
+}
+
+std::shared_ptr<const ModelFile> open_drafter(const Pipeline& p, const PluginHost& host) {
+  return host.open_model(p.drafter->model, p.drafter->format);
+}
+
+std::shared_ptr<DrafterLoader> drafter_loader(const Pipeline& p, const PluginHost& host, const ModelFile& file) {
+  const auto& d = *p.drafter;
+  if (d.plugin.empty()) return host.find_drafter_loader(file, d.options, d.options_at);
+  auto loader = host.make_drafter_loader(d.plugin, d.options, d.options_at);
+  if (!loader->accepts(file)) {
+    fail("drafter plugin '{}' ({}) does not accept {} (its architecture: '{}')", d.plugin, loader->architecture(),
+         d.model.string(), declared_architecture(file));
+  }
+  return loader;
+}
+
+void check_drafter(const Pipeline& p, const DrafterLoader& loader, const ModelFile& file, const ComputeBackend& backend,
+                   const ModelInfo& target) {
+  loader.check(file, backend, target, p.drafter->options);
+}
+
+std::shared_ptr<Sampler> make_sampler(const Pipeline& p, const PluginHost& host) {
+  return host.make_sampler(p.sampler.plugin, p.sampler.params, p.sampler.options, p.sampler.options_at);
 }
 
 BuiltPipeline build_pipeline(const Pipeline& p, const PluginHost& host, const BuildOptions& options) {
@@ -372,32 +516,36 @@ BuiltPipeline build_pipeline(const Pipeline& p, const PluginHost& host, const Bu
       fail("{}: section '{}': {}", src, name, e.what());
     }
   };
-  section("backend", [&] { b.backend = host.make_backend(p.backend.plugin, p.backend.options); });
+  // Every check first, so that a bad pipeline fails before a weight is read (as `specula validate` does).
+  std::shared_ptr<ModelLoader> target;
+  std::shared_ptr<DrafterLoader> drafter;
+  ModelInfo info;
+  section("backend", [&] { b.backend = make_backend(p, host); });
   section("target", [&] {
-    b.target_file = host.open_model(p.target.model, p.target.format);
-    auto loader = p.target.plugin.empty() ? host.find_model_loader(*b.target_file, p.target.options)
-                                          : host.make_model_loader(p.target.plugin, p.target.options);
-    if (!p.target.plugin.empty() && !loader->accepts(*b.target_file)) {
-      fail("model plugin '{}' ({}) does not accept {} (its architecture: '{}')", p.target.plugin,
-           loader->architecture(), p.target.model.string(), declared_architecture(*b.target_file));
-    }
-    b.target = loader->load(b.target_file, b.backend, p.target.options);
-    if (!b.target) fail("model plugin returned no model for {}", p.target.model.string());
+    b.target_file = open_target(p, host);
+    target = target_loader(p, host, *b.target_file);
+    info = check_target(p, *target, *b.target_file, *b.backend);
   });
-  if (p.drafter && options.load_drafter) {
+  const bool with_drafter = p.drafter && options.load_drafter;
+  if (with_drafter) {
     section("drafter", [&] {
-      b.drafter_file = host.open_model(p.drafter->model, p.drafter->format);
-      auto loader = p.drafter->plugin.empty() ? host.find_drafter_loader(*b.drafter_file, p.drafter->options)
-                                              : host.make_drafter_loader(p.drafter->plugin, p.drafter->options);
-      if (!p.drafter->plugin.empty() && !loader->accepts(*b.drafter_file)) {
-        fail("drafter plugin '{}' ({}) does not accept {} (its architecture: '{}')", p.drafter->plugin,
-             loader->architecture(), p.drafter->model.string(), declared_architecture(*b.drafter_file));
-      }
-      b.drafter = loader->load(b.drafter_file, b.backend, b.target->info(), p.drafter->options);
+      b.drafter_file = open_drafter(p, host);
+      drafter = drafter_loader(p, host, *b.drafter_file);
+      check_drafter(p, *drafter, *b.drafter_file, *b.backend, info);
+    });
+  }
+  section("sampler", [&] { b.sampler = make_sampler(p, host); });
+  section("target", [&] {
+    b.target = target->load(b.target_file, b.backend, p.target.options);
+    if (!b.target) fail("model plugin returned no model for {}", p.target.model.string());
+    check_context_length(p, b.target->info());  // for model plugins whose check() knows nothing
+  });
+  if (with_drafter) {
+    section("drafter", [&] {
+      b.drafter = drafter->load(b.drafter_file, b.backend, b.target->info(), p.drafter->options);
       if (!b.drafter) fail("drafter plugin returned no drafter for {}", p.drafter->model.string());
     });
   }
-  section("sampler", [&] { b.sampler = host.make_sampler(p.sampler.plugin, p.sampler.params, p.sampler.options); });
   return b;
 }
 

@@ -101,6 +101,9 @@ class PinnedModelLoader final : public ModelLoader {
       : inner_(std::move(inner)), library_(std::move(library)) {}
   std::string architecture() const override { return inner_->architecture(); }
   bool accepts(const ModelFile& file) const override { return inner_->accepts(file); }
+  ModelInfo check(const ModelFile& file, const ComputeBackend& backend, const nlohmann::json& options) const override {
+    return inner_->check(file, backend, options);
+  }
   std::shared_ptr<Model> load(std::shared_ptr<const ModelFile> file, std::shared_ptr<ComputeBackend> backend,
                               const nlohmann::json& options) const override {
     return pinned(inner_->load(std::move(file), std::move(backend), options), library_);
@@ -117,6 +120,10 @@ class PinnedDrafterLoader final : public DrafterLoader {
       : inner_(std::move(inner)), library_(std::move(library)) {}
   std::string architecture() const override { return inner_->architecture(); }
   bool accepts(const ModelFile& file) const override { return inner_->accepts(file); }
+  void check(const ModelFile& file, const ComputeBackend& backend, const ModelInfo& target,
+             const nlohmann::json& options) const override {
+    inner_->check(file, backend, target, options);
+  }
   std::shared_ptr<Drafter> load(std::shared_ptr<const ModelFile> file, std::shared_ptr<ComputeBackend> backend,
                                 const ModelInfo& target, const nlohmann::json& options) const override {
     return pinned(inner_->load(std::move(file), std::move(backend), target, options), library_);
@@ -333,32 +340,54 @@ std::shared_ptr<ModelFormat> PluginHost::make_format(std::string_view name, cons
   return std::make_shared<PinnedFormat>(std::move(inner), e.library);
 }
 
-std::shared_ptr<ComputeBackend> PluginHost::make_backend(std::string_view name, const nlohmann::json& options) const {
+const OptionSchema* PluginHost::option_schema(std::string_view name, std::string_view kind) const {
+  const PluginFactories* f = entry(name, kind).factories;
+  if (kind == "backend") return f->backend_options;
+  if (kind == "model") return f->model_options;
+  if (kind == "drafter") return f->drafter_options;
+  if (kind == "sampler") return f->sampler_options;
+  return nullptr;
+}
+
+namespace {
+// The host's check of a plugin's options, before its factory sees them.
+void check_against(const OptionSchema* schema, const nlohmann::json& options, std::string_view kind,
+                   std::string_view name, const OptionLocations& where) {
+  if (schema) check_options(*schema, options, fmt::format("{} plugin '{}'", kind, name), where);
+}
+}  // namespace
+
+std::shared_ptr<ComputeBackend> PluginHost::make_backend(std::string_view name, const nlohmann::json& options,
+                                                         const OptionLocations& where) const {
   const Entry& e = entry(name, "backend");
+  check_against(e.factories->backend_options, options, "backend", name, where);
   auto out = pinned(e.factories->backend(options), e.library);
   if (!out) fail("backend plugin '{}' returned no object", name);
   return out;
 }
 
-std::shared_ptr<ModelLoader> PluginHost::make_model_loader(std::string_view name,
-                                                           const nlohmann::json& options) const {
+std::shared_ptr<ModelLoader> PluginHost::make_model_loader(std::string_view name, const nlohmann::json& options,
+                                                           const OptionLocations& where) const {
   const Entry& e = entry(name, "model");
+  check_against(e.factories->model_options, options, "model", name, where);
   auto inner = pinned(e.factories->model(options), e.library);
   if (!inner) fail("model plugin '{}' returned no object", name);
   return std::make_shared<PinnedModelLoader>(std::move(inner), e.library);
 }
 
-std::shared_ptr<DrafterLoader> PluginHost::make_drafter_loader(std::string_view name,
-                                                               const nlohmann::json& options) const {
+std::shared_ptr<DrafterLoader> PluginHost::make_drafter_loader(std::string_view name, const nlohmann::json& options,
+                                                               const OptionLocations& where) const {
   const Entry& e = entry(name, "drafter");
+  check_against(e.factories->drafter_options, options, "drafter", name, where);
   auto inner = pinned(e.factories->drafter(options), e.library);
   if (!inner) fail("drafter plugin '{}' returned no object", name);
   return std::make_shared<PinnedDrafterLoader>(std::move(inner), e.library);
 }
 
 std::shared_ptr<Sampler> PluginHost::make_sampler(std::string_view name, const SamplingParams& params,
-                                                  const nlohmann::json& options) const {
+                                                  const nlohmann::json& options, const OptionLocations& where) const {
   const Entry& e = entry(name, "sampler");
+  check_against(e.factories->sampler_options, options, "sampler", name, where);
   auto out = pinned(e.factories->sampler(params, options), e.library);
   if (!out) fail("sampler plugin '{}' returned no object", name);
   return out;
@@ -371,18 +400,30 @@ std::shared_ptr<const ModelFile> PluginHost::open_model(const fs::path& path, st
     auto f = std::static_pointer_cast<PinnedFormat>(make_format(format));
     return f->open_pinned(path);
   }
-  std::vector<std::string> tried;
+  std::vector<std::shared_ptr<PinnedFormat>> formats;
   for (const auto& e : entries_) {
     if (!e.info.has_kind("format")) continue;
     auto f = std::static_pointer_cast<PinnedFormat>(make_format(e.info.name));
-    tried.push_back(e.info.name);
     if (f->can_open(path)) {
       log_debug("opening {} with format plugin '{}'", path.string(), e.info.name);
       return f->open_pinned(path);
     }
+    formats.push_back(f);
   }
-  fail("no format plugin can open {} (tried: {}); run `specula plugins` to see which plugins were found",
-       path.string(), tried.empty() ? std::string("no format plugin was found") : join(tried, ", "));
+  if (formats.empty())
+    fail("no format plugin can open {}: no format plugin was found; run `specula plugins` to see the search path",
+         path.string());
+  // Each plugin's own reason: what its open() says about the file.
+  std::vector<std::string> reasons;
+  for (const auto& f : formats) {
+    try {
+      f->open(path);
+      reasons.push_back(fmt::format("{}: declines it (can_open is false)", f->name()));
+    } catch (const std::exception& e) {
+      reasons.push_back(fmt::format("{}: {}", f->name(), e.what()));
+    }
+  }
+  fail("no format plugin can open {} ({})", path.string(), join(reasons, "; "));
 }
 
 std::string declared_architecture(const ModelFile& file) {
@@ -396,27 +437,28 @@ std::string declared_architecture(const ModelFile& file) {
   return {};
 }
 
-std::shared_ptr<ModelLoader> PluginHost::find_model_loader(const ModelFile& file, const nlohmann::json& options) const {
+std::shared_ptr<ModelLoader> PluginHost::find_model_loader(const ModelFile& file, const nlohmann::json& options,
+                                                           const OptionLocations& where) const {
   std::vector<std::string> tried;
   for (const auto& e : entries_) {
     if (!e.info.has_kind("model")) continue;
-    auto loader = make_model_loader(e.info.name, options);
+    auto loader = make_model_loader(e.info.name);  // the options are for the plugin that accepts the file
     tried.push_back(fmt::format("{} ({})", e.info.name, loader->architecture()));
-    if (loader->accepts(file)) return loader;
+    if (loader->accepts(file)) return make_model_loader(e.info.name, options, where);
   }
   std::string arch = declared_architecture(file);
   fail("no model plugin accepts {} (its architecture: '{}'; model plugins tried: {})", file.path().string(),
        arch.empty() ? "not declared" : arch, tried.empty() ? std::string("none was found") : join(tried, ", "));
 }
 
-std::shared_ptr<DrafterLoader> PluginHost::find_drafter_loader(const ModelFile& file,
-                                                               const nlohmann::json& options) const {
+std::shared_ptr<DrafterLoader> PluginHost::find_drafter_loader(const ModelFile& file, const nlohmann::json& options,
+                                                               const OptionLocations& where) const {
   std::vector<std::string> tried;
   for (const auto& e : entries_) {
     if (!e.info.has_kind("drafter")) continue;
-    auto loader = make_drafter_loader(e.info.name, options);
+    auto loader = make_drafter_loader(e.info.name);  // the options are for the plugin that accepts the file
     tried.push_back(fmt::format("{} ({})", e.info.name, loader->architecture()));
-    if (loader->accepts(file)) return loader;
+    if (loader->accepts(file)) return make_drafter_loader(e.info.name, options, where);
   }
   std::string arch = declared_architecture(file);
   fail("no drafter plugin accepts {} (its architecture: '{}'; drafter plugins tried: {})", file.path().string(),

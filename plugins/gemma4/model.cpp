@@ -82,27 +82,63 @@ class Gemma4Context final : public ModelContext, public TargetView {
   std::map<std::pair<int64_t, std::string>, Sampling> sampling_graphs_;  // by T and Sampler::device_key
 };
 
+// Everything the constructor decides from the metadata and the options, before a weight is loaded.
+struct Checked {
+  Config cfg;
+  int64_t chunk = 256;
+  DType cache_type = DType::F32;
+  float embed_scale = 1.0f, ple_scale = 1.0f;
+  ModelInfo info;
+};
+
+Checked check_model(const ModelFile& file, const ComputeBackend& backend, const nlohmann::json& options_in) {
+  const nlohmann::json options = options_in.is_object() ? options_in : nlohmann::json::object();
+  Checked c;
+  const bool gguf = file.format() == "gguf";
+  c.cfg = gguf ? config_from_gguf(file) : config_from_hf(file);
+  const Weights w = check_weights(file, c.cfg);  // every tensor present and shaped as the config says
+  c.chunk = options.value("prefill_chunk", int64_t{256});
+  if (c.chunk < 1) fail("gemma4: option prefill_chunk = {} must be >= 1", c.chunk);
+  const std::string cache_type = options.value("kv_cache_type", std::string("F32"));
+  auto ct = dtype_from_name(cache_type);
+  if (!ct || (*ct != DType::F32 && *ct != DType::F16 && *ct != DType::BF16))
+    fail("gemma4: option kv_cache_type = '{}'; expected F32, F16 or BF16", cache_type);
+  for (Op op : {Op::WriteRows, Op::Attention}) {
+    const Support s = backend.supports(op, *ct);
+    if (!s.ok)
+      fail("gemma4: option kv_cache_type = '{}': backend '{}' cannot run {} on {}: {}", cache_type, backend.name(),
+           op_name(op), cache_type, s.reason);
+  }
+  c.cache_type = *ct;
+  std::string mode = options.value("embedding_scale", std::string("auto"));
+  if (mode == "auto") mode = gguf ? "exact" : "dtype";
+  if (mode != "exact" && mode != "bf16" && mode != "dtype")
+    fail("gemma4: option embedding_scale = '{}'; expected auto, exact, bf16 or dtype", mode);
+  c.embed_scale = embedding_scale(c.cfg.hidden, w.embed_type, mode);
+  c.ple_scale = c.cfg.ple > 0 ? embedding_scale(c.cfg.ple, w.embed_type, mode) : 1.0f;
+  c.info.architecture = "gemma4";
+  c.info.vocab_size = c.cfg.vocab;
+  c.info.hidden_size = c.cfg.hidden;
+  c.info.context_length = c.cfg.context;
+  c.info.end_tokens = c.cfg.eos;
+  c.info.details = c.cfg.to_json();
+  c.info.details["format"] = file.format();
+  c.info.details["embedding_scale"] = c.embed_scale;
+  return c;
+}
+
 class Gemma4Model final : public Model, public std::enable_shared_from_this<Gemma4Model> {
  public:
   Gemma4Model(std::shared_ptr<const ModelFile> file, std::shared_ptr<ComputeBackend> backend,
               const nlohmann::json& options)
       : file_(std::move(file)), backend_(std::move(backend)) {
-    const bool gguf = file_->format() == "gguf";
-    cfg_ = gguf ? config_from_gguf(*file_) : config_from_hf(*file_);
+    const Checked c = check_model(*file_, *backend_, options);
+    cfg_ = c.cfg;
     w_ = load_weights(*file_, cfg_, *backend_);
-    chunk_ = options.value("prefill_chunk", int64_t{256});
-    if (chunk_ < 1) fail("gemma4: option prefill_chunk = {} must be >= 1", chunk_);
-    const std::string cache_type = options.value("kv_cache_type", std::string("F32"));
-    auto ct = dtype_from_name(cache_type);
-    if (!ct || (*ct != DType::F32 && *ct != DType::F16 && *ct != DType::BF16))
-      fail("gemma4: option kv_cache_type = '{}'; expected F32, F16 or BF16", cache_type);
-    cache_type_ = *ct;
-    std::string mode = options.value("embedding_scale", std::string("auto"));
-    if (mode == "auto") mode = gguf ? "exact" : "dtype";
-    if (mode != "exact" && mode != "bf16" && mode != "dtype")
-      fail("gemma4: option embedding_scale = '{}'; expected auto, exact or bf16", mode);
-    embed_scale_ = embedding_scale(cfg_.hidden, w_.embed_type, mode);
-    ple_scale_ = cfg_.ple > 0 ? embedding_scale(cfg_.ple, w_.embed_type, mode) : 1.0f;
+    chunk_ = c.chunk;
+    cache_type_ = c.cache_type;
+    embed_scale_ = c.embed_scale;
+    ple_scale_ = c.ple_scale;
 
     if (cfg_.experts > 0) {
       // One-hot rows [E, 1, E]: MatMulId with them picks the router logits of the chosen experts.
@@ -113,14 +149,7 @@ class Gemma4Model final : public Model, public std::enable_shared_from_this<Gemm
       backend_->write(*onehot_, bytes_of(eye));
     }
 
-    info_.architecture = "gemma4";
-    info_.vocab_size = cfg_.vocab;
-    info_.hidden_size = cfg_.hidden;
-    info_.context_length = cfg_.context;
-    info_.end_tokens = cfg_.eos;
-    info_.details = cfg_.to_json();
-    info_.details["format"] = file_->format();
-    info_.details["embedding_scale"] = embed_scale_;
+    info_ = c.info;
     try {
       tokenizer_ = make_tokenizer(*file_);
     } catch (const Error& e) {
@@ -514,6 +543,23 @@ bool is_gemma4(const ModelFile& file) {
   const std::string t = type_of(*cfg), tt = type_of(cfg->value("text_config", nlohmann::json()));
   return t == "gemma4" || t == "gemma4_text" || t == "gemma4_unified" || t == "gemma4_unified_text" ||
          tt == "gemma4_text" || tt == "gemma4_unified_text";
+}
+
+const OptionSchema& option_schema() {
+  static const OptionSchema schema = {
+      {"prefill_chunk", OptionType::Integer, "prompt tokens per graph run; also the deepest rollback a sliding-window cache allows",
+       256, 1, std::nullopt, {}},
+      {"kv_cache_type", OptionType::String, "storage type of the KV cache (the backend must run WriteRows and Attention on it)",
+       "F32", std::nullopt, std::nullopt, {"F32", "F16", "BF16"}},
+      {"embedding_scale", OptionType::String,
+       "sqrt(hidden) rounding: auto = exact for GGUF (llama.cpp), the table's dtype for safetensors/MLX (transformers)",
+       "auto", std::nullopt, std::nullopt, {"auto", "exact", "bf16", "dtype"}},
+  };
+  return schema;
+}
+
+ModelInfo check(const ModelFile& file, const ComputeBackend& backend, const nlohmann::json& options) {
+  return check_model(file, backend, options).info;
 }
 
 std::shared_ptr<Model> load_model(std::shared_ptr<const ModelFile> file, std::shared_ptr<ComputeBackend> backend,

@@ -8,6 +8,7 @@
 
 #include "config.hpp"
 #include "specula/model.hpp"
+#include "specula/options.hpp"
 #include "weights.hpp"
 
 namespace specula::gemma4 {
@@ -21,6 +22,14 @@ namespace specula::gemma4 {
 //                  "exact" or "bf16"
 std::shared_ptr<Model> load_model(std::shared_ptr<const ModelFile> file, std::shared_ptr<ComputeBackend> backend,
                                   const nlohmann::json& options);
+
+// What load_model checks, without loading a weight (ModelLoader::check): the configuration, every
+// tensor's presence and shape, the options, the KV cache dtype against the backend. Returns the
+// ModelInfo the model will report.
+ModelInfo check(const ModelFile& file, const ComputeBackend& backend, const nlohmann::json& options);
+
+// The options load_model takes, for the host's check and `specula plugins --options gemma4`.
+const OptionSchema& option_schema();
 
 // True when `file` holds a Gemma 4 text model (GGUF arch gemma4, or a gemma4 config.json).
 bool is_gemma4(const ModelFile& file);

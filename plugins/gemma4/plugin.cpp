@@ -8,6 +8,10 @@ class Gemma4Loader final : public specula::ModelLoader {
  public:
   std::string architecture() const override { return "gemma4"; }
   bool accepts(const specula::ModelFile& file) const override { return specula::gemma4::is_gemma4(file); }
+  specula::ModelInfo check(const specula::ModelFile& file, const specula::ComputeBackend& backend,
+                           const nlohmann::json& options) const override {
+    return specula::gemma4::check(file, backend, options);
+  }
   std::shared_ptr<specula::Model> load(std::shared_ptr<const specula::ModelFile> file,
                                        std::shared_ptr<specula::ComputeBackend> backend,
                                        const nlohmann::json& options) const override {
@@ -21,6 +25,7 @@ const specula::PluginFactories* factories() {
     x.model = [](const nlohmann::json&) -> std::unique_ptr<specula::ModelLoader> {
       return std::make_unique<Gemma4Loader>();
     };
+    x.model_options = &specula::gemma4::option_schema();
     return x;
   }();
   return &f;

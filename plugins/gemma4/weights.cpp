@@ -62,7 +62,8 @@ const std::map<std::string, std::string>& global_names() {
 
 class Loader {
  public:
-  Loader(const ModelFile& file, ComputeBackend& backend) : file_(file), backend_(backend) {
+  // Without a backend (check_weights) every tensor is looked up and shape-checked, none loaded.
+  Loader(const ModelFile& file, ComputeBackend* backend) : file_(file), backend_(backend) {
     gguf_ = file.format() == "gguf";
     if (!gguf_) {
       // The text tower's prefix: multimodal HF, MLX (mlx-lm / mlx-vlm) or text-only exports.
@@ -120,24 +121,35 @@ class Loader {
     if (t.shape != shape)
       fail("{}: tensor '{}' has shape {}, but the model's configuration needs {}", file_.path().string(), t.name,
            shape_str(t.shape), shape_str(shape));
-    return backend_.load_weight(t);
+    return backend_ ? backend_->load_weight(t) : nullptr;
   }
 
   const ModelFile& file_;
-  ComputeBackend& backend_;
+  ComputeBackend* backend_;
   bool gguf_ = false;
   std::string prefix_;
 };
 
 }  // namespace
 
+namespace {
+Weights read_weights(const ModelFile& file, const Config& c, ComputeBackend* backend);
+}  // namespace
+
 Weights load_weights(const ModelFile& file, const Config& c, ComputeBackend& backend) {
+  return read_weights(file, c, &backend);
+}
+
+Weights check_weights(const ModelFile& file, const Config& c) { return read_weights(file, c, nullptr); }
+
+namespace {
+Weights read_weights(const ModelFile& file, const Config& c, ComputeBackend* backend) {
   Loader ld(file, backend);
   Weights w;
   const int64_t H = c.hidden, L = static_cast<int64_t>(c.layers.size()), P = c.ple;
   w.embed = ld.need("token_embd.weight", {c.vocab, H});
   w.embed_type = ld.info("token_embd.weight")->type;
-  if (ld.info("output.weight"))
+  if (backend && ld.info("output.weight"))
     log_warn("{}: has an untied 'output.weight'; Gemma 4 ties the LM head to token_embd, which is used",
              file.path().string());
   w.output_norm = ld.need("output_norm.weight", {H});
@@ -163,7 +175,7 @@ Weights load_weights(const ModelFile& file, const Config& c, ComputeBackend& bac
       lw.k = ld.need(n("attn_k.weight"), {KV * D, H});
       lw.k_norm = ld.need(n("attn_k_norm.weight"), {D});
       lw.v = ld.optional(n("attn_v.weight"), {KV * D, H});
-      if (!lw.v && !(lc.full && (c.k_eq_v || file.format() == "gguf"))) {
+      if (!ld.info(n("attn_v.weight")) && !(lc.full && (c.k_eq_v || file.format() == "gguf"))) {
         std::string shown;
         ld.find(n("attn_v.weight"), &shown);
         fail("{}: tensor '{}' is missing; only full-attention layers of attention_k_eq_v models may omit V",
@@ -208,5 +220,6 @@ Weights load_weights(const ModelFile& file, const Config& c, ComputeBackend& bac
   }
   return w;
 }
+}  // namespace
 
 }  // namespace specula::gemma4

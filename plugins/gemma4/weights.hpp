@@ -31,5 +31,7 @@ struct Weights {
 // the tensor and the expected shape when one is missing or misshaped. Unused K/V tensors of KV-shared
 // layers are skipped with a debug message.
 Weights load_weights(const ModelFile& file, const Config& config, ComputeBackend& backend);
+// The same checks without loading anything: the tensors stay null, embed_type is set.
+Weights check_weights(const ModelFile& file, const Config& config);
 
 }  // namespace specula::gemma4

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "specula/model.hpp"
+#include "specula/options.hpp"
 
 namespace specula::gemma4_assistant {
 
@@ -65,6 +66,15 @@ struct Options {
 };
 // Parses the pipeline's drafter options; unknown keys and bad values are errors.
 Options parse_options(const nlohmann::json& options);
+// The options, for the host's check and `specula plugins --options gemma4-assistant`.
+const OptionSchema& option_schema();
+
+// What load_drafter checks before loading a weight (DrafterLoader::check): the configuration, the
+// options against it, and the pairing with `target` (backbone hidden size, vocabulary, and for each
+// layer the head dim of the target's KV cache of its attention type). Target fields that are 0 (a
+// model plugin that reports nothing before loading) are not compared.
+void check(const ModelFile& file, const ModelInfo& target, const nlohmann::json& options);
+void check_pairing(const Config& config, const Options& options, const ModelInfo& target, const std::string& where);
 
 // One draft step as the drafter computed it, for tests and debugging.
 struct StepTrace {

@@ -248,4 +248,45 @@ Options parse_options(const json& options) {
   return o;
 }
 
+const OptionSchema& option_schema() {
+  static const OptionSchema schema = {
+      {"head", OptionType::String, "LM head: auto = centroid when the file has centroids and ordered embeddings",
+       "auto", std::nullopt, std::nullopt, {"auto", "dense", "centroid"}},
+      {"query_position", OptionType::String, "query RoPE position: p (HF, llama.cpp) or p-1 (vLLM, sglang)", "p",
+       std::nullopt, std::nullopt, {"p", "p-1"}},
+  };
+  return schema;
+}
+
+void check_pairing(const Config& c, const Options& o, const ModelInfo& target, const std::string& where) {
+  if (target.hidden_size > 0 && target.hidden_size != c.backbone)
+    fail("{}: the drafter's backbone hidden size is {} but the target ({}) has hidden size {}; this drafter "
+         "belongs to another target", where, c.backbone, target.architecture, target.hidden_size);
+  if (target.vocab_size > 0 && target.vocab_size != c.vocab)
+    fail("{}: the drafter's vocabulary has {} tokens but the target's has {}", where, c.vocab, target.vocab_size);
+  if (o.head == "centroid" && !c.has_centroids)
+    fail("{}: option head = centroid, but the file has no centroid tensors (masked_embedding.centroids / "
+         "assist_embed_centroids); use head: dense or auto", where);
+  // Each drafter layer reads the KV cache of the target's last layer of its attention type.
+  const auto layers = target.details.is_object() ? target.details.value("layers", json::array()) : json::array();
+  if (!layers.is_array() || layers.empty()) return;
+  for (size_t l = 0; l < c.layers.size(); ++l) {
+    const std::string type = c.layers[l].full ? "full" : "sliding";
+    int64_t head_dim = -1;
+    for (const auto& tl : layers) {
+      if (tl.is_object() && tl.value("type", "") == type) head_dim = tl.value("head_dim", int64_t{-1});
+    }
+    if (head_dim < 0)
+      fail("{}: drafter layer {} reads the target's {} attention KV cache, but the target ({}) has no {} attention "
+           "layer; this drafter belongs to another target", where, l, type, target.architecture, type);
+    if (head_dim != c.layers[l].head_dim)
+      fail("{}: drafter layer {} has head dim {} but the target's {} attention KV cache has head dim {}; this "
+           "drafter belongs to another target", where, l, c.layers[l].head_dim, type, head_dim);
+  }
+}
+
+void check(const ModelFile& file, const ModelInfo& target, const nlohmann::json& options) {
+  check_pairing(read_config(file), parse_options(options), target, file.path().string());
+}
+
 }  // namespace specula::gemma4_assistant

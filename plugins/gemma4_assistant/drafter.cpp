@@ -159,15 +159,7 @@ class Drafter final : public AssistantDrafter {
     const std::string where = file_->path().string();
     cfg_ = read_config(*file_);
     const Config& c = cfg_;
-    if (target.hidden_size != c.backbone)
-      fail("{}: the drafter's backbone hidden size is {} but the target ({}) has hidden size {}; this drafter "
-           "belongs to another target", where, c.backbone, target.architecture, target.hidden_size);
-    if (target.vocab_size != c.vocab)
-      fail("{}: the drafter's vocabulary has {} tokens but the target's has {}", where, c.vocab, target.vocab_size);
-
-    if (opt_.head == "centroid" && !c.has_centroids)
-      fail("{}: option head = centroid, but the file has no centroid tensors (masked_embedding.centroids / "
-           "assist_embed_centroids); use head: dense or auto", where);
+    check_pairing(c, opt_, target, where);
     centroid_ = opt_.head == "centroid" || (opt_.head == "auto" && c.has_centroids && c.use_ordered_embeddings);
 
     Tensors t(*file_, *backend_);

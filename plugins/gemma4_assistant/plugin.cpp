@@ -10,6 +10,10 @@ class AssistantLoader final : public specula::DrafterLoader {
  public:
   std::string architecture() const override { return "gemma4-assistant"; }
   bool accepts(const specula::ModelFile& file) const override { return ga::is_assistant(file); }
+  void check(const specula::ModelFile& file, const specula::ComputeBackend&, const specula::ModelInfo& target,
+             const nlohmann::json& options) const override {
+    ga::check(file, target, options);
+  }
   std::shared_ptr<specula::Drafter> load(std::shared_ptr<const specula::ModelFile> file,
                                          std::shared_ptr<specula::ComputeBackend> backend,
                                          const specula::ModelInfo& target, const nlohmann::json& options) const override {
@@ -23,7 +27,7 @@ std::unique_ptr<specula::DrafterLoader> make_loader(const nlohmann::json& option
 }
 
 const specula::PluginFactories* factories() {
-  static const specula::PluginFactories f{.drafter = &make_loader};
+  static const specula::PluginFactories f{.drafter = &make_loader, .drafter_options = &ga::option_schema()};
   return &f;
 }
 

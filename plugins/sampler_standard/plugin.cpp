@@ -13,6 +13,8 @@ const specula::PluginFactories* factories() {
   static const specula::PluginFactories f = [] {
     specula::PluginFactories x;
     x.sampler = &make_sampler;
+    static const specula::OptionSchema none;  // every setting is a key of the sampler section itself
+    x.sampler_options = &none;
     return x;
   }();
   return &f;

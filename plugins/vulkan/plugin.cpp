@@ -6,8 +6,14 @@ namespace {
 std::unique_ptr<specula::ComputeBackend> make_backend(const nlohmann::json& options) {
   return specula::vulkan::make_vulkan_backend(options);
 }
+const specula::OptionSchema kOptions = {
+    {"device", specula::OptionType::IntegerOrString, "device index (0, 1, ...) or a substring of its name; default: the first GPU",
+     nullptr, 0, std::nullopt, {}},
+    {"max_binding_bytes", specula::OptionType::Integer, "largest buffer bound at once (default: the device's limit)",
+     nullptr, 4096, std::nullopt, {}},
+};
 const specula::PluginFactories* factories() {
-  static const specula::PluginFactories f{.backend = &make_backend};
+  static const specula::PluginFactories f{.backend = &make_backend, .backend_options = &kOptions};
   return &f;
 }
 }  // namespace

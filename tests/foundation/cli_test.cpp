@@ -125,8 +125,12 @@ TEST(Cli, RunReportsBadInputClearly) {
   r = test::run_command(test::cli() + " run " + s.pipeline.string());
   EXPECT_EQ(r.status, 1);
   EXPECT_CONTAINS(r.output, "exactly one of --prompt TEXT and --tokens IDS");
-  r = test::run_command(test::cli() + " run " + s.pipeline.string() + " --tokens 1 --context-length 300 --max-tokens 2");
+  r = test::run_command(test::cli() + " run " + s.pipeline.string() + " --tokens 1 --context-length 200 --max-tokens 2");
   EXPECT_EQ(r.status, 0) << r.output;
+  // Past the model's own context: refused before loading (validate gives the same message).
+  r = test::run_command(test::cli() + " run " + s.pipeline.string() + " --tokens 1 --context-length 300 --max-tokens 2");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_CONTAINS(r.output, "section 'target': context length 300 exceeds the model's 256 tokens");
   std::string long_prompt = "1";
   for (int i = 0; i < 40; ++i) long_prompt += ",2";
   r = test::run_command(test::cli() + " run " + s.pipeline.string() + " --tokens " + long_prompt + " --context-length 32");
@@ -158,7 +162,7 @@ TEST(Cli, ValidateChecksPluginsFilesAndBackendSupport) {
   r = test::run_command(test::cli() + " validate " + (quantized.dir / "q.yaml").string());
   EXPECT_EQ(r.status, 1);
   EXPECT_CONTAINS(r.output, "nowhere.gguf does not exist");
-  EXPECT_CONTAINS(r.output, "FAIL  sampler: sampler plugin 'nope': not found");
+  EXPECT_CONTAINS(r.output, "FAIL  sampler: plugin 'nope': no sampler plugin named 'nope' (sampler plugins found: toy");
 }
 
 TEST(Cli, TheBinaryLinksNoPlugin) {

@@ -5,8 +5,10 @@
 // into the test plugin libspecula-toy.so (CLI tests).
 #pragma once
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <thread>
 #include <fstream>
 #include <memory>
 #include <span>
@@ -58,6 +60,7 @@ struct Config {
   uint64_t seed = 7;
   float sharpness = 8.0f;
   std::vector<int32_t> end_tokens{0};
+  int delay_ms = 0;  // each forward sleeps this long (Ctrl+C tests need a generation that takes a while)
 };
 
 // Token 0 is the end token (special); token v >= 1 spells the character kAlphabet[v % size].
@@ -157,6 +160,7 @@ class Context final : public specula::ModelContext {
       specula::fail("toy context overflow: {} + {} > {}", position(), tokens.size(), capacity_);
     }
     if (forwards_) ++*forwards_;
+    if (config_.delay_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(config_.delay_ms));
     const size_t first_logit = tokens.size() - n_logits;
     std::vector<float> out;
     for (size_t i = 0; i < tokens.size(); ++i) {

@@ -598,7 +598,7 @@ TEST(BenchCli, MeasuresPlainAndSpeculativeDecodingOnTheFixtures) {
                              (fixture_dir() / "model-f32.gguf").string() + " --threads 1 ";
   int status = 0;
   const std::string out = run_cli(common + "--drafter " + (fixture_dir() / "assistant-f32.gguf").string() +
-                                      " --draft-tokens 2 -n 12 -g 6 -r 2 --json", &status);
+                                      " --draft-tokens 2 -p 12 -n 6 -r 2 --json", &status);
   ASSERT_EQ(status, 0) << out;
   const json j = json::parse(out);
   EXPECT_EQ(j["prompt_tokens"], 12);
@@ -635,7 +635,7 @@ TEST(BenchCli, MeasuresPlainAndSpeculativeDecodingOnTheFixtures) {
   }
 
   // A run that cannot fit the model's context is refused up front, naming the numbers.
-  const std::string big = run_cli(common + "-n 250 -g 100", &status);
+  const std::string big = run_cli(common + "-p 250 -n 100", &status);
   EXPECT_NE(status, 0);
   EXPECT_NE(big.find("--prompt-tokens 250 + --gen-tokens 100 exceed the model's context of 256 tokens"),
             std::string::npos) << big;
@@ -643,7 +643,7 @@ TEST(BenchCli, MeasuresPlainAndSpeculativeDecodingOnTheFixtures) {
   EXPECT_NE(status, 0);
   EXPECT_NE(zero.find("must be at least 1"), std::string::npos) << zero;
   // --context-length lifts the limit only as far as the model allows, and says which limit it was.
-  const std::string asked = run_cli(common + "--context-length 64 -n 60 -g 8", &status);
+  const std::string asked = run_cli(common + "--context-length 64 -p 60 -n 8", &status);
   EXPECT_NE(status, 0);
   EXPECT_NE(asked.find("exceed the --context-length context of 64 tokens"), std::string::npos) << asked;
 }
@@ -653,7 +653,7 @@ TEST(BenchCli, ProfileNamesOpsWeightsAndLayers) {
   int status = 0;
   const std::string out = run_cli("bench -q --plugin-path " + std::string(SPECULA_PLUGIN_DIR) + " --model " +
                                       (fixture_dir() / "model-f32.gguf").string() +
-                                      " --threads 1 -n 12 -g 3 -r 1 --no-drafter --profile", &status);
+                                      " --threads 1 -p 12 -n 3 -r 1 --no-drafter --profile", &status);
   ASSERT_EQ(status, 0) << out;
   for (const char* want : {"profile: graphs with 1 activation row (", "profile: graphs with 12 activation rows (",
                            "\n  MatMul ", "\n  Attention ", "\n  blk.*.ffn_up.weight ", "\n  token_embd.weight ",

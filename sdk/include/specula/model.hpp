@@ -113,6 +113,16 @@ class ModelLoader {
   virtual ~ModelLoader() = default;
   virtual std::string architecture() const = 0;            // "gemma4"
   virtual bool accepts(const ModelFile& file) const = 0;   // does this file hold this architecture?
+  // What load() checks from metadata alone, without reading a weight: the options, the configuration,
+  // what the backend must support (e.g. the KV cache dtype). Returns the ModelInfo load() would report,
+  // so that `specula validate` can check a drafter and the context length against it. Throws the
+  // message load() would. The default checks nothing and knows only the architecture.
+  virtual ModelInfo check(const ModelFile& file, const ComputeBackend& backend, const nlohmann::json& options) const {
+    (void)file; (void)backend; (void)options;
+    ModelInfo info;
+    info.architecture = architecture();
+    return info;
+  }
   virtual std::shared_ptr<Model> load(std::shared_ptr<const ModelFile> file,
                                       std::shared_ptr<ComputeBackend> backend,
                                       const nlohmann::json& options) const = 0;
@@ -133,6 +143,13 @@ class DrafterLoader {
   virtual ~DrafterLoader() = default;
   virtual std::string architecture() const = 0;            // "gemma4-assistant"
   virtual bool accepts(const ModelFile& file) const = 0;
+  // What load() checks from metadata alone: the options and the pairing with `target` (as
+  // ModelLoader::check reports it: hidden size, vocabulary, layer types, KV geometry). Throws the
+  // message load() would. The default checks nothing.
+  virtual void check(const ModelFile& file, const ComputeBackend& backend, const ModelInfo& target,
+                     const nlohmann::json& options) const {
+    (void)file; (void)backend; (void)target; (void)options;
+  }
   virtual std::shared_ptr<Drafter> load(std::shared_ptr<const ModelFile> file,
                                         std::shared_ptr<ComputeBackend> backend,
                                         const ModelInfo& target, const nlohmann::json& options) const = 0;

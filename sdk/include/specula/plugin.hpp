@@ -13,10 +13,12 @@
 #include "specula/log.hpp"
 #include "specula/model.hpp"
 #include "specula/model_file.hpp"
+#include "specula/options.hpp"
 #include "specula/sampler.hpp"
 
 // Bumped whenever an interface in sdk/include/specula changes incompatibly.
-#define SPECULA_PLUGIN_ABI_VERSION 2u  // 2: TargetView::token_embedding, last_hidden final-normed
+// 3: option schemas in PluginFactories, ModelLoader::check and DrafterLoader::check
+#define SPECULA_PLUGIN_ABI_VERSION 3u
 #define SPECULA_PLUGIN_ENTRY_SYMBOL "specula_plugin_entry"
 
 // Compiler, standard library and language standard: C++ objects cross the boundary only between
@@ -55,6 +57,13 @@ struct PluginFactories {
   std::unique_ptr<ModelLoader> (*model)(const nlohmann::json& options) = nullptr;
   std::unique_ptr<DrafterLoader> (*drafter)(const nlohmann::json& options) = nullptr;
   std::unique_ptr<Sampler> (*sampler)(const SamplingParams& params, const nlohmann::json& options) = nullptr;
+  // The options each kind takes (specula/options.hpp). The host checks a pipeline's options section
+  // against them before calling the factory; null = no schema: the options reach the factory unchecked
+  // and the plugin must refuse unknown keys itself.
+  const OptionSchema* backend_options = nullptr;
+  const OptionSchema* model_options = nullptr;
+  const OptionSchema* drafter_options = nullptr;
+  const OptionSchema* sampler_options = nullptr;
 };
 
 }  // namespace specula

@@ -71,6 +71,7 @@ toy::Config config_of(const specula::ModelFile& f) {
   c.seed = m.value("seed", c.seed);
   c.sharpness = m.value("sharpness", c.sharpness);
   c.end_tokens = m.value("end_tokens", c.end_tokens);
+  c.delay_ms = m.value("delay_ms", c.delay_ms);
   return c;
 }
 
@@ -78,6 +79,17 @@ class ToyLoader final : public specula::ModelLoader {
  public:
   std::string architecture() const override { return "toy"; }
   bool accepts(const specula::ModelFile& f) const override { return f.metadata().value("architecture", "") == "toy"; }
+  // What load() reports, from the file alone; "hidden" (default 1) is what a drafter pairs with.
+  specula::ModelInfo check(const specula::ModelFile& f, const specula::ComputeBackend&,
+                           const nlohmann::json&) const override {
+    const toy::Config c = config_of(f);
+    specula::ModelInfo info;
+    info.architecture = "toy";
+    info.vocab_size = c.vocab;
+    info.hidden_size = f.metadata().value("hidden", 1);
+    info.context_length = c.context_length;
+    return info;
+  }
   std::shared_ptr<specula::Model> load(std::shared_ptr<const specula::ModelFile> file,
                                        std::shared_ptr<specula::ComputeBackend>, const nlohmann::json& options) const override {
     for (const auto& [key, value] : options.items()) specula::fail("toy model: unknown option '{}'", key);
@@ -91,10 +103,19 @@ class ToyDrafterLoader final : public specula::DrafterLoader {
   bool accepts(const specula::ModelFile& f) const override {
     return f.metadata().value("architecture", "") == "toy-drafter";
   }
+  // A drafter file may state the target width it was made for ("backbone").
+  void check(const specula::ModelFile& f, const specula::ComputeBackend&, const specula::ModelInfo& target,
+             const nlohmann::json&) const override {
+    const int64_t backbone = f.metadata().value("backbone", target.hidden_size);
+    if (target.hidden_size > 0 && backbone != target.hidden_size)
+      specula::fail("{}: the toy drafter's backbone is {} but the target's hidden size is {}", f.path().string(),
+                    backbone, target.hidden_size);
+  }
   std::shared_ptr<specula::Drafter> load(std::shared_ptr<const specula::ModelFile> file,
-                                         std::shared_ptr<specula::ComputeBackend>, const specula::ModelInfo& target,
-                                         const nlohmann::json&) const override {
+                                         std::shared_ptr<specula::ComputeBackend> backend, const specula::ModelInfo& target,
+                                         const nlohmann::json& options) const override {
     if (target.architecture != "toy") specula::fail("toy drafter needs a toy target, got '{}'", target.architecture);
+    if (backend) check(*file, *backend, target, options);
     // The drafter must know the target's logit function; the toy target file sits next to it.
     toy::Config c;
     const auto& m = file->metadata();
@@ -136,6 +157,14 @@ const specula::PluginFactories* factories() {
     x.sampler = [](const specula::SamplingParams& p, const nlohmann::json&) -> std::unique_ptr<specula::Sampler> {
       return std::make_unique<toy::Sampler>(p);
     };
+    // Schemas for the host's option checks; the drafter declares none (its options reach it unchecked).
+    static const specula::OptionSchema backend = {
+        {"threads", specula::OptionType::Integer, "ignored (the toy computes nothing)", 0, 0, 1024, {}},
+        {"isa", specula::OptionType::String, "ignored", "auto", std::nullopt, std::nullopt, {"auto", "avx2", "avx512"}}};
+    static const specula::OptionSchema none;
+    x.backend_options = &backend;
+    x.model_options = &none;
+    x.sampler_options = &none;
     return x;
   }();
   return &f;

@@ -3,6 +3,7 @@
 // keep the longest agreeing prefix, roll the target back). See docs/architecture.md.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -23,6 +24,10 @@ struct GenerationOptions {
   bool show_thoughts = false;           // AnswerFilter: keep the thought channel visible
   int draft_tokens = 3;                 // tokens the drafter proposes per speculative step
   int64_t prefill_chunk = 0;            // prompt tokens per forward during prefill; 0 = all at once
+  std::vector<std::string> stop_strings; // generation ends when the visible text holds one (it is cut
+                                         // off, and text that may start one is held back while streaming)
+  const std::atomic<bool>* interrupt = nullptr;  // when it turns true, generation ends after the current
+                                                 // step (Ctrl+C), with stop reason "interrupted"
 };
 
 struct GenerationStats {
@@ -56,8 +61,9 @@ struct GenerationStats {
   }
 };
 
-enum class StopReason { EndToken, MaxTokens, ContextFull };
-std::string_view stop_reason_name(StopReason r);  // "end_token", "max_tokens", "context_full"
+enum class StopReason { EndToken, MaxTokens, ContextFull, StopString, Interrupted };
+// "end_token", "max_tokens", "context_full", "stop_string", "interrupted"
+std::string_view stop_reason_name(StopReason r);
 
 struct GenerationResult {
   std::vector<int32_t> tokens;          // generated ids, without the final end/stop token

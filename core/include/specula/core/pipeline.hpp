@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "specula/model.hpp"
+#include "specula/options.hpp"
 #include "specula/sampler.hpp"
 
 namespace specula::core {
@@ -31,6 +32,7 @@ class PluginHost;
 struct BackendConfig {
   std::string plugin = "onednn";
   nlohmann::json options = nlohmann::json::object();
+  OptionLocations options_at;          // where each option was written, for the host's schema check
 };
 
 struct TargetConfig {
@@ -39,6 +41,7 @@ struct TargetConfig {
   std::string plugin;                  // model plugin; "" = the first whose loader accepts the file
   int64_t context_length = 0;          // 0 = the model's own
   nlohmann::json options = nlohmann::json::object();
+  OptionLocations options_at;
 };
 
 struct DrafterConfig {
@@ -47,19 +50,24 @@ struct DrafterConfig {
   std::string plugin;                  // drafter plugin; "" = the first whose loader accepts the file
   int draft_tokens = 3;                // tokens proposed per speculative step
   nlohmann::json options = nlohmann::json::object();
+  OptionLocations options_at;
 };
 
 struct SamplerConfig {
   std::string plugin = "standard";
   SamplingParams params;               // temperature, top_k, top_p, repetition_penalty, ... seed
   int max_tokens = 256;                // generation limit per reply
+  std::vector<std::string> stop;       // stop strings: generation ends when the text holds one
+  bool random_seed = false;            // `seed: -1`: params.seed was drawn at random (print it)
   nlohmann::json options = nlohmann::json::object();
+  OptionLocations options_at;
 };
 
 struct ChatConfig {
   std::string system;                  // system message ("" = none)
   bool enable_thinking = false;
   bool show_thoughts = false;          // print the thought channel too
+  bool drop_old_turns = true;          // `specula chat` with a full context: drop the oldest turns (else an error)
 };
 
 struct Pipeline {
@@ -72,18 +80,31 @@ struct Pipeline {
   ChatConfig chat;
 };
 
+// A command-line value that replaces (or adds) one key before the pipeline is checked, so that it
+// passes the same checks as the YAML: {"sampler.temperature", "0.7", "--temp"}. Paths should be
+// absolute (they are not relative to the YAML file). A key under `drafter` other than drafter.model
+// needs a drafter section or a drafter.model override.
+struct Override {
+  std::string key;     // section.key or section.options.key
+  std::string value;   // as it would be written in YAML (a plain scalar)
+  std::string flag;    // named in messages: "command line (--temp)"
+  bool append = false; // add `value` to the key's list (e.g. --stop, repeatable) instead of replacing it
+};
+
 // Reads and checks a pipeline file. Throws specula::Error naming file, line and key.
-Pipeline load_pipeline(const std::filesystem::path& yaml_file);
+Pipeline load_pipeline(const std::filesystem::path& yaml_file, const std::vector<Override>& overrides = {});
 // The same from text; `source` names it in messages and relative paths resolve against `base_dir`.
 Pipeline parse_pipeline(std::string_view yaml_text, const std::filesystem::path& source,
-                        const std::filesystem::path& base_dir);
+                        const std::filesystem::path& base_dir, const std::vector<Override>& overrides = {});
+// The pipeline of the command line alone (no YAML): backend onednn, sampler standard, then `overrides`
+// (which must give target.model).
+Pipeline default_pipeline(const std::vector<Override>& overrides);
 
 // Expands ${VAR} and ${VAR:-default}; an unset variable without default is an error naming it and
 // `where` (e.g. "pipeline.yaml:3:10").
 std::string expand_env(std::string_view text, std::string_view where);
 
-// The candidate closest to `word` by edit distance, or "" when none is reasonably close.
-std::string closest_match(std::string_view word, const std::vector<std::string>& candidates);
+using specula::closest_match;
 
 // The objects a pipeline describes, created through a PluginHost.
 struct BuiltPipeline {
@@ -99,8 +120,25 @@ struct BuildOptions {
   bool load_drafter = true;
 };
 
-// Creates backend, opens and loads the target (and drafter), creates the sampler.
-// Throws specula::Error naming the pipeline section that failed.
+// Creates backend, opens and loads the target (and drafter), creates the sampler. Every check of the
+// steps below runs before the first weight is loaded. Throws specula::Error naming the pipeline section
+// that failed.
 BuiltPipeline build_pipeline(const Pipeline& pipeline, const PluginHost& host, const BuildOptions& options = {});
+
+// The steps of build_pipeline before any weight is read, one per check, so that `specula validate`
+// reports each with the message `run` would give. Each throws specula::Error.
+std::shared_ptr<ComputeBackend> make_backend(const Pipeline& p, const PluginHost& host);
+std::shared_ptr<const ModelFile> open_target(const Pipeline& p, const PluginHost& host);
+// target.plugin (or the first model plugin accepting the file), its options checked against its schema.
+std::shared_ptr<ModelLoader> target_loader(const Pipeline& p, const PluginHost& host, const ModelFile& file);
+// ModelLoader::check (options, configuration, cache dtype against the backend), then the context length
+// against the model's. Returns the ModelInfo the loaded model will report.
+ModelInfo check_target(const Pipeline& p, const ModelLoader& loader, const ModelFile& file, const ComputeBackend& backend);
+std::shared_ptr<const ModelFile> open_drafter(const Pipeline& p, const PluginHost& host);
+std::shared_ptr<DrafterLoader> drafter_loader(const Pipeline& p, const PluginHost& host, const ModelFile& file);
+// DrafterLoader::check: options and the pairing with the target.
+void check_drafter(const Pipeline& p, const DrafterLoader& loader, const ModelFile& file, const ComputeBackend& backend,
+                   const ModelInfo& target);
+std::shared_ptr<Sampler> make_sampler(const Pipeline& p, const PluginHost& host);
 
 }  // namespace specula::core

@@ -64,22 +64,32 @@ class PluginHost {
   std::vector<const PluginInfo*> of_kind(std::string_view kind) const;
 
   // Factories. `name` is a plugin name; errors (unknown name, wrong kind) are specula::Error that list
-  // the plugins of that kind that were found. The returned objects pin their plugin's library.
+  // the plugins of that kind that were found. `options` are checked against the plugin's schema for
+  // that kind first (specula/options.hpp; `where` locates each key in messages). The returned objects
+  // pin their plugin's library.
   std::shared_ptr<ModelFormat> make_format(std::string_view name, const nlohmann::json& options = {}) const;
-  std::shared_ptr<ComputeBackend> make_backend(std::string_view name, const nlohmann::json& options = {}) const;
-  std::shared_ptr<ModelLoader> make_model_loader(std::string_view name, const nlohmann::json& options = {}) const;
-  std::shared_ptr<DrafterLoader> make_drafter_loader(std::string_view name,
-                                                     const nlohmann::json& options = {}) const;
+  std::shared_ptr<ComputeBackend> make_backend(std::string_view name, const nlohmann::json& options = {},
+                                               const OptionLocations& where = {}) const;
+  std::shared_ptr<ModelLoader> make_model_loader(std::string_view name, const nlohmann::json& options = {},
+                                                 const OptionLocations& where = {}) const;
+  std::shared_ptr<DrafterLoader> make_drafter_loader(std::string_view name, const nlohmann::json& options = {},
+                                                     const OptionLocations& where = {}) const;
   std::shared_ptr<Sampler> make_sampler(std::string_view name, const SamplingParams& params,
-                                        const nlohmann::json& options = {}) const;
+                                        const nlohmann::json& options = {}, const OptionLocations& where = {}) const;
+  // The option schema plugin `name` declares for `kind`; nullptr when it declares none. Throws as the
+  // factories do for an unknown name or a wrong kind.
+  const OptionSchema* option_schema(std::string_view name, std::string_view kind) const;
 
   // Opens a checkpoint with the first format plugin whose can_open accepts it, or with the named
-  // format plugin when `format` is not empty. Throws naming the path and the formats tried.
+  // format plugin when `format` is not empty. When none accepts it, throws naming the path and, for each
+  // format plugin, why it declined (the error its open() gives).
   std::shared_ptr<const ModelFile> open_model(const std::filesystem::path& path, std::string_view format = {}) const;
-  // The first model (drafter) plugin whose loader accepts `file`; throws naming the file's
-  // architecture (general.architecture / config.json model_type when present) and the plugins tried.
-  std::shared_ptr<ModelLoader> find_model_loader(const ModelFile& file, const nlohmann::json& options = {}) const;
-  std::shared_ptr<DrafterLoader> find_drafter_loader(const ModelFile& file, const nlohmann::json& options = {}) const;
+  // The first model (drafter) plugin whose loader accepts `file`, made with `options`; throws naming the
+  // file's architecture (general.architecture / config.json model_type when present) and the plugins tried.
+  std::shared_ptr<ModelLoader> find_model_loader(const ModelFile& file, const nlohmann::json& options = {},
+                                                 const OptionLocations& where = {}) const;
+  std::shared_ptr<DrafterLoader> find_drafter_loader(const ModelFile& file, const nlohmann::json& options = {},
+                                                     const OptionLocations& where = {}) const;
 
  private:
   struct Library;
