@@ -52,12 +52,12 @@ int main(int argc, char** argv) {
       status = c.run(std::vector<std::string>(args.begin() + 1, args.end()));
     } catch (const std::exception& e) {
       std::fflush(stdout);
-      fmt::print(stderr, "specula {}: error: {}\n", c.name, e.what());
+      std::fputs(fmt::format("specula {}: error: {}\n", c.name, e.what()).c_str(), stderr);  // never throws
       return 1;
     }
     // A full disk or a closed pipe must not look like success (`specula run ... > /dev/full`).
     if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
-      fmt::print(stderr, "specula {}: error: writing to stdout failed: {}\n", c.name, std::strerror(errno));
+      std::fputs(fmt::format("specula {}: error: writing to stdout failed: {}\n", c.name, std::strerror(errno)).c_str(), stderr);
       return 1;
     }
     return status;

@@ -184,3 +184,195 @@ TEST(Cli, TheBinaryLinksNoPlugin) {
 }
 
 }  // namespace
+
+namespace {
+
+// What `run` says after "error: ", without the "FILE: section 'x': " that build_pipeline puts first.
+std::string run_error(const std::string& output) {
+  const std::string marker = "specula run: error: ";
+  const size_t at = output.find(marker);
+  if (at == std::string::npos) return "(no error in: " + output + ")";
+  std::string message = output.substr(at + marker.size());
+  message = message.substr(0, message.find('\n'));
+  if (size_t s = message.find(": section '"); s != std::string::npos) message = message.substr(message.find("': ", s) + 3);
+  return message;
+}
+
+}  // namespace
+
+TEST(Cli, ValidateRefusesWhatRunRefusesWithTheSameMessage) {
+  struct Case {
+    std::string yaml_extra, tensors, flags, expected;
+  };
+  const std::vector<Case> cases = {
+      {"backend:\n  plugin: toy\n", "[]", "", "duplicate key 'backend' (first at line 2, again at line 7)"},
+      {"", "[]", " --draft-tokens 65", "command line (--draft-tokens): key 'drafter.draft_tokens' must be between 1 and 64, got 65"},
+      {"", "[]", " --draft-max 0", "command line (--draft-max): key 'drafter.draft_tokens' must be between 1 and 64, got 0"},
+      {"", "[]", " -t 1e9", "command line (--threads): option 'threads' of backend plugin 'toy' must be an integer between 0 and 1024, got 1000000000.0"},
+      {"", "[]", " --threads 4 --temp abc", "command line (--temp): key 'sampler.temperature' must be a number, got 'abc'"},
+      {"", "[]", " -c 300", "context length 300 exceeds the model's 256 tokens"},
+      {"", "[]", " --drafter models/wide.toy", "the toy drafter's backbone is 2 but the target's hidden size is 1"},
+      {"", "[]", " --model models/none.toy", "models/none.toy does not exist"},
+      {"", "[]", " --sampler nope", "no sampler plugin named 'nope'"},
+  };
+  for (const auto& c : cases) {
+    ToySetup s(c.yaml_extra, c.tensors);
+    test::write_file(s.dir / "models/wide.toy", R"({"architecture": "toy-drafter", "backbone": 2})");
+    const std::string common = " " + s.pipeline.string() + c.flags;
+    const std::string in_dir = "cd " + test::quote(s.dir.path().string()) + " && ";
+    auto run = test::run_command(in_dir + test::cli() + " run" + common + " --tokens 1 -q");
+    EXPECT_EQ(run.status, 1) << c.flags << run.output;
+    const std::string message = run_error(run.output);
+    EXPECT_CONTAINS(message, c.expected);
+    auto validate = test::run_command(in_dir + test::cli() + " validate" + common);
+    EXPECT_EQ(validate.status, 1) << validate.output;
+    EXPECT_CONTAINS(validate.output, message);
+  }
+  // Backend options: a typo gets the closest option, with the YAML line.
+  ToySetup typo("", "[]");
+  test::write_file(typo.pipeline, "plugin_paths: [" + test::plugin_dir("toy") + R"(]
+backend:
+  plugin: toy
+  options: {thread: 2}
+target: {model: models/t.toy}
+)");
+  auto r = test::run_command(test::cli() + " run " + typo.pipeline.string() + " --tokens 1");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_CONTAINS(r.output, "p.yaml:4:13: unknown option 'thread' of backend plugin 'toy'; did you mean 'threads'? "
+                            "(valid options: threads, isa)");
+  EXPECT_CONTAINS(test::run_command(test::cli() + " validate " + typo.pipeline.string()).output, run_error(r.output));
+}
+
+TEST(Cli, PluginsOptionsPrintsTheSchema) {
+  auto r = test::run_command(test::cli() + " plugins --plugin-path " + test::plugin_dir("toy") + " --options toy");
+  EXPECT_EQ(r.status, 0) << r.output;
+  EXPECT_CONTAINS(r.output, "backend plugin 'toy' (backend.options):\n  threads            an integer between 0 and 1024, default 0\n");
+  EXPECT_CONTAINS(r.output, "model plugin 'toy' (target.options):\n  (no options)\n");
+  EXPECT_CONTAINS(r.output, "drafter plugin 'toy' (drafter.options):\n  (no schema declared: the plugin checks its options itself)\n");
+  r = test::run_command(test::cli() + " plugins --plugin-path " + test::plugin_dir("toy") + " --options toy --json", false);
+  ASSERT_EQ(r.status, 0) << r.output;
+  auto j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["backend"][1]["name"], "isa");
+  EXPECT_EQ(j["backend"][1]["type"], "one of auto, avx2, avx512");
+  EXPECT_EQ(j["backend"][1]["default"], "auto");
+  r = test::run_command(test::cli() + " plugins --plugin-path " + test::plugin_dir("toy") + " --options tyo");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_CONTAINS(r.output, "no plugin named 'tyo' (did you mean 'toy'?)");
+}
+
+TEST(Cli, FlagsFollowLlamaCppInEveryCommand) {
+  ToySetup s;
+  const auto expect = reference_greedy({7, 8, 9}, 16);
+  // -n/--n-predict (and --max-tokens), -c/--ctx-size, --temp, --draft-max.
+  for (std::string flags : {" -n 5", " --n-predict 5", " --max-tokens 5 -c 64", " --ctx-size 64 -n 5 --temp 0",
+                            " --draft-max 2 -n 5", " --top-k 3 --top-p 0.9 --repeat-penalty 1 -n 5"}) {
+    auto r = test::run_command(test::cli() + " run " + s.pipeline.string() + " --tokens 7,8,9 --json" + flags, false);
+    ASSERT_EQ(r.status, 0) << flags << r.output;
+    EXPECT_EQ(nlohmann::json::parse(r.output)["tokens"].get<std::vector<int32_t>>(),
+              std::vector<int32_t>(expect.begin(), expect.begin() + 5)) << flags;
+  }
+  // --seed -1: a random seed, printed, and in --json; giving it back repeats the run.
+  auto r = test::run_command(test::cli() + " run " + s.pipeline.string() + " --tokens 3,4 --temp 0.8 --seed -1 --json");
+  ASSERT_EQ(r.status, 0) << r.output;
+  const size_t at = r.output.find("specula info: seed: ");
+  ASSERT_NE(at, std::string::npos) << r.output;
+  const std::string seed = r.output.substr(at + 20, r.output.find(' ', at + 20) - at - 20);
+  EXPECT_CONTAINS(r.output, "(drawn at random; --seed " + seed + " repeats it)");
+  auto j = nlohmann::json::parse(r.output.substr(r.output.find('{')));
+  EXPECT_EQ(std::to_string(j["seed"].get<uint64_t>()), seed);
+  auto again = test::run_command(test::cli() + " run " + s.pipeline.string() + " --tokens 3,4 --temp 0.8 --json --seed " + seed, false);
+  EXPECT_EQ(nlohmann::json::parse(again.output)["tokens"], j["tokens"]);
+  // -s/--system and -f/--file.
+  test::write_file(s.dir / "prompt.txt", "hello");
+  toy::Tokenizer tok(64);
+  auto sys = test::run_command(test::cli() + " run " + s.pipeline.string() + " -f " + (s.dir / "prompt.txt").string() +
+                                   " -s terse -q", false);
+  ASSERT_EQ(sys.status, 0) << sys.output;
+  EXPECT_EQ(sys.output, tok.decode(reference_greedy(tok.encode("s:terse.u:hello.a:", false, true), 16), true) + "\n");
+  // --version, help CMD, and an unknown command.
+  auto v = test::run_command(test::cli() + " --version");
+  EXPECT_EQ(v.status, 0);
+  EXPECT_CONTAINS(v.output, "plugin ABI " + std::to_string(SPECULA_PLUGIN_ABI_VERSION));
+  auto h = test::run_command(test::cli() + " help run");
+  EXPECT_EQ(h.status, 0);
+  EXPECT_CONTAINS(h.output, "--n-predict");
+  EXPECT_CONTAINS(h.output, "--ctx-size");
+  EXPECT_CONTAINS(h.output, "--threads");
+  EXPECT_CONTAINS(test::run_command(test::cli() + " help validate").output, "--temp");
+}
+
+TEST(Cli, AModelFileWhereAPipelineGoesRunsTheDefaultPipeline) {
+  ToySetup s;
+  const std::string flags = " --backend toy --sampler toy --plugin-path " + test::plugin_dir("toy") + " --tokens 7,8,9 -n 4 --json";
+  auto r = test::run_command(test::cli() + " run " + (s.dir / "models/t.toy").string() + flags, false);
+  ASSERT_EQ(r.status, 0) << r.output;
+  const auto expect = reference_greedy({7, 8, 9}, 4);
+  EXPECT_EQ(nlohmann::json::parse(r.output)["tokens"].get<std::vector<int32_t>>(), expect);
+  auto both = test::run_command(test::cli() + " run " + (s.dir / "models/t.toy").string() + " --model x.toy" + flags);
+  EXPECT_EQ(both.status, 1);
+  EXPECT_CONTAINS(both.output, "t.toy and --model both name the model; give one");
+  // Without a backend override the default pipeline's onednn backend is used (and named if absent).
+  auto v = test::run_command(test::cli() + " validate " + (s.dir / "models/t.toy").string() + " --backend toy --sampler toy --plugin-path " +
+                             test::plugin_dir("toy"));
+  EXPECT_EQ(v.status, 0) << v.output;
+  EXPECT_CONTAINS(v.output, "pipeline is valid");
+}
+
+TEST(Cli, WriteErrorsOnStdoutAreErrors) {
+  ToySetup s;
+  // (...) so that run_command's 2>&1 keeps stderr out of /dev/full.
+  auto r = test::run_command("(" + test::cli() + " run " + s.pipeline.string() + " --tokens 7,8,9 -q > /dev/full)");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_CONTAINS(r.output, "specula run: error: writing to stdout failed: No space left on device");
+  r = test::run_command("(" + test::cli() + " run " + s.pipeline.string() + " --tokens 7,8,9 --json > /dev/full)");
+  EXPECT_EQ(r.status, 1);
+  // Even with stderr full too, the status says it failed.
+  EXPECT_EQ(test::run_command(test::cli() + " version > /dev/full").status, 1);
+  r = test::run_command("(" + test::cli() + " version > /dev/full)");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_CONTAINS(r.output, "specula version: error: writing to stdout failed");
+}
+
+TEST(Cli, StopStringsEndGenerationBeforeThem) {
+  ToySetup s;
+  toy::Tokenizer tok(64);
+  const std::string full = tok.decode(reference_greedy({7, 8, 9}, 16), true);
+  const std::string stop = full.substr(5, 2);
+  const std::string expected = full.substr(0, full.find(stop));
+  auto r = test::run_command(test::cli() + " run " + s.pipeline.string() + " --tokens 7,8,9 --json --stop " + test::quote(stop) +
+                                 " --stop zzzzzz", false);
+  ASSERT_EQ(r.status, 0) << r.output;
+  auto j = nlohmann::json::parse(r.output);
+  EXPECT_EQ(j["text"], expected);
+  EXPECT_EQ(j["stop_reason"], "stop_string");
+  // Streamed the same (text that may begin a stop string is held back until it cannot).
+  auto streamed = test::run_command(test::cli() + " run " + s.pipeline.string() + " --tokens 7,8,9 -q --stop " + test::quote(stop), false);
+  EXPECT_EQ(streamed.output, expected + "\n");
+}
+
+TEST(Cli, CtrlCStopsGenerationAndKeepsTheResults) {
+  test::TempDir dir;
+  test::write_file(dir / "t.toy", R"({"architecture": "toy", "vocab": 64, "context_length": 4096, "end_tokens": [], "delay_ms": 20})");
+  const std::string pipeline = test::write_file(dir / "p.yaml", "plugin_paths: [" + test::plugin_dir("toy") +
+                                                                    "]\nbackend: {plugin: toy}\ntarget: {model: t.toy}\n"
+                                                                    "sampler: {plugin: toy, max_tokens: 1000}\n").string();
+  // 1000 tokens take 20 s; SIGINT after 0.5 s ends it with the text so far and a complete JSON object.
+  const std::string out = (dir / "out.json").string();
+  auto r = test::run_command(test::cli() + " run " + pipeline + " --tokens 1,2 --json > " + out + " & pid=$!; sleep 0.5; kill -INT $pid; wait $pid; echo rc=$?");
+  EXPECT_CONTAINS(r.output, "rc=0");
+  std::ifstream in(out);
+  auto j = nlohmann::json::parse(in);
+  EXPECT_EQ(j["stop_reason"], "interrupted");
+  const auto n = j["tokens"].size();
+  EXPECT_GT(n, 0u);
+  EXPECT_LT(n, 1000u);
+  EXPECT_EQ(j["stats"]["generated_tokens"], n);
+  // Streaming: the statistics still come; a second Ctrl+C exits at once with 130.
+  r = test::run_command("(" + test::cli() + " run " + pipeline + " --tokens 1,2 > /dev/null & pid=$!; sleep 0.5; kill -INT $pid; wait $pid; echo rc=$?)");
+  EXPECT_CONTAINS(r.output, "stop: interrupted");
+  EXPECT_CONTAINS(r.output, "rc=0");
+  test::write_file(dir / "slow.toy", R"({"architecture": "toy", "vocab": 64, "context_length": 4096, "end_tokens": [], "delay_ms": 3000})");
+  r = test::run_command(test::cli() + " run " + pipeline + " --model " + (dir / "slow.toy").string() +
+                        " --tokens 1,2 > /dev/null & pid=$!; sleep 0.5; kill -INT $pid; sleep 0.2; kill -INT $pid; wait $pid; echo rc=$?");
+  EXPECT_CONTAINS(r.output, "rc=130");
+}

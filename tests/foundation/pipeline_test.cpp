@@ -239,3 +239,114 @@ TEST(Pipeline, EveryShippedConfigParses) {
 }
 
 }  // namespace
+
+namespace {
+
+std::string error_with(const std::string& yaml, const std::vector<specula::core::Override>& overrides) {
+  try {
+    parse_pipeline(yaml, "p.yaml", "/base", overrides);
+  } catch (const specula::Error& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
+
+}  // namespace
+
+TEST(Pipeline, DuplicateKeysAreErrorsNamingBothLines) {
+  std::string e = error_of("backend: {plugin: onednn}\ntarget: {model: m.gguf}\nbackend:\n  plugin: vulkan\n");
+  EXPECT_EQ(e, "p.yaml:3:1: duplicate key 'backend' (first at line 1, again at line 3); each key may appear once in a mapping");
+  e = error_of("backend: {plugin: onednn}\ntarget:\n  model: m.gguf\n  options: {prefill_chunk: 4, prefill_chunk: 8}\n");
+  EXPECT_EQ(e, "p.yaml:4:31: duplicate key 'prefill_chunk' (first at line 4, again at line 4); each key may appear once in a mapping");
+}
+
+TEST(Pipeline, CommandLineOverridesPassTheSameChecksAndNameTheFlag) {
+  const std::string yaml = "backend: {plugin: onednn}\ntarget: {model: m.gguf}\nsampler: {temperature: 0.5}\n";
+  EXPECT_EQ(error_with(yaml, {{"sampler.temperature", "abc", "command line (--temp)"}}),
+            "command line (--temp): key 'sampler.temperature' must be a number, got 'abc'");
+  EXPECT_EQ(error_with(yaml, {{"target.context_length", "-5", "command line (--ctx-size)"}}),
+            "command line (--ctx-size): key 'target.context_length' must be between 0 and 2147483647, got -5");
+  EXPECT_EQ(error_with(yaml, {{"drafter.draft_tokens", "4", "command line (--draft-max)"}}),
+            "command line (--draft-max): needs a drafter (--drafter PATH or a drafter section in the pipeline)");
+  EXPECT_EQ(error_with(yaml, {{"drafter.model", "/d.gguf", "command line (--drafter)"},
+                              {"drafter.draft_tokens", "65", "command line (--draft-max)"}}),
+            "command line (--draft-max): key 'drafter.draft_tokens' must be between 1 and 64, got 65");
+  EXPECT_EQ(error_with(yaml, {{"drafter.model", "/d.gguf", "command line (--drafter)"},
+                              {"drafter.draft_tokens", "0", "command line (--draft-max)"}}),
+            "command line (--draft-max): key 'drafter.draft_tokens' must be between 1 and 64, got 0");
+
+  auto p = parse_pipeline(yaml, "p.yaml", "/base",
+                          {{"sampler.temperature", "0.9", "command line (--temp)"},
+                           {"backend.options.threads", "4", "command line (--threads)"},
+                           {"sampler.stop", "END", "command line (--stop)", true},
+                           {"sampler.stop", "\n\n", "command line (--stop)", true}});
+  EXPECT_FLOAT_EQ(p.sampler.params.temperature, 0.9f);
+  EXPECT_EQ(p.backend.options, nlohmann::json::parse(R"({"threads": 4})"));  // typed as the YAML would be
+  EXPECT_EQ(p.backend.options_at.at("threads"), "command line (--threads)");
+  EXPECT_EQ(p.sampler.stop, (std::vector<std::string>{"END", "\n\n"}));
+
+  // Without a YAML file: the default pipeline with the overrides.
+  auto d = specula::core::default_pipeline({{"target.model", "/m.gguf", "command line (--model)"}});
+  EXPECT_EQ(d.backend.plugin, "onednn");
+  EXPECT_EQ(d.target.model, "/m.gguf");
+  EXPECT_EQ(d.sampler.plugin, "standard");
+  try {
+    specula::core::default_pipeline({});
+    FAIL();
+  } catch (const specula::Error& e) {
+    EXPECT_CONTAINS(e.what(), "no model: give a pipeline YAML");
+  }
+}
+
+TEST(Pipeline, OptionLocationsStopStringsSeedAndContextFull) {
+  auto p = parse_pipeline("backend:\n  plugin: onednn\n  options: {threads: 2}\ntarget: {model: m.gguf}\n"
+                          "sampler: {seed: -1, stop: \"</s>\"}\nchat: {context_full: error}\n",
+                          "p.yaml", "/b");
+  EXPECT_EQ(p.backend.options_at.at("threads"), "p.yaml:3:13");
+  EXPECT_EQ(p.backend.options_at.at(""), "p.yaml:3:12");
+  EXPECT_TRUE(p.sampler.random_seed);
+  EXPECT_EQ(p.sampler.stop, std::vector<std::string>{"</s>"});
+  EXPECT_FALSE(p.chat.drop_old_turns);
+  auto q = parse_pipeline("backend: {plugin: onednn}\ntarget: {model: m.gguf}\nsampler: {seed: 7, stop: [a, b]}\n", "p.yaml", "/b");
+  EXPECT_FALSE(q.sampler.random_seed);
+  EXPECT_EQ(q.sampler.params.seed, 7u);
+  EXPECT_EQ(q.sampler.stop, (std::vector<std::string>{"a", "b"}));
+  EXPECT_TRUE(q.chat.drop_old_turns);
+  EXPECT_CONTAINS(error_of("backend: {plugin: onednn}\ntarget: {model: m.gguf}\nsampler: {seed: -2}\n"),
+                  "key 'sampler.seed' must be between -1 and");
+  EXPECT_CONTAINS(error_of("backend: {plugin: onednn}\ntarget: {model: m.gguf}\nchat: {context_full: wrap}\n"),
+                  "p.yaml:3:22: key 'chat.context_full' must be one of drop, error, got 'wrap'");
+}
+
+TEST(OptionSchema, ChecksNamesTypesAndRangesWithLocations) {
+  const specula::OptionSchema schema = {
+      {"threads", specula::OptionType::Integer, "threads", 0, 0, 1024, {}},
+      {"isa", specula::OptionType::String, "kernels", "auto", std::nullopt, std::nullopt, {"auto", "avx2"}},
+      {"profile", specula::OptionType::Bool, "profile", false, std::nullopt, std::nullopt, {}}};
+  const specula::OptionLocations at = {{"", "p.yaml:3:12"}, {"thread", "p.yaml:3:13"}, {"threads", "p.yaml:3:13"}};
+  auto error = [&](const char* json) {
+    try {
+      specula::check_options(schema, nlohmann::json::parse(json), "backend plugin 'x'", at);
+    } catch (const specula::Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("(no error)");
+  };
+  EXPECT_EQ(error(R"({"threads": 4, "isa": "avx2", "profile": true})"), "(no error)");
+  EXPECT_EQ(error(R"({"thread": 4})"), "p.yaml:3:13: unknown option 'thread' of backend plugin 'x'; did you mean "
+                                       "'threads'? (valid options: threads, isa, profile)");
+  EXPECT_EQ(error(R"({"bogus_opt": 1})"),
+            "p.yaml:3:12: unknown option 'bogus_opt' of backend plugin 'x' (valid options: threads, isa, profile)");
+  EXPECT_EQ(error(R"({"threads": 1e9})"),
+            "p.yaml:3:13: option 'threads' of backend plugin 'x' must be an integer between 0 and 1024, got 1000000000.0");
+  EXPECT_EQ(error(R"({"threads": 2000})"),
+            "p.yaml:3:13: option 'threads' of backend plugin 'x' must be an integer between 0 and 1024, got 2000");
+  EXPECT_EQ(error(R"({"isa": "sse"})"), "p.yaml:3:12: option 'isa' of backend plugin 'x' must be one of auto, avx2, got \"sse\"");
+  EXPECT_EQ(error(R"({"profile": 1})"), "p.yaml:3:12: option 'profile' of backend plugin 'x' must be true or false, got 1");
+  try {
+    specula::check_options({}, nlohmann::json::parse(R"({"a": 1})"), "sampler plugin 'standard'");
+    FAIL();
+  } catch (const specula::Error& e) {
+    EXPECT_STREQ(e.what(), "unknown option 'a' of sampler plugin 'standard' (it takes no options)");
+  }
+}
