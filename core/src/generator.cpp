@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <unordered_set>
 
+#include "specula/core/draft_length.hpp"
 #include "specula/error.hpp"
 #include "specula/log.hpp"
 
@@ -250,6 +252,14 @@ GenerationResult Generator::generate(ModelContext& ctx, std::span<const int32_t>
 
   auto t1 = Clock::now();
   emit(last);
+  if (drafter_ && options.draft_auto && (options.draft_max < 1 || options.draft_max > DraftLength::kMax))
+    fail("draft_max must be in [1, {}] for the adaptive draft length, got {}", DraftLength::kMax, options.draft_max);
+  std::optional<DraftLength> policy;
+  if (drafter_ && options.draft_auto) policy.emplace(options.draft_max, options.draft_tokens);
+  auto count_step = [&](int64_t n) {
+    if (static_cast<int64_t>(stats.steps_by_draft_length.size()) <= n) stats.steps_by_draft_length.resize(n + 1);
+    ++stats.steps_by_draft_length[n];
+  };
   while (!done) {
     if (options.interrupt && options.interrupt->load()) {
       result.stop_reason = StopReason::Interrupted;
@@ -262,19 +272,25 @@ GenerationResult Generator::generate(ModelContext& ctx, std::span<const int32_t>
       break;
     }
     const int64_t remaining = options.max_tokens - static_cast<int64_t>(result.tokens.size());
-    int64_t n = drafter_ ? std::min<int64_t>({options.draft_tokens, room - 1, remaining - 1}) : 0;
+    const int64_t want = policy ? policy->next() : options.draft_tokens;
+    int64_t n = drafter_ ? std::min<int64_t>({want, room - 1, remaining - 1}) : 0;
     std::vector<int32_t> drafts;
+    double draft_seconds = 0;
     if (n > 0) {
       auto td = Clock::now();
       drafts = drafter_->draft(ctx.view(), last, static_cast<int>(n));
-      stats.draft_seconds += seconds_since(td);
+      draft_seconds = seconds_since(td);
+      stats.draft_seconds += draft_seconds;
       if (static_cast<int64_t>(drafts.size()) > n) drafts.resize(n);
       for (int32_t d : drafts) {
         if (d < 0 || d >= vocab) fail("drafter proposed token {} outside the vocabulary [0, {})", d, vocab);
       }
     }
     if (drafts.empty()) {
+      const auto tp = Clock::now();
       last = forward_sample(std::span<const int32_t>(&last, 1));
+      if (policy) policy->observe_plain(seconds_since(tp));
+      if (drafter_) count_step(0);
       emit(last);
       continue;
     }
@@ -286,7 +302,9 @@ GenerationResult Generator::generate(ModelContext& ctx, std::span<const int32_t>
     input.push_back(last);
     input.insert(input.end(), drafts.begin(), drafts.end());
     const int64_t base = ctx.position();
+    const auto tv = Clock::now();
     logits = ctx.forward(input, n + 1);
+    const double verify_seconds = seconds_since(tv);
     if (static_cast<int64_t>(logits.size()) != (n + 1) * vocab) {
       fail("model returned {} logits for a verification of {} positions, expected {}", logits.size(), n + 1,
            (n + 1) * vocab);
@@ -309,6 +327,16 @@ GenerationResult Generator::generate(ModelContext& ctx, std::span<const int32_t>
     stats.speculative_steps += 1;
     stats.drafted_tokens += n;
     stats.accepted_tokens += accepted;
+    count_step(n);
+    if (static_cast<int64_t>(stats.drafted_by_position.size()) < n) {
+      stats.drafted_by_position.resize(n);
+      stats.accepted_by_position.resize(n);
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      ++stats.drafted_by_position[i];
+      if (i < accepted) ++stats.accepted_by_position[i];
+    }
+    if (policy) policy->observe_step(static_cast<int>(n), static_cast<int>(accepted), draft_seconds, verify_seconds);
   }
   // One invariant whatever ended generation: the context holds the prompt and every generated token but
   // the last (the plain loop may have processed that one too, a speculative step an accepted end token).

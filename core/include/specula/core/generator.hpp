@@ -23,6 +23,9 @@ struct GenerationOptions {
                                         // format's stop tokens
   bool show_thoughts = false;           // AnswerFilter: keep the thought channel visible
   int draft_tokens = 3;                 // tokens the drafter proposes per speculative step
+  bool draft_auto = false;              // pick the length per step from measured costs and acceptance
+                                        // (draft_length.hpp), starting at draft_tokens
+  int draft_max = 8;                    // the longest draft draft_auto may pick
   int64_t prefill_chunk = 0;            // prompt tokens per forward during prefill; 0 = all at once
   std::vector<std::string> stop_strings; // generation ends when the visible text holds one (it is cut
                                          // off, and text that may start one is held back while streaming)
@@ -40,6 +43,9 @@ struct GenerationStats {
   int64_t drafted_tokens = 0;           // proposed by the drafter
   int64_t accepted_tokens = 0;          // proposals the target agreed with
   double draft_seconds = 0;             // time spent inside Drafter::draft
+  std::vector<int64_t> drafted_by_position;   // [i]: steps that drafted an (i + 1)-th token
+  std::vector<int64_t> accepted_by_position;  // [i]: steps whose (i + 1)-th draft was accepted
+  std::vector<int64_t> steps_by_draft_length; // [n]: steps (plain ones at 0) that drafted n tokens
   // Where tokens were sampled (sampler.device): in the model's graph, or on the host from logits.
   int64_t device_sampled_tokens = 0;
   int64_t host_sampled_tokens = 0;

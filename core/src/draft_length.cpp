@@ -1,0 +1,98 @@
+#include "specula/core/draft_length.hpp"
+
+#include <algorithm>
+
+#include "specula/error.hpp"
+
+namespace specula::core {
+
+namespace {
+constexpr double kDecay = 0.95;      // weight of the past per new observation (about the last 20 steps)
+constexpr double kPriorWeight = 0.5; // observations a position's acceptance prior is worth
+constexpr double kRowSlope = 0.15;   // extra cost per verified row, relative to a step, before two are measured
+}  // namespace
+
+void DraftLength::Mean::add(double x) {
+  value = (value * weight * kDecay + x) / (weight * kDecay + 1);
+  weight = weight * kDecay + 1;
+}
+
+DraftLength::DraftLength(int max_tokens, int initial) : max_(max_tokens), initial_(initial) {
+  if (max_tokens < 1 || max_tokens > kMax) fail("adaptive draft length: the maximum must be in [1, {}], got {}", kMax, max_tokens);
+  initial_ = std::clamp(initial, 0, max_);
+}
+
+double DraftLength::acceptance(int position) const {
+  // Each position's estimate leans on the one before it (the first on an even chance) until observed.
+  double prior = 0.5;
+  for (int i = 1; i <= position && i <= max_; ++i) {
+    const Mean& m = accepted_[i];
+    prior = (m.value * m.weight + prior * kPriorWeight) / (m.weight + kPriorWeight);
+  }
+  return prior;
+}
+
+double DraftLength::verify_seconds(int rows) const {
+  // The measured lengths nearest below and above `rows`.
+  int lo = -1, hi = -1;
+  for (int r = rows; r >= 1 && lo < 0; --r)
+    if (verify_[r].weight > 0) lo = r;
+  for (int r = rows; r <= max_ + 1 && hi < 0; ++r)
+    if (verify_[r].weight > 0) hi = r;
+  if (lo == rows) return verify_[rows].value;
+  if (lo > 0 && hi > 0)
+    return verify_[lo].value + (verify_[hi].value - verify_[lo].value) * (rows - lo) / (hi - lo);
+  const int near = lo > 0 ? lo : hi;
+  if (near < 0) return -1;
+  // Outside the measured range: the slope between the two nearest measured lengths on that side, or
+  // the prior slope with one; never below a tenth of the nearest.
+  int other = -1;
+  for (int r = near + (lo > 0 ? -1 : 1); r >= 1 && r <= max_ + 1 && other < 0; r += lo > 0 ? -1 : 1)
+    if (verify_[r].weight > 0) other = r;
+  const double v = verify_[near].value;
+  double slope = other > 0 ? (v - verify_[other].value) / (near - other) : kRowSlope * v / (1 + kRowSlope * (near - 1));
+  slope = std::max(slope, 0.0);
+  return std::max(0.1 * v, v + slope * (rows - near));
+}
+
+double DraftLength::tokens_per_second(int n) const {
+  const double verify = verify_seconds(n + 1);
+  if (verify <= 0) return 0;
+  double tokens = 1, chain = 1;
+  for (int i = 1; i <= n; ++i) tokens += chain *= acceptance(i);
+  const double time = verify + n * (draft_per_token_.weight > 0 ? draft_per_token_.value : 0);
+  return tokens / time;
+}
+
+int DraftLength::best() const {
+  int best = initial_;
+  double rate = tokens_per_second(best);
+  for (int n = 0; n <= max_; ++n) {
+    const double r = tokens_per_second(n);
+    if (r > rate) best = n, rate = r;
+  }
+  return best;
+}
+
+int DraftLength::next() {
+  ++steps_;
+  bool measured = false;
+  for (const Mean& m : verify_) measured = measured || m.weight > 0;
+  if (!measured) return initial_;
+  const int b = best();
+  if (steps_ % 8 != 0) return b;
+  explore_up_ = !explore_up_;
+  const int n = explore_up_ ? b + 1 : b - 1;
+  return n < 0 || n > max_ ? b : n;
+}
+
+void DraftLength::observe_step(int n, int accepted, double draft_seconds, double verify_seconds) {
+  if (n < 1 || n > max_ || accepted < 0 || accepted > n) return;
+  verify_[n + 1].add(verify_seconds);
+  draft_per_token_.add(draft_seconds / n);
+  for (int i = 1; i <= n && i <= accepted + 1; ++i) accepted_[i].add(i <= accepted ? 1.0 : 0.0);
+}
+
+void DraftLength::observe_plain(double seconds) { verify_[1].add(seconds); }
+
+}  // namespace specula::core

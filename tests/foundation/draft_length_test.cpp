@@ -1,0 +1,128 @@
+// The adaptive draft length: its cost model on measured figures, its choices at the extremes, and the
+// engine with draft_auto, whose greedy output must stay plain greedy's whatever lengths it picks.
+#include <gtest/gtest.h>
+
+#include <numeric>
+
+#include "specula/core/draft_length.hpp"
+#include "specula/core/generator.hpp"
+#include "toy.hpp"
+
+using specula::core::DraftLength;
+
+namespace {
+
+// Steps of every length 1..max whose first `accepted(n)` drafts are accepted, verify(rows) = cost(rows).
+template <class Accepted, class Cost>
+void feed(DraftLength& p, int max, int rounds, Accepted accepted, Cost cost, double draft_per_token = 0) {
+  for (int k = 0; k < rounds; ++k)
+    for (int n = 1; n <= max; ++n) p.observe_step(n, accepted(n), n * draft_per_token, cost(n + 1));
+}
+
+}  // namespace
+
+TEST(DraftLength, StartsAtTheInitialLengthUntilAStepIsMeasured) {
+  DraftLength p(8, 3);
+  EXPECT_EQ(p.next(), 3);
+  EXPECT_EQ(p.next(), 3);
+  EXPECT_LT(p.verify_seconds(4), 0);
+  EXPECT_EQ(p.tokens_per_second(3), 0);
+}
+
+TEST(DraftLength, InterpolatesAndExtrapolatesVerificationCosts) {
+  DraftLength p(8, 3);
+  p.observe_plain(0.100);
+  p.observe_step(4, 0, 0, 0.180);  // 5 rows
+  EXPECT_DOUBLE_EQ(p.verify_seconds(1), 0.100);
+  EXPECT_DOUBLE_EQ(p.verify_seconds(5), 0.180);
+  EXPECT_NEAR(p.verify_seconds(3), 0.140, 1e-12);              // on the line between the two
+  EXPECT_NEAR(p.verify_seconds(7), 0.180 + 2 * 0.020, 1e-12);  // along the last slope
+}
+
+TEST(DraftLength, ExpectedRateFollowsTheAcceptanceChain) {
+  DraftLength p(4, 2);
+  // Position 1 always accepted, position 2 never: tokens(1) -> 2, tokens(2) -> 2 as well.
+  for (int k = 0; k < 60; ++k) p.observe_step(2, 1, 0, 0.1);
+  // The estimates lean on an even-chance prior worth half an observation against about 20 recent ones.
+  EXPECT_GT(p.acceptance(1), 0.98);
+  EXPECT_LT(p.acceptance(2), 0.03);
+  EXPECT_NEAR(p.tokens_per_second(2), 2 / 0.1, 0.5);
+}
+
+TEST(DraftLength, DraftsLongWhenDraftsAreAcceptedAndVerificationIsCheap) {
+  DraftLength p(8, 3);
+  p.observe_plain(0.100);
+  feed(p, 8, 40, [](int n) { return n; }, [](int rows) { return 0.100 + 0.005 * (rows - 1); }, 0.002);
+  EXPECT_EQ(p.best(), 8);
+}
+
+TEST(DraftLength, StopsDraftingWhenDraftsAreRejected) {
+  DraftLength p(8, 3);
+  p.observe_plain(0.100);
+  feed(p, 8, 40, [](int) { return 0; }, [](int rows) { return 0.100 + 0.03 * (rows - 1); }, 0.002);
+  EXPECT_EQ(p.best(), 0);
+}
+
+TEST(DraftLength, PicksTheLengthWithTheBestExpectedRate) {
+  // Acceptance 1, 1, 0 at positions 1, 2, 3 and verification that grows steeply past 3 rows: 2 drafts
+  // give 3 tokens for 0.11 s; 1 draft 2 for 0.105; 3 drafts 3 for 0.2.
+  DraftLength p(6, 1);
+  p.observe_plain(0.100);
+  feed(p, 6, 40, [](int n) { return n < 2 ? n : 2; },
+       [](int rows) { return rows <= 3 ? 0.100 + 0.005 * (rows - 1) : 0.200 + 0.05 * (rows - 4); });
+  EXPECT_EQ(p.best(), 2);
+  // Every eighth pick tries a neighbour; the others take the best.
+  int best = 0, neighbours = 0;
+  for (int k = 0; k < 32; ++k) {
+    const int n = p.next();
+    best += n == 2;
+    neighbours += n == 1 || n == 3;
+  }
+  EXPECT_EQ(best + neighbours, 32);
+  EXPECT_EQ(neighbours, 4);
+}
+
+TEST(DraftLength, RefusesAMaximumOutOfRange) {
+  EXPECT_THROW(DraftLength(0, 1), std::exception);
+  EXPECT_THROW(DraftLength(DraftLength::kMax + 1, 1), std::exception);
+}
+
+TEST(Generator, AdaptiveDraftLengthKeepsGreedyOutput) {
+  toy::Config c;
+  c.end_tokens = {};
+  const std::vector<int32_t> prompt = {5, 9, 17, 3, 22};
+  auto generate = [&](bool drafter, bool adaptive, int error_every) {
+    auto model = std::make_shared<toy::Model>(c);
+    specula::core::Generator gen(model, std::make_shared<toy::Sampler>(specula::SamplingParams{}),
+                                 drafter ? std::make_shared<toy::Drafter>(c, error_every) : nullptr);
+    specula::core::GenerationOptions o;
+    o.max_tokens = 80;
+    o.draft_auto = adaptive;
+    o.draft_max = 6;
+    return gen.generate(prompt, o);
+  };
+  const auto plain = generate(false, false, 0);
+  for (int error_every : {0, 2, 5}) {
+    SCOPED_TRACE(testing::Message() << "error_every=" << error_every);
+    const auto r = generate(true, true, error_every);
+    EXPECT_EQ(r.tokens, plain.tokens);
+    const auto& st = r.stats;
+    // The statistics add up: steps by length, drafts by position.
+    int64_t spec = 0, drafted = 0;
+    for (size_t n = 1; n < st.steps_by_draft_length.size(); ++n) {
+      spec += st.steps_by_draft_length[n];
+      drafted += static_cast<int64_t>(n) * st.steps_by_draft_length[n];
+    }
+    EXPECT_EQ(spec, st.speculative_steps);
+    EXPECT_EQ(drafted, st.drafted_tokens);
+    EXPECT_LE(st.steps_by_draft_length.size(), 7u) << "never beyond draft_max";
+    EXPECT_EQ(std::accumulate(st.drafted_by_position.begin(), st.drafted_by_position.end(), int64_t{0}), drafted);
+    EXPECT_EQ(std::accumulate(st.accepted_by_position.begin(), st.accepted_by_position.end(), int64_t{0}),
+              st.accepted_tokens);
+    for (size_t i = 1; i < st.accepted_by_position.size(); ++i)
+      EXPECT_LE(st.accepted_by_position[i], st.accepted_by_position[i - 1]) << "a draft follows accepted ones";
+    if (error_every == 0) {
+      EXPECT_EQ(st.accepted_tokens, st.drafted_tokens);
+    }
+  }
+}
