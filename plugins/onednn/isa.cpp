@@ -2,6 +2,7 @@
 
 #include <cstdlib>
 
+#include "specula/dtype.hpp"
 #include "specula/error.hpp"
 
 namespace specula::cpu {
@@ -16,6 +17,22 @@ std::vector<Isa> supported_isas() {
       __builtin_cpu_supports("avx512vnni"))
     out.push_back(Isa::avx512);
   return out;
+}
+
+const QuantKernel* quant_kernel(const KernelSet& ks, DType type) {
+  switch (type) {
+    case DType::Q8_0: return &ks.q8_0;
+    case DType::Q4_0: return &ks.q4_0;
+    case DType::Q4_1: return &ks.q4_1;
+    case DType::Q5_0: return &ks.q5_0;
+    case DType::Q5_1: return &ks.q5_1;
+    case DType::IQ4_NL: return &ks.iq4_nl;
+    case DType::IQ4_XS: return &ks.iq4_xs;
+    case DType::Q4_K: return &ks.q4_k;
+    case DType::Q5_K: return &ks.q5_k;
+    case DType::Q6_K: return &ks.q6_k;
+    default: return nullptr;
+  }
 }
 
 const char* isa_name(Isa isa) { return isa == Isa::avx512 ? "avx512" : "avx2"; }

@@ -11,6 +11,10 @@
 #include <string_view>
 #include <vector>
 
+namespace specula {
+enum class DType : uint32_t;  // specula/dtype.hpp (the ISA objects are built without the SDK)
+}
+
 namespace specula::cpu {
 
 enum class Isa { avx2, avx512 };
@@ -35,7 +39,7 @@ inline constexpr int64_t kPrefillRows = 16;
 
 struct KernelSet {
   const char* name;  // "avx2", "avx512"
-  QuantKernel q8_0, q4_0, q5_0, iq4_nl, iq4_xs, q4_k, q5_k, q6_k;
+  QuantKernel q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, iq4_xs, q4_k, q5_k, q6_k;
   RowsKernel f32, f16, bf16;  // x rows are F32, x_stride = cols * 4
 };
 
@@ -45,6 +49,9 @@ const KernelSet& kernel_set();
 namespace avx512 {
 const KernelSet& kernel_set();
 }
+
+// The set's kernel for a quantized weight type, or null (then: F32 / F16 / BF16 rows or the generic path).
+const QuantKernel* quant_kernel(const KernelSet& set, DType type);
 
 // Instruction sets this CPU (and its OS) can run, best last.
 std::vector<Isa> supported_isas();

@@ -1,9 +1,10 @@
 // Matrix products, dispatched by weight storage type:
-//  - Q8_0 / Q4_0 / Q5_0 / IQ4_NL / IQ4_XS / Q4_K / Q5_K / Q6_K at any row count, and F32 / F16 / BF16 below
+//  - Q8_0 / Q4_0 / Q5_0 / IQ4_NL / IQ4_XS / Q4_K / Q5_K / Q6_K at any row count, Q4_1 / Q5_1 and F32 / F16 / BF16 below
 //    gemm_min_rows: the kernel set of this CPU (isa.hpp, qkernels.cpp) streams each weight row once, never
 //    materialising it in F32, and dots it with activation rows quantized on the fly to 8 bits (the
 //    llama.cpp scheme): tiles for few rows, repacked panels for prompt chunks.
-//  - F32 / F16 / BF16 with many rows (prefill): weight rows decoded to F32 in tiles, oneDNN's GEMM.
+//  - F32 / F16 / BF16 / Q4_1 / Q5_1 with many rows (prefill): weight rows decoded to F32 in tiles, oneDNN's
+//    GEMM.
 //  - other types: matmul_generic (decode a row with the SDK codec, dot in F32).
 #include <dnnl.h>
 #include <omp.h>
@@ -28,20 +29,6 @@ inline __m256 load_bf16(const uint16_t* p) {
 }
 inline __m256 load_f16(const uint16_t* p) {
   return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
-}
-
-const QuantKernel* quant_kernel(const KernelSet& ks, DType type) {
-  switch (type) {
-    case DType::Q8_0: return &ks.q8_0;
-    case DType::Q4_0: return &ks.q4_0;
-    case DType::Q5_0: return &ks.q5_0;
-    case DType::IQ4_NL: return &ks.iq4_nl;
-    case DType::IQ4_XS: return &ks.iq4_xs;
-    case DType::Q4_K: return &ks.q4_k;
-    case DType::Q5_K: return &ks.q5_k;
-    case DType::Q6_K: return &ks.q6_k;
-    default: return nullptr;
-  }
 }
 
 RowsKernel float_kernel(const KernelSet& ks, DType type) {

@@ -73,7 +73,7 @@ constexpr bool kWide = true;
 constexpr bool kWide = false;
 #endif
 
-// ---- 32-value blocks (Q8_0, Q4_0, Q5_0, IQ4_NL, IQ4_XS) --------------------------------------------------
+// ---- 32-value blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS) ------------------------------------
 // Blocks go in groups of four (a partial last group is padded with zeros). Lane L = 4j + k of a group
 // (block j, k = 0..3) stands for values 4k..4k+3 and 16+4k..16+4k+3 of block j: one dpbusd over the
 // group's first halves and one over its second halves leave 16 integer dots, four per block, so that
@@ -86,31 +86,40 @@ constexpr bool kWide = false;
 //   init: int32[ng][16]: -kOffset * (the sum of lane L's eight codes): the dot start that removes the
 //         weight codes' storage offset (they are kept unsigned)
 //   scale: float[ng][16]: the scale of lane L's block
+//   sums: float[ng][16], affine types only (Q4_1, Q5_1: w = d q + m): scale * the sum of lane L's eight
+//         codes, which the weight's m multiplies
 //   block_init: int32[nb]: the sum of block b's four inits (for the prefill panels)
 struct X32Layout {
   int64_t nb, ng;
-  explicit X32Layout(int64_t cols) : nb(cols / 32), ng((cols / 32 + 3) / 4) {}
+  bool affine;
+  X32Layout(int64_t cols, bool affine) : nb(cols / 32), ng((cols / 32 + 3) / 4), affine(affine) {}
   size_t init() const { return static_cast<size_t>(128 * ng); }
   size_t scale() const { return static_cast<size_t>(192 * ng); }
-  size_t block_init() const { return static_cast<size_t>(256 * ng); }
-  size_t bytes() const { return align64(static_cast<size_t>(256 * ng + 4 * nb)); }
+  size_t sums() const { return static_cast<size_t>(256 * ng); }
+  size_t block_init() const { return static_cast<size_t>((affine ? 320 : 256) * ng); }
+  size_t bytes() const { return align64(block_init() + static_cast<size_t>(4 * nb)); }
   // Where values 4g..4g+3 of block b start in q, and block b's first scale lane.
   static int64_t q(int64_t b, int g) { return 128 * (b / 4) + 16 * (b % 4) + 4 * (g & 3) + 64 * (g >> 2); }
   static int64_t d(int64_t b) { return 16 * (b / 4) + 4 * (b % 4); }
 };
-size_t x32_bytes(int64_t cols) { return X32Layout(cols).bytes(); }
+template <bool kAffine>
+size_t x32_bytes(int64_t cols) {
+  return X32Layout(cols, kAffine).bytes();
+}
 
-template <int kOffset>
+template <int kOffset, bool kAffine>
 void quantize_x32(const float* x, int64_t cols, std::byte* rec) {
-  const X32Layout lay(cols);
+  const X32Layout lay(cols, kAffine);
   auto* q = reinterpret_cast<int8_t*>(rec);
   auto* init = reinterpret_cast<int32_t*>(rec + lay.init());
   auto* scale = reinterpret_cast<float*>(rec + lay.scale());
+  auto* sums = reinterpret_cast<float*>(rec + lay.sums());
   auto* block_init = reinterpret_cast<int32_t*>(rec + lay.block_init());
   if (lay.nb % 4) {  // the padding of a partial last group contributes nothing
     std::memset(q + 128 * (lay.ng - 1), 0, 128);
     std::memset(init + 16 * (lay.ng - 1), 0, 64);
     std::memset(scale + 16 * (lay.ng - 1), 0, 64);
+    if (kAffine) std::memset(sums + 16 * (lay.ng - 1), 0, 64);
   }
   const __m256 sign = _mm256_set1_ps(-0.0f);
   for (int64_t b = 0; b < lay.nb; ++b) {
@@ -136,11 +145,12 @@ void quantize_x32(const float* x, int64_t cols, std::byte* rec) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(qb), _mm256_castsi256_si128(qv));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 64), _mm256_extracti128_si256(qv, 1));
     // Sums of values 4k..4k+3 (k = 0..7); lane k takes sums k and k + 4.
-    const __m256i sums = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), qv), _mm256_set1_epi16(1));
-    const __m128i lane = _mm_mullo_epi32(_mm_add_epi32(_mm256_castsi256_si128(sums), _mm256_extracti128_si256(sums, 1)),
-                                         _mm_set1_epi32(-kOffset));
+    const __m256i s8 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), qv), _mm256_set1_epi16(1));
+    const __m128i lane_sum = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+    const __m128i lane = _mm_mullo_epi32(lane_sum, _mm_set1_epi32(-kOffset));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(init + X32Layout::d(b)), lane);
     _mm_storeu_ps(scale + X32Layout::d(b), _mm_set1_ps(d));
+    if (kAffine) _mm_storeu_ps(sums + X32Layout::d(b), _mm_mul_ps(_mm_cvtepi32_ps(lane_sum), _mm_set1_ps(d)));
     __m128i h = _mm_add_epi32(lane, _mm_shuffle_epi32(lane, 0x4e));
     h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
     block_init[b] = _mm_cvtsi128_si32(h);
@@ -152,20 +162,33 @@ inline __m256i dot4_avx2(__m256i u, __m256i s) {
   return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
 }
 
+// The f16 values at p, p + s, p + 2s, p + 3s.
+inline __m128 f16x4(const std::byte* p, size_t s) {
+  uint16_t h[4];
+  for (int k = 0; k < 4; ++k) std::memcpy(&h[k], p + k * s, 2);
+  int64_t v;
+  std::memcpy(&v, h, 8);
+  return _mm_cvtph_ps(_mm_cvtsi64_si128(v));
+}
+
 // Blocks of 32 values, B bytes each, the f16 scale first (Q8_0, Q4_0, Q5_0, IQ4_NL). at(row, b) is what
 // codes() reads; scale(row, b) the block's scale, scales4 those of blocks b..b+3.
 template <size_t B>
 struct Blocks32 {
   static constexpr size_t kBytes = B;
+  static constexpr bool kAffine = false;
   static const std::byte* at(const std::byte* row, int64_t b) { return row + B * b; }
   static float scale(const std::byte* row, int64_t b) { return f16(at(row, b)); }
-  static __m128 scales4(const std::byte* row, int64_t b) {
-    uint16_t h[4];
-    for (int k = 0; k < 4; ++k) std::memcpy(&h[k], at(row, b + k), 2);
-    int64_t v;
-    std::memcpy(&v, h, 8);
-    return _mm_cvtph_ps(_mm_cvtsi64_si128(v));
-  }
+  static __m128 scales4(const std::byte* row, int64_t b) { return f16x4(at(row, b), B); }
+};
+
+// Affine blocks (Q4_1, Q5_1): f16 scale d, f16 m, then the codes; w = d q + m with codes q >= 0, so m
+// meets the activation's sums (X32Layout::sums).
+template <size_t B>
+struct AffineBlocks32 : Blocks32<B> {
+  static constexpr bool kAffine = true;
+  static float bias(const std::byte* row, int64_t b) { return f16(row + B * b + 2); }
+  static __m128 biases4(const std::byte* row, int64_t b) { return f16x4(row + B * b + 2, B); }
 };
 
 // Each weight type says how its blocks unpack: codes(wb) gives a block's 32 codes in value order, kept
@@ -190,35 +213,46 @@ inline __m512i load4x16(const std::byte* p, size_t s) {
 }
 #endif
 
-// Q4_0: f16 scale, 16 bytes: values 0..15 in the low nibbles, 16..31 in the high ones, stored + 8.
-struct Q4_0Unpack : Blocks32<18> {
-  static constexpr int kOffset = 8;
+// 16 bytes of nibbles kSkip bytes into each block: values 0..15 in the low nibbles, 16..31 in the high ones.
+template <class Base, int kSkip>
+struct Nibbles : Base {
   static constexpr bool kSigned = false;
   static __m256i codes(const std::byte* wb) {
-    const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 2));
+    const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + kSkip));
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(p, 4), p), _mm256_set1_epi8(0x0f));
   }
   static __m256i panel_codes(const std::byte* wb) { return codes(wb); }
 #if SPECULA_WIDE
   // A group's first halves are the low nibbles, its second halves the high ones.
   static void codes4(const std::byte* row, int64_t b, __m512i& lo, __m512i& hi) {
-    const __m512i z = load4x16(at(row, b) + 2, kBytes);
+    const __m512i z = load4x16(Base::at(row, b) + kSkip, Base::kBytes);
     lo = _mm512_and_si512(z, _mm512_set1_epi8(0x0f));
     hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), _mm512_set1_epi8(0x0f));
   }
 #endif
 };
 
-// Q5_0: f16 scale, 32 bits of fifth bits, 16 bytes of nibbles as Q4_0; stored + 16.
-struct Q5_0Unpack : Blocks32<22> {
-  static constexpr int kOffset = 16;
+// Q4_0: f16 scale, 16 bytes of nibbles, stored + 8.
+struct Q4_0Unpack : Nibbles<Blocks32<18>, 2> {
+  static constexpr int kOffset = 8;
+};
+
+// Q4_1: f16 d, f16 m, 16 bytes of nibbles (0..15).
+struct Q4_1Unpack : Nibbles<AffineBlocks32<20>, 4> {
+  static constexpr int kOffset = 0;
+};
+
+// Five-bit codes kSkip bytes into each block: 32 bits of fifth bits, then 16 bytes of nibbles as Q4_0.
+template <class Base, int kSkip>
+struct FiveBits : Base {
   static constexpr bool kSigned = false;
-  static __m256i codes(const std::byte* wb) {
-    const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 6));
+  static __m256i codes(const std::byte* block) {
+    const std::byte* wb = block + kSkip;
+    const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 4));
     const __m256i low = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(p, 4), p), _mm256_set1_epi8(0x0f));
     // Byte k takes bit k of qh: spread qh's byte k / 8 over bytes k, test bit k % 8.
     uint32_t qh;
-    std::memcpy(&qh, wb + 2, 4);
+    std::memcpy(&qh, wb, 4);
     const __m256i spread =
         _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)),
                             _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
@@ -228,6 +262,16 @@ struct Q5_0Unpack : Blocks32<22> {
     return _mm256_or_si256(low, high);
   }
   static __m256i panel_codes(const std::byte* wb) { return codes(wb); }
+};
+
+// Q5_0: f16 scale, then the five-bit codes, stored + 16.
+struct Q5_0Unpack : FiveBits<Blocks32<22>, 2> {
+  static constexpr int kOffset = 16;
+};
+
+// Q5_1: f16 d, f16 m, then the five-bit codes (0..31).
+struct Q5_1Unpack : FiveBits<AffineBlocks32<24>, 4> {
+  static constexpr int kOffset = 0;
 };
 
 // IQ4 codes: 16 bytes of nibbles (values 0..15 low, 16..31 high) at kSkip bytes past what codes() is
@@ -250,11 +294,13 @@ struct IQ4Codes {
 // IQ4_NL: f16 scale, then the nibbles.
 struct IQ4_NLUnpack : Blocks32<18>, IQ4Codes<2> {};
 
+
 // IQ4_XS: 256-value super-blocks of 136 bytes: f16 d, 16 bits of scale high parts, 4 bytes of scale low
 // nibbles, then 8 x 16 bytes of IQ4_NL nibbles; block ib of 32 has scale d * (ls - 32) with ls = low
 // nibble ib | high bits ib << 4 (6 bits). Handled as 32-value blocks with computed scales.
 struct IQ4_XSUnpack : IQ4Codes<0> {
   static constexpr size_t kBytes = 17;  // 136 / 8, for the prefetch distance
+  static constexpr bool kAffine = false;
   static const std::byte* at(const std::byte* row, int64_t b) { return row + 136 * (b / 8) + 8 + 16 * (b % 8); }
   static float scale(const std::byte* row, int64_t b) {
     const std::byte* sb = row + 136 * (b / 8);
@@ -282,17 +328,19 @@ struct Chunk {
 };
 
 // The weight codes of blocks b..b+n-1 (n < 4 only for a row's last group) as the group layout wants them
-// (lo: first halves, hi: second halves; AVX2: pair h = blocks 2h, 2h+1), their scales per lane, zero for
-// absent blocks. Absent blocks meet zero activations, so they add exact zeros.
+// (lo: first halves, hi: second halves; AVX2: pair h = blocks 2h, 2h+1), their scales (dw) and, for affine
+// types, their m (bw) per lane, zero for absent blocks. Absent blocks meet zero activations, so they add
+// exact zeros.
 #if SPECULA_WIDE
 inline __m512 spread4(__m128 s) {
   return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), _mm512_castps128_ps512(s));
 }
 
 template <class Unpack>
-inline void group_codes(const std::byte* row, int64_t b, int n, __m512i& lo, __m512i& hi, __m512& dw) {
+inline void group_codes(const std::byte* row, int64_t b, int n, __m512i& lo, __m512i& hi, __m512& dw, __m512& bw) {
   if (n == 4) {
     dw = spread4(Unpack::scales4(row, b));
+    if constexpr (Unpack::kAffine) bw = spread4(Unpack::biases4(row, b));
     if constexpr (requires { Unpack::codes4(row, b, lo, hi); }) {
       Unpack::codes4(row, b, lo, hi);
     } else {
@@ -304,34 +352,42 @@ inline void group_codes(const std::byte* row, int64_t b, int n, __m512i& lo, __m
     return;
   }
   alignas(64) uint8_t c[2][64] = {};
-  alignas(16) float s[4] = {};
+  alignas(16) float s[4] = {}, m[4] = {};
   for (int j = 0; j < n; ++j) {
     const __m256i v = Unpack::codes(Unpack::at(row, b + j));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(c[0] + 16 * j), _mm256_castsi256_si128(v));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(c[1] + 16 * j), _mm256_extracti128_si256(v, 1));
     s[j] = Unpack::scale(row, b + j);
+    if constexpr (Unpack::kAffine) m[j] = Unpack::bias(row, b + j);
   }
   lo = _mm512_load_si512(c[0]);
   hi = _mm512_load_si512(c[1]);
   dw = spread4(_mm_load_ps(s));
+  bw = spread4(_mm_load_ps(m));
 }
 #else
 template <class Unpack>
-inline void group_codes(const std::byte* row, int64_t b, int n, __m256i (&lo)[2], __m256i (&hi)[2], __m256 (&dw)[2]) {
+inline void group_codes(const std::byte* row, int64_t b, int n, __m256i (&lo)[2], __m256i (&hi)[2], __m256 (&dw)[2],
+                        __m256 (&bw)[2]) {
   __m256i v[4];
   for (int j = 0; j < 4; ++j) v[j] = j < n ? Unpack::panel_codes(Unpack::at(row, b + j)) : _mm256_setzero_si256();
-  alignas(16) float s[4] = {};
+  alignas(16) float s[4] = {}, m[4] = {};
   if (n == 4) {
     _mm_store_ps(s, Unpack::scales4(row, b));
+    if constexpr (Unpack::kAffine) _mm_store_ps(m, Unpack::biases4(row, b));
   } else {
-    for (int j = 0; j < n; ++j) s[j] = Unpack::scale(row, b + j);
+    for (int j = 0; j < n; ++j) {
+      s[j] = Unpack::scale(row, b + j);
+      if constexpr (Unpack::kAffine) m[j] = Unpack::bias(row, b + j);
+    }
   }
-  const __m256 s4 = _mm256_castps128_ps256(_mm_load_ps(s));
+  const __m256 s4 = _mm256_castps128_ps256(_mm_load_ps(s)), m4 = _mm256_castps128_ps256(_mm_load_ps(m));
   for (int h = 0; h < 2; ++h) {
     lo[h] = _mm256_permute2x128_si256(v[2 * h], v[2 * h + 1], 0x20);
     hi[h] = _mm256_permute2x128_si256(v[2 * h], v[2 * h + 1], 0x31);
-    dw[h] = _mm256_permutevar8x32_ps(s4, _mm256_setr_epi32(2 * h, 2 * h, 2 * h, 2 * h, 2 * h + 1, 2 * h + 1,
-                                                            2 * h + 1, 2 * h + 1));
+    const __m256i pick = _mm256_setr_epi32(2 * h, 2 * h, 2 * h, 2 * h, 2 * h + 1, 2 * h + 1, 2 * h + 1, 2 * h + 1);
+    dw[h] = _mm256_permutevar8x32_ps(s4, pick);
+    bw[h] = _mm256_permutevar8x32_ps(m4, pick);
   }
 }
 
@@ -348,15 +404,17 @@ inline __m256i dot_avx2(__m256i w, __m256i x) {
 template <class Unpack, int RW, int RX>
 void tile_x32(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t cols, float* y, int64_t ldy,
               const Chunk& chunk) {
-  const X32Layout lay(cols);
+  constexpr bool kAffine = Unpack::kAffine;
+  const X32Layout lay(cols, kAffine);
   const bool resume = chunk.b0 > 0, suspend = chunk.b1 < lay.nb;
   const int8_t* xq[RX];
   const int32_t* xi[RX];
-  const float* xd[RX];
+  const float *xd[RX], *xm[RX];
   for (int r = 0; r < RX; ++r) {
     xq[r] = at<int8_t>(x, r * xs);
     xi[r] = at<int32_t>(x, r * xs + lay.init());
     xd[r] = at<float>(x, r * xs + lay.scale());
+    xm[r] = at<float>(x, r * xs + lay.sums());
   }
 #if SPECULA_WIDE
   __m512 acc[RW][RX];
@@ -366,11 +424,11 @@ void tile_x32(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int
     const int n = chunk.b1 - b < 4 ? static_cast<int>(chunk.b1 - b) : 4;
     const int64_t g = b / 4;
     __m512i lo[RW], hi[RW];
-    __m512 dw[RW];
+    __m512 dw[RW], bw[RW];
     for (int i = 0; i < RW; ++i) {
       const std::byte* row = w + i * wrb;
       prefetch_ahead(Unpack::at(row, b), 4 * Unpack::kBytes, chunk.ahead);
-      group_codes<Unpack>(row, b, n, lo[i], hi[i], dw[i]);
+      group_codes<Unpack>(row, b, n, lo[i], hi[i], dw[i], bw[i]);
     }
     for (int r = 0; r < RX; ++r) {
       const __m512i xlo = _mm512_loadu_si512(xq[r] + 128 * g), xhi = _mm512_loadu_si512(xq[r] + 128 * g + 64);
@@ -379,6 +437,7 @@ void tile_x32(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int
       for (int i = 0; i < RW; ++i) {
         const __m512i p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(in, lo[i], xlo), hi[i], xhi);
         acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw[i], dx), acc[i][r]);
+        if constexpr (kAffine) acc[i][r] = _mm512_fmadd_ps(bw[i], _mm512_loadu_ps(xm[r] + 16 * g), acc[i][r]);
       }
     }
   }
@@ -399,11 +458,11 @@ void tile_x32(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int
     const int n = chunk.b1 - b < 4 ? static_cast<int>(chunk.b1 - b) : 4;
     const int64_t g = b / 4;
     __m256i lo[RW][2], hi[RW][2];
-    __m256 dw[RW][2];
+    __m256 dw[RW][2], bw[RW][2];
     for (int i = 0; i < RW; ++i) {
       const std::byte* row = w + i * wrb;
       prefetch_ahead(Unpack::at(row, b), 4 * Unpack::kBytes, chunk.ahead);
-      group_codes<Unpack>(row, b, n, lo[i], hi[i], dw[i]);
+      group_codes<Unpack>(row, b, n, lo[i], hi[i], dw[i], bw[i]);
     }
     for (int r = 0; r < RX; ++r)
       for (int h = 0; h < 2; ++h) {
@@ -414,6 +473,8 @@ void tile_x32(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int
           const __m256i p = _mm256_add_epi32(
               in, _mm256_add_epi32(dot_avx2<Unpack>(lo[i][h], xlo), dot_avx2<Unpack>(hi[i][h], xhi)));
           acc[h][i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw[i][h], dx), acc[h][i][r]);
+          if constexpr (kAffine)
+            acc[h][i][r] = _mm256_fmadd_ps(bw[i][h], _mm256_loadu_ps(xm[r] + 16 * g + 8 * h), acc[h][i][r]);
         }
       }
   }
@@ -509,8 +570,8 @@ void panel_tile(const PanelBlock* const* panel, const __mmask16* valid, int64_t 
   const int32_t* xi[RX];
   for (int r = 0; r < RX; ++r) {
     xq[r] = at<int8_t>(x, r * xs);
-    xd[r] = at<float>(x, r * xs + X32Layout(cols).scale());
-    xi[r] = at<int32_t>(x, r * xs + X32Layout(cols).block_init());
+    xd[r] = at<float>(x, r * xs + X32Layout(cols, false).scale());
+    xi[r] = at<int32_t>(x, r * xs + X32Layout(cols, false).block_init());
   }
   __m512 acc[NP][RX];
   for (int p = 0; p < NP; ++p)
@@ -635,8 +696,8 @@ void panel_tile(const PanelBlock* panel, int valid, int64_t b0, int64_t nb, bool
   const int32_t* xi[RX];
   for (int r = 0; r < RX; ++r) {
     xq[r] = at<int8_t>(x, r * xs);
-    xd[r] = at<float>(x, r * xs + X32Layout(cols).scale());
-    xi[r] = at<int32_t>(x, r * xs + X32Layout(cols).block_init());
+    xd[r] = at<float>(x, r * xs + X32Layout(cols, false).scale());
+    xi[r] = at<int32_t>(x, r * xs + X32Layout(cols, false).block_init());
   }
   const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   __m256 acc[RX];
@@ -1362,6 +1423,14 @@ void rows(const std::byte* w, size_t wrb, int64_t nw, const std::byte* x, size_t
   for (; o < nw; ++o) pass.template operator()<1>(o);
 }
 
+constexpr int QX = kWide ? 8 : 4;  // 32-value blocks: K + 1 = 2..9 verified rows in one tile
+
+template <class Unpack>
+constexpr QuantKernel x32(RowsKernel prefill) {
+  return {&quantize_x32<Unpack::kOffset, Unpack::kAffine>, &x32_bytes<Unpack::kAffine>,
+          &rows<X32Tiles<Unpack>::template Tile, 1, QX>, prefill};
+}
+
 }  // namespace
 
 const KernelSet& kernel_set() {
@@ -1369,15 +1438,16 @@ const KernelSet& kernel_set() {
   // One weight row per tile for the quantized types: a few interleaved rows of a mapped file stream
   // slower than one, and the work per (weight, activation) pair is the same either way.
   constexpr int W = kWide ? 4 : 2, X = kWide ? 4 : 2;  // floats
-  constexpr int QX = kWide ? 8 : 4;                    // 32-value blocks: K + 1 = 2..9 verified rows in one tile
   constexpr int KX = kWide ? 4 : 2;                    // K-quants: one weight row unpacks to 8-16 registers
   static const KernelSet set{
       .name = kWide ? "avx512" : "avx2",
-      .q8_0 = {&quantize_x32<Q8_0Unpack::kOffset>, &x32_bytes, &rows<X32Tiles<Q8_0Unpack>::Tile, 1, QX>, &rows_panel<Q8_0Unpack>},
-      .q4_0 = {&quantize_x32<Q4_0Unpack::kOffset>, &x32_bytes, &rows<X32Tiles<Q4_0Unpack>::Tile, 1, QX>, &rows_panel<Q4_0Unpack>},
-      .q5_0 = {&quantize_x32<Q5_0Unpack::kOffset>, &x32_bytes, &rows<X32Tiles<Q5_0Unpack>::Tile, 1, QX>, &rows_panel<Q5_0Unpack>},
-      .iq4_nl = {&quantize_x32<IQ4_NLUnpack::kOffset>, &x32_bytes, &rows<X32Tiles<IQ4_NLUnpack>::Tile, 1, QX>, &rows_panel<IQ4_NLUnpack>},
-      .iq4_xs = {&quantize_x32<IQ4_XSUnpack::kOffset>, &x32_bytes, &rows<X32Tiles<IQ4_XSUnpack>::Tile, 1, QX>, &rows_panel<IQ4_XSUnpack>},
+      .q8_0 = x32<Q8_0Unpack>(&rows_panel<Q8_0Unpack>),
+      .q4_0 = x32<Q4_0Unpack>(&rows_panel<Q4_0Unpack>),
+      .q4_1 = x32<Q4_1Unpack>(nullptr),  // prompt chunks: matmul_gemm
+      .q5_0 = x32<Q5_0Unpack>(&rows_panel<Q5_0Unpack>),
+      .q5_1 = x32<Q5_1Unpack>(nullptr),
+      .iq4_nl = x32<IQ4_NLUnpack>(&rows_panel<IQ4_NLUnpack>),
+      .iq4_xs = x32<IQ4_XSUnpack>(&rows_panel<IQ4_XSUnpack>),
       .q4_k = {&quantize_xk, &xk_bytes, &rows<K4Tiles<false>::Tile, 1, KX>, &rows_kpanel<K4Pack<false>, false, 144>},
       .q5_k = {&quantize_xk, &xk_bytes, &rows<K4Tiles<true>::Tile, 1, KX>, &rows_kpanel<K4Pack<true>, false, 176>},
       .q6_k = {&quantize_xk, &xk_bytes, &rows<Q6_KTile, 1, KX>, &rows_kpanel<Q6_KPack, true, 210>},

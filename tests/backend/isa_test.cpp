@@ -46,9 +46,7 @@ Product make(DType type, int64_t O, int64_t I, int64_t rows, uint32_t seed) {
 std::vector<float> run(const KernelSet& ks, const Product& p, int64_t row0, int64_t rows) {
   std::vector<float> y(static_cast<size_t>(rows * p.O), std::nanf(""));
   const float* x = p.x.data() + row0 * p.I;
-  const cpu::QuantKernel* q = p.type == DType::Q8_0 ? &ks.q8_0 : p.type == DType::Q4_0 ? &ks.q4_0
-                            : p.type == DType::Q5_0 ? &ks.q5_0 : p.type == DType::IQ4_NL ? &ks.iq4_nl : p.type == DType::IQ4_XS ? &ks.iq4_xs
-                            : p.type == DType::Q4_K ? &ks.q4_k : p.type == DType::Q5_K ? &ks.q5_k : p.type == DType::Q6_K ? &ks.q6_k : nullptr;
+  const cpu::QuantKernel* q = cpu::quant_kernel(ks, p.type);
   if (q) {
     const size_t stride = q->record_bytes(p.I);
     std::vector<std::byte> rec(stride * static_cast<size_t>(rows));
@@ -125,7 +123,8 @@ TEST_P(KernelSets, BitIdenticalAcrossSetsAndBatchSizes) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, KernelSets,
-                         ::testing::Values(DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::IQ4_NL, DType::IQ4_XS, DType::Q4_K,
+                         ::testing::Values(DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::IQ4_NL,
+                                           DType::IQ4_XS, DType::Q4_K,
                                            DType::Q5_K, DType::Q6_K, DType::F32, DType::F16, DType::BF16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
