@@ -113,7 +113,7 @@ int run_validate(const std::vector<std::string>& args) {
         target_file = core::open_target(p, *host);
         return fmt::format("{}, {} tensors", target_file->format(), target_file->tensors().size());
       })) {
-    if (report.check("target: a model plugin accepts it", [&] {
+    if (report.check("target: a model plugin accepts it, with its options", [&] {
           target_loader = core::target_loader(p, *host, *target_file);
           return target_loader->architecture();
         }) && backend) {
@@ -132,7 +132,7 @@ int run_validate(const std::vector<std::string>& args) {
           return fmt::format("{}, {} tensors", drafter_file->format(), drafter_file->tensors().size());
         })) {
       std::shared_ptr<specula::DrafterLoader> loader;
-      if (report.check("drafter: a drafter plugin accepts it", [&] {
+      if (report.check("drafter: a drafter plugin accepts it, with its options", [&] {
             loader = core::drafter_loader(p, *host, *drafter_file);
             return loader->architecture();
           }) && backend && target_checked) {

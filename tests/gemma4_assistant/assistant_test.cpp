@@ -15,6 +15,8 @@
 #include <random>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <sstream>
 #include <map>
 #include <mutex>
 #include <set>
@@ -662,3 +664,93 @@ TEST(BenchCli, ProfileNamesOpsWeightsAndLayers) {
 }
 
 }  // namespace
+
+// ------------------------------------------------------------------- specula validate against run
+// Every pipeline `run` refuses on the fixtures, `validate` refuses with the same message, before any
+// weight is loaded (the message is what build_pipeline says after "section '...': ").
+TEST(ValidateCli, RefusesWhatRunRefusesWithTheSameMessage) {
+  const fs::path dir = fs::path(SPECULA_BINARY_DIR) / "test-tmp" / "validate-parity";
+  fs::remove_all(dir);
+  fs::create_directories(dir);
+  // Drafters for another target: the backbone width, the KV head dims of each attention type.
+  auto drafter_with = [&](const std::string& name, const std::function<void(json&)>& edit) {
+    const fs::path d = dir / name;
+    fs::create_directories(d);
+    fs::copy_file(fixture_dir() / "assistant-hf/model.safetensors", d / "model.safetensors");
+    std::ifstream in(fixture_dir() / "assistant-hf/config.json");
+    json c = json::parse(in);
+    edit(c);
+    std::ofstream(d / "config.json") << c.dump(2);
+    return d.string();
+  };
+  const std::string wide = drafter_with("wide", [](json& c) { c["backbone_hidden_size"] = 96; });
+  const std::string sliding = drafter_with("sliding", [](json& c) { c["text_config"]["head_dim"] = 48; });
+  const std::string full = drafter_with("full", [](json& c) { c["text_config"]["global_head_dim"] = 48; });
+  auto pipeline = [&](const std::string& name, const std::string& backend, const std::string& target_options) {
+    const fs::path p = dir / (name + ".yaml");
+    std::ofstream(p) << "backend: {plugin: " << backend << "}\ntarget:\n  model: " << (fixture_dir() / "model-f32.gguf").string()
+                     << "\n  options: " << target_options << "\n";
+    return p.string();
+  };
+  struct Case {
+    std::string pipeline, flags, expected;
+  };
+  std::vector<Case> cases = {
+      {pipeline("q4", "onednn", "{kv_cache_type: Q4}"), "",
+       "q4.yaml:4:13: option 'kv_cache_type' of model plugin 'gemma4' must be one of F32, F16, BF16, got \"Q4\""},
+      {pipeline("typo", "onednn", "{prefil_chunk: 4}"), "",
+       "typo.yaml:4:13: unknown option 'prefil_chunk' of model plugin 'gemma4'; did you mean 'prefill_chunk'? (valid "
+       "options: prefill_chunk, kv_cache_type, embedding_scale)"},
+      {pipeline("ok", "onednn", "{}"), " --ctx-size 100000", "context length 100000 exceeds the model's 256 tokens"},
+      {pipeline("ok", "onednn", "{}"), " --drafter " + wide,
+       "wide: the drafter's backbone hidden size is 96 but the target (gemma4) has hidden size 64; this drafter belongs "
+       "to another target"},
+      {pipeline("ok", "onednn", "{}"), " --drafter " + sliding,
+       "sliding: drafter layer 0 has head dim 48 but the target's sliding attention KV cache has head dim 32"},
+      {pipeline("ok", "onednn", "{}"), " --drafter " + full,
+       "full: drafter layer 3 has head dim 48 but the target's full attention KV cache has head dim 64"},
+      {pipeline("ok", "onednn", "{}"), " --drafter " + (fixture_dir() / "assistant-f32.gguf").string() + " --draft-max 65",
+       "command line (--draft-max): key 'drafter.draft_tokens' must be between 1 and 64, got 65"},
+  };
+  if (host().find("vulkan")) {  // refused by the host before a Vulkan device is looked for
+    cases.push_back({pipeline("vk", "vulkan, options: {bogus_opt: 1}", "{}"), "",
+                     "unknown option 'bogus_opt' of backend plugin 'vulkan' (valid options: device, max_binding_bytes)"});
+  }
+  for (const auto& c : cases) {
+    int status = 0;
+    const std::string common = " --plugin-path " + std::string(SPECULA_PLUGIN_DIR) + " " + c.pipeline + c.flags;
+    const std::string run = run_cli("run" + common + " --tokens 2 -n 1 -q", &status);
+    EXPECT_NE(status, 0) << run;
+    std::string message = run.substr(run.find("error: ") + 7);
+    message = message.substr(0, message.find('\n'));
+    if (size_t s = message.find(": section '"); s != std::string::npos) message = message.substr(message.find("': ", s) + 3);
+    EXPECT_NE(message.find(c.expected), std::string::npos) << message;
+    const std::string validate = run_cli("validate" + common, &status);
+    EXPECT_NE(status, 0) << validate;
+    EXPECT_NE(validate.find("FAIL  "), std::string::npos) << validate;
+    EXPECT_NE(validate.find(message), std::string::npos) << "run: " << message << "\nvalidate: " << validate;
+  }
+}
+
+// docs/pipeline-yaml.md documents every option of every plugin that declares a schema.
+TEST(ValidateCli, PipelineDocsListEveryDeclaredOption) {
+  std::ifstream in(fs::path(SPECULA_SOURCE_DIR) / "docs/pipeline-yaml.md");
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string docs = text.str();
+  int schemas = 0;
+  for (const auto& p : host().plugins()) {
+    for (const auto& kind : p.kinds) {
+      if (kind == "format") continue;
+      const specula::OptionSchema* schema = host().option_schema(p.name, kind);
+      if (!schema) continue;
+      ++schemas;
+      EXPECT_NE(docs.find("#### " + kind + " plugin `" + p.name + "`"), std::string::npos) << p.name << " (" << kind << ")";
+      for (const auto& o : *schema) {
+        const std::string row = "| `" + o.name + "` | " + specula::describe_option_type(o) + " |";
+        EXPECT_NE(docs.find(row), std::string::npos) << p.name << ": " << row;
+      }
+    }
+  }
+  EXPECT_GE(schemas, 3);  // gemma4, gemma4-assistant, standard (and vulkan when built)
+}
