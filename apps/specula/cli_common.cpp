@@ -113,6 +113,7 @@ void add_sampling_options(po::options_description& desc, ModelArgs& a) {
   add_key(desc, a, "temperature", "sampler.temperature", "the same as --temp");
   add_key(desc, a, "top-k", "sampler.top_k", "keep the k most likely tokens (0 = off)");
   add_key(desc, a, "top-p", "sampler.top_p", "nucleus sampling mass (1 = off)");
+  add_key(desc, a, "min-p", "sampler.min_p", "drop tokens below min-p times the most likely one's probability (0 = off)");
   add_key(desc, a, "repeat-penalty", "sampler.repetition_penalty", "repetition penalty (1 = off)");
   add_key(desc, a, "seed", "sampler.seed", "random seed (-1 = a random one, printed)");
   add_key(desc, a, "n-predict,n", "sampler.max_tokens", "tokens to generate at most (default 256)");

@@ -59,7 +59,7 @@ struct ModelArgs {
 // (`pos.add("pipeline", 1)`) if the command takes one.
 void add_model_options(po::options_description& desc, ModelArgs& args);
 
-// Sampling flags, named as llama.cpp names them: --temp (--temperature), --top-k, --top-p,
+// Sampling flags, named as llama.cpp names them: --temp (--temperature), --top-k, --top-p, --min-p,
 // --repeat-penalty, --seed (-1 = random), -n/--n-predict (--max-tokens).
 void add_sampling_options(po::options_description& desc, ModelArgs& args);
 

@@ -400,7 +400,7 @@ Pipeline read_pipeline(YAML::Node root, const fs::path& source, const Reader& r)
   }
   if (auto s = root["sampler"]; s && !s.IsNull()) {
     r.check_section(s, "sampler", {{"plugin", Kind::String}, {"temperature", Kind::Float}, {"top_k", Kind::Int},
-                                   {"top_p", Kind::Float}, {"repetition_penalty", Kind::Float},
+                                   {"top_p", Kind::Float}, {"min_p", Kind::Float}, {"repetition_penalty", Kind::Float},
                                    {"penalty_window", Kind::Int}, {"min_length", Kind::Int}, {"seed", Kind::Int},
                                    {"max_tokens", Kind::Int}, {"device", Kind::String}, {"stop", Kind::StringList},
                                    {"options", Kind::Map}});
@@ -409,6 +409,7 @@ Pipeline read_pipeline(YAML::Node root, const fs::path& source, const Reader& r)
     if (auto n = s["temperature"]) sp.temperature = static_cast<float>(r.number(n, "sampler.temperature", 0, 100));
     if (auto n = s["top_k"]) sp.top_k = static_cast<int32_t>(r.integer(n, "sampler.top_k", 0, kMaxInt));
     if (auto n = s["top_p"]) sp.top_p = static_cast<float>(r.number(n, "sampler.top_p", 0, 1));
+    if (auto n = s["min_p"]) sp.min_p = static_cast<float>(r.number(n, "sampler.min_p", 0, 1));
     if (auto n = s["repetition_penalty"]) {
       sp.repetition_penalty = static_cast<float>(r.number(n, "sampler.repetition_penalty", 0.01, 100));
     }

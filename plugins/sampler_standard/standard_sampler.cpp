@@ -17,6 +17,7 @@ StandardSampler::StandardSampler(const SamplingParams& p) : params_(p), rng_(p.s
     fail("sampler 'standard': temperature {} must be a finite number >= 0", p.temperature);
   if (p.top_k < 0) fail("sampler 'standard': top_k {} must be >= 0 (0 = off)", p.top_k);
   if (!(p.top_p > 0.0f && p.top_p <= 1.0f)) fail("sampler 'standard': top_p {} must be in (0, 1]", p.top_p);
+  if (!(p.min_p >= 0.0f && p.min_p <= 1.0f)) fail("sampler 'standard': min_p {} must be in [0, 1]", p.min_p);
   if (!(p.repetition_penalty > 0.0f) || !std::isfinite(p.repetition_penalty))
     fail("sampler 'standard': repetition_penalty {} must be a finite number > 0", p.repetition_penalty);
   if (p.penalty_window < 0) fail("sampler 'standard': penalty_window {} must be >= 0", p.penalty_window);
@@ -72,6 +73,16 @@ int32_t StandardSampler::sample(std::span<const float> logits, const SamplingSta
   double sum = 0.0;
   for (size_t i = 0; i < order.size(); ++i) sum += prob[i] = std::exp(static_cast<double>(x[order[i]]) * inv_t - top);
   for (double& q : prob) q /= sum;
+  if (params_.min_p > 0.0f) {
+    // Probabilities are descending: min-p keeps a prefix, renormalised.
+    const double floor = static_cast<double>(params_.min_p) * prob[0];
+    size_t n = 1;
+    while (n < prob.size() && prob[n] >= floor) ++n;
+    prob.resize(n);
+    double kept = 0.0;
+    for (double q : prob) kept += q;
+    for (double& q : prob) q /= kept;
+  }
 
   // Shortest prefix reaching top_p.
   size_t keep = prob.size();
@@ -123,7 +134,7 @@ std::vector<int32_t> StandardSampler::device_ids(const SamplingState& state) con
 
 std::string StandardSampler::device_key(const SamplingState& state) const {
   const SamplingParams& p = params_;
-  return fmt::format("standard t={} k={} p={} rp={} window={} ends={}", p.temperature, p.top_k, p.top_p,
+  return fmt::format("standard t={} k={} p={} minp={} rp={} window={} ends={}", p.temperature, p.top_k, p.top_p, p.min_p,
                      p.repetition_penalty, window_slots(state),
                      suppression_active(state) ? static_cast<int64_t>(state.end_tokens.size()) : 0);
 }
@@ -144,6 +155,10 @@ Value StandardSampler::sample_in_graph(Graph& g, Value logits, Value ids, Value 
   if (!greedy && (!uniform || g.shape(uniform) != Shape{1}))
     fail("sampler 'standard': the uniform input must be F32 [1]");
 
+  if (params_.min_p > 0.0f && !greedy) {
+    if (why) *why = "min_p is applied on the host only (the device draw has no min-p step)";
+    return {};
+  }
   // Every op this state's rules need, asked before anything is added to the graph.
   std::vector<Op> need{Op::Reshape};
   if (slots + ends > 0) need.insert(need.end(), {Op::GetRows, Op::Clamp, Op::Scatter});

@@ -2,6 +2,8 @@
 // safetensors / MLX checkpoints written by the SDK writer.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <array>
 #include <cstdio>
 #include <filesystem>
@@ -109,4 +111,20 @@ TEST(Inspect, BadFileGivesAClearError) {
   const Result missing = run("/nonexistent/model.gguf");
   EXPECT_NE(missing.status, 0);
   EXPECT_NE(missing.out.find("/nonexistent/model.gguf"), std::string::npos) << missing.out;
+}
+
+// A file or directory no format plugin opens: the error gives each format plugin's own reason.
+TEST(Inspect, NoFormatPluginOpensItEachSaysWhy) {
+  const fs::path dir = fs::temp_directory_path() / ("specula-inspect-" + std::to_string(::getpid()));
+  fs::create_directories(dir / "empty");
+  std::ofstream(dir / "bad.gguf") << "GGUXxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx";
+  Result r = run("'" + (dir / "bad.gguf").string() + "'");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("no format plugin can open " + (dir / "bad.gguf").string() + " (gguf: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("not a GGUF file: magic is \"GGUX\""), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("; safetensors: "), std::string::npos) << r.out;
+  r = run("'" + (dir / "empty").string() + "'");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.out.find("no .safetensors files in this directory"), std::string::npos) << r.out;
+  fs::remove_all(dir);
 }

@@ -289,6 +289,10 @@ TEST(Cli, FlagsFollowLlamaCppInEveryCommand) {
                                    " -s terse -q", false);
   ASSERT_EQ(sys.status, 0) << sys.output;
   EXPECT_EQ(sys.output, tok.decode(reference_greedy(tok.encode("s:terse.u:hello.a:", false, true), 16), true) + "\n");
+  auto minp = test::run_command(test::cli() + " run " + s.pipeline.string() + " --tokens 1 --min-p 2");
+  EXPECT_EQ(minp.status, 1);
+  EXPECT_CONTAINS(minp.output, "command line (--min-p): key 'sampler.min_p' must be between 0 and 1, got 2");
+  EXPECT_EQ(test::run_command(test::cli() + " run " + s.pipeline.string() + " --tokens 1 -n 2 --min-p 0.05 --temp 0.7").status, 0);
   // --version, help CMD, and an unknown command.
   auto v = test::run_command(test::cli() + " --version");
   EXPECT_EQ(v.status, 0);

@@ -189,6 +189,23 @@ TEST(StandardSampler, TopPExactlyRepresentableBoundary) {
   EXPECT_EQ(reach.sample(x, {}, 0.999f), 2);
 }
 
+TEST(StandardSampler, MinPKeepsCandidatesNearTheMostLikelyAndRenormalises) {
+  // Probabilities 8 : 4 : 2 : 1 (over 15) at temperature 1.
+  const std::vector<float> x{std::log(8.0f), std::log(4.0f), std::log(2.0f), std::log(1.0f)};
+  EXPECT_EQ(reachable(StandardSampler({.temperature = 1.0f, .min_p = 0.2f}), x), (std::set<int32_t>{0, 1, 2}));
+  EXPECT_EQ(reachable(StandardSampler({.temperature = 1.0f, .min_p = 0.3f}), x), (std::set<int32_t>{0, 1}));
+  EXPECT_EQ(reachable(StandardSampler({.temperature = 1.0f, .min_p = 1.0f}), x), (std::set<int32_t>{0}));
+  EXPECT_EQ(reachable(StandardSampler({.temperature = 1.0f}), x).size(), 4u);
+  // Renormalised over 8 : 4: u below 2/3 -> 0, above -> 1.
+  const StandardSampler s({.temperature = 1.0f, .min_p = 0.3f});
+  EXPECT_EQ(s.sample(x, {}, 0.6f), 0);
+  EXPECT_EQ(s.sample(x, {}, 0.7f), 1);
+  // Min-p, then top-p over what is left: 8/12 = 0.667 reaches 0.6.
+  EXPECT_EQ(reachable(StandardSampler({.temperature = 1.0f, .top_p = 0.6f, .min_p = 0.3f}), x), (std::set<int32_t>{0}));
+  EXPECT_THROW(StandardSampler({.min_p = 1.5f}), Error);
+  EXPECT_THROW(StandardSampler({.min_p = -0.1f}), Error);
+}
+
 TEST(StandardSampler, SeededUniformsAreReproducibleAndInRange) {
   StandardSampler a({.temperature = 1.0f, .seed = 42}), b({.temperature = 1.0f, .seed = 42}),
       c({.temperature = 1.0f, .seed = 43});
@@ -436,6 +453,15 @@ TEST(StandardSamplerDevice, DeclinesNamingTheMissingOp) {
     EXPECT_FALSE(s.sample_in_graph(g, in, idv, u, state, be, &why));
     EXPECT_EQ(g.nodes().size(), nodes);
     EXPECT_NE(why.find(std::string(op_name(op))), std::string::npos) << why;
+  }
+  // Min-p has no device step: the sampler declines (sampler.device auto falls back to the host).
+  {
+    const StandardSampler mp({.temperature = 0.7f, .min_p = 0.1f});
+    Graph g;
+    const Value in = g.input(DType::F32, {10}, "logits");
+    std::string why;
+    EXPECT_FALSE(mp.sample_in_graph(g, in, Value{}, g.input(DType::F32, {1}, "u"), {}, Lacking(Op::Input), &why));
+    EXPECT_EQ(why, "min_p is applied on the host only (the device draw has no min-p step)");
   }
   // Greedy without penalty or suppression needs Argmax only.
   const Lacking be(Op::TopPDraw);

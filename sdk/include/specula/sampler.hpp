@@ -22,6 +22,7 @@ struct SamplingParams {
   float temperature = 0.0f;        // 0 = greedy
   int32_t top_k = 0;               // 0 = off
   float top_p = 1.0f;              // 1 = off
+  float min_p = 0.0f;              // 0 = off; keeps candidates with p >= min_p * p(most likely)
   float repetition_penalty = 1.0f; // 1 = off
   int32_t penalty_window = 64;     // last ids the penalty looks at
   int32_t min_length = 0;          // end tokens suppressed while fewer tokens were generated
