@@ -754,3 +754,37 @@ TEST(ValidateCli, PipelineDocsListEveryDeclaredOption) {
   }
   EXPECT_GE(schemas, 3);  // gemma4, gemma4-assistant, standard (and vulkan when built)
 }
+
+// The KV cache dtype is checked against the backend from metadata alone (ModelLoader::check).
+TEST(ValidateCli, KvCacheTypeIsCheckedAgainstTheBackend) {
+  class NoBf16 final : public specula::ComputeBackend {
+   public:
+    std::string name() const override { return "nobf16"; }
+    specula::DeviceInfo device() const override { return {"none", 0, true}; }
+    specula::Support supports(specula::Op, specula::DType type) const override {
+      if (type == specula::DType::BF16) return specula::Support::no("no BF16 caches here");
+      return specula::Support::yes();
+    }
+    specula::BackendTensorPtr load_weight(const specula::TensorInfo&) override { throw std::runtime_error("loaded a weight"); }
+    specula::BackendTensorPtr allocate(const std::string&, specula::DType, const specula::Shape&) override {
+      throw std::runtime_error("allocated");
+    }
+    void run(const specula::Graph&, const specula::RunInputs&) override {}
+    void read(const specula::Graph&, specula::Value, std::span<std::byte>) override {}
+    void read(const specula::BackendTensor&, std::span<std::byte>) override {}
+    void write(specula::BackendTensor&, std::span<const std::byte>) override {}
+  };
+  const NoBf16 backend;
+  auto file = host().open_model(fixture_dir() / "model-f32.gguf");
+  auto loader = host().make_model_loader("gemma4");
+  const specula::ModelInfo info = loader->check(*file, backend, {{"kv_cache_type", "F16"}});  // nothing loaded
+  EXPECT_EQ(info.hidden_size, 64);
+  EXPECT_EQ(info.context_length, 256);
+  EXPECT_EQ(info.vocab_size, 262144);
+  try {
+    loader->check(*file, backend, {{"kv_cache_type", "BF16"}});
+    FAIL();
+  } catch (const specula::Error& e) {
+    EXPECT_STREQ(e.what(), "gemma4: option kv_cache_type = 'BF16': backend 'nobf16' cannot run WriteRows on BF16: no BF16 caches here");
+  }
+}
