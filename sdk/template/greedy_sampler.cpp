@@ -1,6 +1,7 @@
 // The template plugin: a greedy sampler. It shows the three parts every plugin has:
 //   1. an implementation of an SDK interface (here specula::Sampler),
-//   2. a factory function per kind the plugin provides, collected in a PluginFactories table,
+//   2. a factory function per kind the plugin provides, collected in a PluginFactories table, with the
+//      option schema of each kind (specula/options.hpp) the host checks the pipeline's options against,
 //   3. one SPECULA_PLUGIN(...) line defining the entry symbol the host reads.
 #include <cmath>
 #include <limits>
@@ -42,13 +43,18 @@ class GreedySampler final : public specula::Sampler {
   specula::SamplingParams params_;
 };
 
-// `options` is the sampler section's `options:` mapping from the pipeline YAML, as JSON. Reject keys
-// you do not know so that typos are errors, not silently ignored settings.
+// The options this sampler takes: the host refuses any other key of the sampler section's `options:`
+// mapping (with its line and the closest valid name) and checks types and ranges before the factory runs.
+// An entry: {name, type, one-line doc, default, min, max, choices}.
+const specula::OptionSchema kOptions = {
+    {"warn_on_temperature", specula::OptionType::Bool, "log a warning when the pipeline asks for temperature > 0",
+     true, std::nullopt, std::nullopt, {}},
+};
+
+// `options` is that mapping, as JSON, already checked against kOptions.
 std::unique_ptr<specula::Sampler> make_sampler(const specula::SamplingParams& params, const nlohmann::json& options) {
-  for (const auto& [key, value] : options.items()) {
-    specula::fail("template-greedy: unknown option '{}' (this sampler has no options)", key);
-  }
-  if (params.temperature > 0) specula::log_warn("template-greedy ignores temperature {}", params.temperature);
+  const bool warn = options.is_object() ? options.value("warn_on_temperature", true) : true;
+  if (warn && params.temperature > 0) specula::log_warn("template-greedy ignores temperature {}", params.temperature);
   return std::make_unique<GreedySampler>(params);
 }
 
@@ -56,6 +62,7 @@ const specula::PluginFactories* factories() {
   static const specula::PluginFactories table = [] {
     specula::PluginFactories f;
     f.sampler = &make_sampler;
+    f.sampler_options = &kOptions;
     return f;
   }();
   return &table;

@@ -78,6 +78,17 @@ sampler: {plugin: template-greedy, max_tokens: 10}
     prefix_ids.push_back(expect.back());
   }
   EXPECT_EQ(nlohmann::json::parse(r.output)["tokens"].get<std::vector<int32_t>>(), expect);
+
+  // The host checks the template's declared options: a typo is refused with its line and the closest name.
+  auto typo = test::write_file(dir / "typo.yaml", "plugin_paths: [build, " + test::plugin_dir("toy") + R"(]
+backend: {plugin: toy}
+target: {model: t.toy}
+sampler: {plugin: template-greedy, options: {warn_on_temprature: false}}
+)");
+  r = test::run_command(test::cli() + " run " + test::quote(typo.string()) + " --tokens 4,5,6");
+  EXPECT_EQ(r.status, 1);
+  EXPECT_NE(r.output.find("typo.yaml:4:46: unknown option 'warn_on_temprature' of sampler plugin 'template-greedy'; did "
+                          "you mean 'warn_on_temperature'?"), std::string::npos) << r.output;
 }
 
 }  // namespace
