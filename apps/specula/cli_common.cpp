@@ -100,6 +100,7 @@ void add_model_options(po::options_description& desc, ModelArgs& a) {
   add_key(desc, a, "backend,b", "backend.plugin", "compute backend plugin (default onednn); overrides backend.plugin");
   add_key(desc, a, "threads,t", "backend.options.threads", "backend threads (backend option threads; 0 = all cores)");
   add_key(desc, a, "drafter", "drafter.model", "drafter checkpoint for speculative decoding; overrides drafter.model", true);
+  add_key(desc, a, "model-draft", "drafter.model", "the same as --drafter (llama.cpp's name)", true);
   add_key(desc, a, "sampler", "sampler.plugin", "sampler plugin (default standard); overrides sampler.plugin");
   desc.add_options()("plugin-path", po::value(&a.plugin_paths)->composing(), "directory searched for plugins first (repeatable)");
   add_key(desc, a, "ctx-size,c", "target.context_length", "context length in tokens (0 = the model's)");
@@ -115,6 +116,7 @@ void add_sampling_options(po::options_description& desc, ModelArgs& a) {
   add_key(desc, a, "top-p", "sampler.top_p", "nucleus sampling mass (1 = off)");
   add_key(desc, a, "min-p", "sampler.min_p", "drop tokens below min-p times the most likely one's probability (0 = off)");
   add_key(desc, a, "repeat-penalty", "sampler.repetition_penalty", "repetition penalty (1 = off)");
+  add_key(desc, a, "repeat-last-n", "sampler.penalty_window", "how many recent tokens the penalty looks at (default 64)");
   add_key(desc, a, "seed", "sampler.seed", "random seed (-1 = a random one, printed)");
   add_key(desc, a, "n-predict,n", "sampler.max_tokens", "tokens to generate at most (default 256)");
   add_key(desc, a, "max-tokens", "sampler.max_tokens", "the same as --n-predict");

@@ -305,11 +305,13 @@ void set_key(YAML::Node node, const std::vector<std::string>& parts, size_t i, c
       node[parts[i]] = o.value;
       return;
     }
-    YAML::Node list(YAML::NodeType::Sequence);
-    if (node[parts[i]].IsSequence()) list = node[parts[i]];
-    else if (node[parts[i]].IsScalar()) list.push_back(node[parts[i]].Scalar());
-    list.push_back(o.value);
-    node[parts[i]] = list;
+    // A single value written in the YAML becomes the list's first entry.
+    if (!node[parts[i]].IsSequence()) {
+      const std::string first = node[parts[i]].IsScalar() ? node[parts[i]].Scalar() : std::string();
+      node[parts[i]] = YAML::Node(YAML::NodeType::Sequence);
+      if (!first.empty()) node[parts[i]].push_back(first);
+    }
+    node[parts[i]].push_back(o.value);
     return;
   }
   if (!node[parts[i]].IsMap()) node[parts[i]] = YAML::Node(YAML::NodeType::Map);

@@ -284,6 +284,12 @@ TEST(Pipeline, CommandLineOverridesPassTheSameChecksAndNameTheFlag) {
   EXPECT_EQ(p.backend.options, nlohmann::json::parse(R"({"threads": 4})"));  // typed as the YAML would be
   EXPECT_EQ(p.backend.options_at.at("threads"), "command line (--threads)");
   EXPECT_EQ(p.sampler.stop, (std::vector<std::string>{"END", "\n\n"}));
+  // --stop adds to the pipeline's own stop strings, a single one or a list.
+  for (const char* stop : {"stop: x", "stop: [x]"}) {
+    auto q = parse_pipeline(std::string("backend: {plugin: onednn}\ntarget: {model: m.gguf}\nsampler: {") + stop + "}\n",
+                            "p.yaml", "/base", {{"sampler.stop", "y", "command line (--stop)", true}});
+    EXPECT_EQ(q.sampler.stop, (std::vector<std::string>{"x", "y"})) << stop;
+  }
 
   // Without a YAML file: the default pipeline with the overrides.
   auto d = specula::core::default_pipeline({{"target.model", "/m.gguf", "command line (--model)"}});
