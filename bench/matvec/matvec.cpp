@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <ctime>
+#include <optional>
 #include <random>
 #include <sstream>
 #include <string>
@@ -57,11 +58,22 @@ int main(int argc, char** argv) {
     std::printf("%-6s %8s %3s %4s %10s %8s %9s %10s %9s\n", "type", "shape", "N", "thr", "best ms", "GB/s",
                 "GFLOP/s", "cpu ms", "GB/s/cpu");
     for (const auto& tn : types) {
-      auto type = dtype_from_name(tn);
+      // MLX4 / MLX8: MLX affine, groups of 64, bf16 scales and biases (mlx-community's usual layout).
+      const bool mlx = tn == "MLX4" || tn == "MLX8";
+      const MlxRowParams mp{tn == "MLX8" ? 8u : 4u, 64, DType::BF16};
+      auto type = mlx ? std::optional<DType>(DType::MLX_AFFINE) : dtype_from_name(tn);
       if (!type) fail("unknown type {}", tn);
-      const size_t rb = *dtype_row_bytes(*type, static_cast<uint64_t>(I));
-      std::vector<std::byte> packed(rb * static_cast<size_t>(O));
-      for (int64_t o = 0; o < O; ++o) quantize_row(*type, w.data() + o * I, packed.data() + o * rb, I);
+      const size_t rb = mlx ? static_cast<size_t>(I) * mp.bits / 8 : *dtype_row_bytes(*type, static_cast<uint64_t>(I));
+      const size_t sb = static_cast<size_t>(I / 64) * 2;
+      std::vector<std::byte> packed(rb * static_cast<size_t>(O)), scales(mlx ? sb * O : 0), biases(scales.size());
+      for (int64_t o = 0; o < O; ++o) {
+        if (mlx)
+          mlx_quantize_row(mp, w.data() + o * I, I, packed.data() + o * rb, scales.data() + o * sb, biases.data() + o * sb);
+        else
+          quantize_row(*type, w.data() + o * I, packed.data() + o * rb, I);
+      }
+      QuantParams qp;
+      if (mlx) qp = {mp.bits, mp.group_size, mp.scale_type, scales, biases};
       for (int t : threads) {
         auto backend = cpu::make_cpu_backend({{"threads", t}});
         // Enough copies of the weight to overflow the last-level cache, so that the numbers measure
@@ -69,7 +81,7 @@ int main(int argc, char** argv) {
         const size_t copies = std::max<size_t>(1, (size_t{512} << 20) / packed.size());
         std::vector<std::vector<std::byte>> held(copies, packed);
         std::vector<BackendTensorPtr> wts;
-        for (auto& h : held) wts.push_back(backend->load_weight({"w", *type, {O, I}, std::span<const std::byte>(h), {}}));
+        for (auto& h : held) wts.push_back(backend->load_weight({"w", *type, {O, I}, std::span<const std::byte>(h), qp}));
         for (int n : ns) {
           std::vector<float> x(static_cast<size_t>(n * I));
           for (auto& v : x) v = dist(rng);

@@ -37,10 +37,32 @@ struct QuantKernel {
 };
 inline constexpr int64_t kPrefillRows = 16;
 
+// MLX affine weights (4 or 8 bits, groups of 32 / 64 / 128): rows of codes, and per-group scales and
+// biases in arrays of their own; every pointer at the first row of the call.
+struct AffineMatrix {
+  const std::byte* codes = nullptr;
+  size_t code_bytes = 0;  // per row
+  const std::byte* scales = nullptr;
+  const std::byte* biases = nullptr;
+  size_t scale_bytes = 0;  // per row
+  int group_size = 0;
+  enum class Scale { f16, bf16, f32 } scale_type = Scale::f16;
+};
+using AffineRowsKernel = void (*)(const AffineMatrix& w, int64_t nw, const std::byte* x, size_t x_stride, int64_t nx,
+                                  int64_t cols, float* y, int64_t ldy);
+// MLX multiplies its quantized weights with float activations, and so do these kernels: `prepare`
+// writes the record `rows` reads (the activations reordered as the codes are, and block sums).
+struct AffineKernel {
+  QuantizeKernel prepare = nullptr;
+  size_t (*record_bytes)(int64_t cols) = nullptr;
+  AffineRowsKernel rows = nullptr;  // any row count (matmul uses them below gemm_min_rows)
+};
+
 struct KernelSet {
   const char* name;  // "avx2", "avx512"
   QuantKernel q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, iq4_xs, q4_k, q5_k, q6_k;
   RowsKernel f32, f16, bf16;  // x rows are F32, x_stride = cols * 4
+  AffineKernel mlx4, mlx8;
 };
 
 namespace avx2 {

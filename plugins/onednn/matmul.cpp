@@ -3,8 +3,10 @@
 //    gemm_min_rows: the kernel set of this CPU (isa.hpp, qkernels.cpp) streams each weight row once, never
 //    materialising it in F32, and dots it with activation rows quantized on the fly to 8 bits (the
 //    llama.cpp scheme): tiles for few rows, repacked panels for prompt chunks.
-//  - F32 / F16 / BF16 / Q4_1 / Q5_1 with many rows (prefill): weight rows decoded to F32 in tiles, oneDNN's
-//    GEMM.
+//  - MLX affine 4 / 8 bits below gemm_min_rows: float tiles (MLX's own numerics: float activations), the
+//    codes in place, scales and biases beside them.
+//  - F32 / F16 / BF16 / Q4_1 / Q5_1 / MLX with many rows (prefill): weight rows decoded to F32 in tiles,
+//    oneDNN's GEMM.
 //  - other types: matmul_generic (decode a row with the SDK codec, dot in F32).
 #include <dnnl.h>
 #include <omp.h>
@@ -41,26 +43,70 @@ RowsKernel float_kernel(const KernelSet& ks, DType type) {
 }
 
 // Each thread takes a contiguous share of the weight rows and streams it once per chunk of activation
-// rows; a chunk is sized so that its records stay in the core's L2 cache.
-void matmul_rows(ThreadPool& pool, RowsKernel rows, const Matrix& w, const std::byte* x, size_t x_stride,
-                 int64_t n, float* y) {
-  const int64_t O = w.rows, I = w.cols;
+// rows; a chunk is sized so that its records stay in the core's L2 cache. rows(o0, o1, x, nx, y) runs
+// weight rows [o0, o1) against nx activation rows.
+template <class Rows>
+void over_weight_rows(ThreadPool& pool, const Matrix& w, const std::byte* x, size_t x_stride, int64_t n, float* y,
+                      const Rows& rows) {
+  const int64_t O = w.rows;
   const int64_t chunk = std::clamp<int64_t>(static_cast<int64_t>((size_t{512} << 10) / x_stride) / 4 * 4, 4, 256);
   pool.parallel_for(O, 16, [&](int64_t o0, int64_t o1) {
     for (int64_t r0 = 0; r0 < n; r0 += chunk)
-      rows(w.row(o0), w.row_bytes, o1 - o0, x + static_cast<size_t>(r0) * x_stride, x_stride,
-           std::min(chunk, n - r0), I, y + r0 * O + o0, O);
+      rows(o0, o1, x + static_cast<size_t>(r0) * x_stride, std::min(chunk, n - r0), y + r0 * O + o0);
   });
 }
 
-void matmul_quant(ThreadPool& pool, const QuantKernel& k, const Matrix& w, const float* x, int64_t n, float* y) {
-  const int64_t I = w.cols;
-  const size_t stride = k.record_bytes(I);
-  std::vector<std::byte> qx(stride * static_cast<size_t>(n));
-  pool.parallel_for(n, 4, [&](int64_t r0, int64_t r1) {
-    for (int64_t r = r0; r < r1; ++r) k.quantize(x + r * I, I, qx.data() + static_cast<size_t>(r) * stride);
+void matmul_rows(ThreadPool& pool, RowsKernel rows, const Matrix& w, const std::byte* x, size_t x_stride,
+                 int64_t n, float* y) {
+  over_weight_rows(pool, w, x, x_stride, n, y, [&](int64_t o0, int64_t o1, const std::byte* xr, int64_t nx, float* yr) {
+    rows(w.row(o0), w.row_bytes, o1 - o0, xr, x_stride, nx, w.cols, yr, w.rows);
   });
+}
+
+// The activation rows as the records a kernel reads.
+std::vector<std::byte> activation_records(ThreadPool& pool, QuantizeKernel write, size_t stride, const float* x,
+                                          int64_t n, int64_t cols) {
+  std::vector<std::byte> rec(stride * static_cast<size_t>(n));
+  pool.parallel_for(n, 4, [&](int64_t r0, int64_t r1) {
+    for (int64_t r = r0; r < r1; ++r) write(x + r * cols, cols, rec.data() + static_cast<size_t>(r) * stride);
+  });
+  return rec;
+}
+
+void matmul_quant(ThreadPool& pool, const QuantKernel& k, const Matrix& w, const float* x, int64_t n, float* y) {
+  const size_t stride = k.record_bytes(w.cols);
+  const std::vector<std::byte> qx = activation_records(pool, k.quantize, stride, x, n, w.cols);
   matmul_rows(pool, n >= kPrefillRows && k.prefill ? k.prefill : k.rows, w, qx.data(), stride, n, y);
+}
+
+// MLX affine weights with a kernel (4 and 8 bits): the codes in place, scales and biases beside them.
+const AffineKernel* mlx_kernel(const KernelSet& ks, const Matrix& w) {
+  if (w.type != DType::MLX_AFFINE || !w.quant || w.quant->group_size % 32 != 0) return nullptr;
+  const DType st = w.quant->scale_type;
+  if (st != DType::F16 && st != DType::BF16 && st != DType::F32) return nullptr;
+  return w.quant->bits == 4 ? &ks.mlx4 : w.quant->bits == 8 ? &ks.mlx8 : nullptr;
+}
+
+void matmul_mlx(ThreadPool& pool, const AffineKernel& k, const Matrix& w, const float* x, int64_t n, float* y) {
+  const size_t stride = k.record_bytes(w.cols);
+  const std::vector<std::byte> rec = activation_records(pool, k.prepare, stride, x, n, w.cols);
+  const QuantParams& q = *w.quant;
+  AffineMatrix m;
+  m.code_bytes = w.row_bytes;
+  m.group_size = static_cast<int>(q.group_size);
+  m.scale_type = q.scale_type == DType::F16    ? AffineMatrix::Scale::f16
+                 : q.scale_type == DType::BF16 ? AffineMatrix::Scale::bf16
+                                               : AffineMatrix::Scale::f32;
+  m.scale_bytes = static_cast<size_t>(w.cols / q.group_size) * (q.scale_type == DType::F32 ? 4 : 2);
+  over_weight_rows(pool, w, rec.data(), stride, n, y,
+                   [&](int64_t o0, int64_t o1, const std::byte* xr, int64_t nx, float* yr) {
+                     AffineMatrix part = m;
+                     part.codes = w.row(o0);
+                     const size_t first = static_cast<size_t>(w.row_offset + o0) * m.scale_bytes;
+                     part.scales = q.scales.data() + first;
+                     part.biases = q.biases.data() + first;
+                     k.rows(part, o1 - o0, xr, stride, nx, w.cols, yr, w.rows);
+                   });
 }
 
 // One weight row to F32: F16 / BF16 convert in registers, other types through the SDK codec.
@@ -124,6 +170,7 @@ int64_t gemm_min_rows(DType type) {
 void matmul(ThreadPool& pool, const KernelSet& ks, const Matrix& w, const float* x, int64_t n, float* y) {
   if (n >= gemm_min_rows(w.type)) return matmul_gemm(pool, w, x, n, y);
   if (const QuantKernel* k = quant_kernel(ks, w.type)) return matmul_quant(pool, *k, w, x, n, y);
+  if (const AffineKernel* k = mlx_kernel(ks, w)) return matmul_mlx(pool, *k, w, x, n, y);
   if (RowsKernel rows = float_kernel(ks, w.type))
     return matmul_rows(pool, rows, w, reinterpret_cast<const std::byte*>(x), static_cast<size_t>(w.cols) * 4, n, y);
   matmul_generic(pool, w, x, n, y);

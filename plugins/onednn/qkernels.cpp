@@ -1423,6 +1423,139 @@ void rows(const std::byte* w, size_t wrb, int64_t nw, const std::byte* x, size_t
   for (; o < nw; ++o) pass.template operator()<1>(o);
 }
 
+// ---- MLX affine, 4 or 8 bits, float activations -----------------------------------------------------------
+// w = scale q + bias per group of 32 / 64 / 128 values, so a block of 32 contributes
+// scale * sum(q x) + bias * sum(x). The codes convert to floats in registers: 4 bits hold value 2m in the
+// low nibble of byte m and 2m + 1 in the high one, so the activation record keeps each block's even
+// values first, then its odd ones. Lane j of a block's 16-lane product is q[a_j] x[a_j] + q[b_j] x[b_j]
+// (AVX2: lanes 0-7 and 8-15 in two halves), scaled and accumulated per lane; the bias terms are summed
+// in order on the side. The same operations on both sets: the same bits.
+// Record: x: float[cols] (reordered) | sums: float[cols / 32] (each block's sum, in value order)
+size_t xmlx_bytes(int64_t cols) { return align64(4 * static_cast<size_t>(cols) + static_cast<size_t>(cols) / 8); }
+
+template <int kBits>
+void prepare_xmlx(const float* x, int64_t cols, std::byte* rec) {
+  auto* xr = reinterpret_cast<float*>(rec);
+  auto* sums = reinterpret_cast<float*>(rec + 4 * cols);
+  for (int64_t b = 0; b < cols / 32; ++b) {
+    const float* xb = x + 32 * b;
+    float* out = xr + 32 * b;
+    float s = 0;
+    for (int i = 0; i < 32; ++i) s += xb[i];
+    sums[b] = s;
+    for (int m = 0; m < 16; ++m) {
+      out[m] = kBits == 4 ? xb[2 * m] : xb[m];
+      out[16 + m] = kBits == 4 ? xb[2 * m + 1] : xb[16 + m];
+    }
+  }
+}
+
+inline float mlx_scale(const AffineMatrix& m, const std::byte* p, int64_t g) {
+  switch (m.scale_type) {
+    case AffineMatrix::Scale::f16: return f16(p + 2 * g);
+    case AffineMatrix::Scale::bf16: {
+      uint16_t h;
+      std::memcpy(&h, p + 2 * g, 2);
+      const uint32_t bits = static_cast<uint32_t>(h) << 16;
+      float f;
+      std::memcpy(&f, &bits, 4);
+      return f;
+    }
+    default: {
+      float f;
+      std::memcpy(&f, p + 4 * g, 4);
+      return f;
+    }
+  }
+}
+
+// The 32 codes of a block as the first and second 16 bytes the record's order pairs with.
+template <int kBits>
+inline void mlx_codes(const std::byte* block, __m128i& a, __m128i& b) {
+  const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block));
+  if constexpr (kBits == 4) {
+    a = _mm_and_si128(p, _mm_set1_epi8(0x0f));
+    b = _mm_and_si128(_mm_srli_epi16(p, 4), _mm_set1_epi8(0x0f));
+  } else {
+    a = p;
+    b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16));
+  }
+}
+
+template <int kBits, int RX>
+void tile_mlx(const AffineMatrix& m, int64_t o, const std::byte* x, size_t xs, int64_t cols, float* y, int64_t ldy) {
+  constexpr int64_t kBytes = 4 * kBits;
+  const std::byte* row = m.codes + static_cast<size_t>(o) * m.code_bytes;
+  const std::byte* sc = m.scales + static_cast<size_t>(o) * m.scale_bytes;
+  const std::byte* bi = m.biases + static_cast<size_t>(o) * m.scale_bytes;
+  const int64_t nb = cols / 32, per_group = m.group_size / 32;
+  const float *xr[RX], *xsum[RX];
+  float side[RX];
+  for (int r = 0; r < RX; ++r) {
+    xr[r] = at<float>(x, r * xs);
+    xsum[r] = at<float>(x, r * xs + 4 * cols);
+    side[r] = 0;
+  }
+  float s = 0, bias = 0;
+#if SPECULA_WIDE
+  __m512 acc[RX];
+  for (int r = 0; r < RX; ++r) acc[r] = _mm512_setzero_ps();
+#else
+  __m256 acc[2][RX];
+  for (int h = 0; h < 2; ++h)
+    for (int r = 0; r < RX; ++r) acc[h][r] = _mm256_setzero_ps();
+#endif
+  for (int64_t b = 0; b < nb; ++b) {
+    if (b % per_group == 0) {
+      s = mlx_scale(m, sc, b / per_group);
+      bias = mlx_scale(m, bi, b / per_group);
+    }
+    prefetch_ahead(row + kBytes * b, kBytes);
+    __m128i ca, cb;
+    mlx_codes<kBits>(row + kBytes * b, ca, cb);
+#if SPECULA_WIDE
+    const __m512 qa = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(ca)), qb = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(cb));
+    const __m512 sv = _mm512_set1_ps(s);
+    for (int r = 0; r < RX; ++r) {
+      const float* xb = xr[r] + 32 * b;
+      const __m512 t = _mm512_fmadd_ps(qa, _mm512_loadu_ps(xb), _mm512_mul_ps(qb, _mm512_loadu_ps(xb + 16)));
+      acc[r] = _mm512_fmadd_ps(t, sv, acc[r]);
+      side[r] = __builtin_fmaf(bias, xsum[r][b], side[r]);
+    }
+#else
+    __m256 qa[2], qb[2];
+    for (int h = 0; h < 2; ++h) {
+      qa[h] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h ? _mm_srli_si128(ca, 8) : ca));
+      qb[h] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h ? _mm_srli_si128(cb, 8) : cb));
+    }
+    const __m256 sv = _mm256_set1_ps(s);
+    for (int r = 0; r < RX; ++r) {
+      const float* xb = xr[r] + 32 * b;
+      for (int h = 0; h < 2; ++h) {
+        const __m256 t = _mm256_fmadd_ps(qa[h], _mm256_loadu_ps(xb + 8 * h), _mm256_mul_ps(qb[h], _mm256_loadu_ps(xb + 16 + 8 * h)));
+        acc[h][r] = _mm256_fmadd_ps(t, sv, acc[h][r]);
+      }
+      side[r] = __builtin_fmaf(bias, xsum[r][b], side[r]);
+    }
+#endif
+  }
+  for (int r = 0; r < RX; ++r) {
+#if SPECULA_WIDE
+    y[r * ldy] = hsum8(fold(acc[r])) + side[r];
+#else
+    y[r * ldy] = hsum8(_mm256_add_ps(acc[0][r], acc[1][r])) + side[r];
+#endif
+  }
+}
+
+template <int kBits>
+void rows_mlx(const AffineMatrix& m, int64_t nw, const std::byte* x, size_t xs, int64_t nx, int64_t cols, float* y,
+              int64_t ldy) {
+  constexpr int TX = kWide ? 4 : 2;
+  for (int64_t o = 0; o < nw; ++o)
+    over_x<TX>(nx, [&]<int RX>(int64_t r) { tile_mlx<kBits, RX>(m, o, x + r * xs, xs, cols, y + r * ldy + o, ldy); });
+}
+
 constexpr int QX = kWide ? 8 : 4;  // 32-value blocks: K + 1 = 2..9 verified rows in one tile
 
 template <class Unpack>
@@ -1454,6 +1587,8 @@ const KernelSet& kernel_set() {
       .f32 = &rows<FloatTiles<Float::f32>::Tile, W, X>,
       .f16 = &rows<FloatTiles<Float::f16>::Tile, W, X>,
       .bf16 = &rows<FloatTiles<Float::bf16>::Tile, W, X>,
+      .mlx4 = {&prepare_xmlx<4>, &xmlx_bytes, &rows_mlx<4>},
+      .mlx8 = {&prepare_xmlx<8>, &xmlx_bytes, &rows_mlx<8>},
   };
   return set;
 }

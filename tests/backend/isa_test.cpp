@@ -139,5 +139,91 @@ TEST(KernelSelection, NamesWhatTheCpuRuns) {
   }
 }
 
+
+// MLX affine weights (4 and 8 bits, groups of 32 / 64 / 128, f16 / bf16 / f32 scales) through the
+// AffineKernel of every set: the same bits across sets and batch sizes, and float accuracy (MLX keeps its
+// activations in float) against "dequantize with the SDK, multiply in double".
+struct MlxCase {
+  uint32_t bits, group;
+  DType scale_type;
+};
+
+class MlxKernelSets : public ::testing::TestWithParam<MlxCase> {};
+
+TEST_P(MlxKernelSets, BitIdenticalAcrossSetsAndBatchSizes) {
+  const MlxCase c = GetParam();
+  const int64_t O = 37, I = 128 * 31;
+  const size_t code_bytes = static_cast<size_t>(I) * c.bits / 8;
+  const size_t scale_bytes = static_cast<size_t>(I / c.group) * (c.scale_type == DType::F32 ? 4 : 2);
+  std::vector<std::byte> codes(code_bytes * O), scales(scale_bytes * O), biases(scale_bytes * O);
+  const MlxRowParams params{c.bits, c.group, c.scale_type};
+  std::mt19937 rng(23);
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<float> row(static_cast<size_t>(I));
+  for (int64_t o = 0; o < O; ++o) {
+    for (auto& v : row) v = dist(rng);
+    mlx_quantize_row(params, row.data(), I, codes.data() + o * code_bytes, scales.data() + o * scale_bytes,
+                     biases.data() + o * scale_bytes);
+  }
+  const int64_t rows = 11;
+  std::vector<float> x(static_cast<size_t>(rows * I));
+  for (auto& v : x) v = dist(rng);
+
+  auto run = [&](const KernelSet& ks, int64_t r0, int64_t n) {
+    const cpu::AffineKernel& k = c.bits == 4 ? ks.mlx4 : ks.mlx8;
+    const size_t stride = k.record_bytes(I);
+    std::vector<std::byte> rec(stride * static_cast<size_t>(n));
+    for (int64_t r = 0; r < n; ++r) k.prepare(x.data() + (r0 + r) * I, I, rec.data() + r * stride);
+    cpu::AffineMatrix m;
+    m.codes = codes.data();
+    m.code_bytes = code_bytes;
+    m.scales = scales.data();
+    m.biases = biases.data();
+    m.scale_bytes = scale_bytes;
+    m.group_size = static_cast<int>(c.group);
+    m.scale_type = c.scale_type == DType::F16    ? cpu::AffineMatrix::Scale::f16
+                   : c.scale_type == DType::BF16 ? cpu::AffineMatrix::Scale::bf16
+                                                 : cpu::AffineMatrix::Scale::f32;
+    std::vector<float> y(static_cast<size_t>(n * O), std::nanf(""));
+    k.rows(m, O, rec.data(), stride, n, I, y.data(), O);
+    return y;
+  };
+  const auto all = sets();
+  ASSERT_FALSE(all.empty());
+  const std::vector<float> ref = run(*all[0], 0, rows);
+  for (const KernelSet* ks : all)
+    for (int64_t batch : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{4}, int64_t{5}, rows})
+      for (int64_t r0 = 0; r0 + batch <= rows; r0 += batch) {
+        const std::vector<float> y = run(*ks, r0, batch);
+        for (int64_t i = 0; i < batch * O; ++i)
+          ASSERT_TRUE(same_bits(y[i], ref[r0 * O + i]))
+              << ks->name << " vs " << all[0]->name << ", batch " << batch << " element " << r0 * O + i;
+      }
+  double worst = 0;
+  std::vector<float> w(static_cast<size_t>(I));
+  for (int64_t o = 0; o < O; ++o) {
+    mlx_dequantize_row(params, codes.data() + o * code_bytes, scales.data() + o * scale_bytes,
+                       biases.data() + o * scale_bytes, w.data(), I);
+    for (int64_t r = 0; r < rows; ++r) {
+      double s = 0, mag = 0;
+      for (int64_t i = 0; i < I; ++i) {
+        s += double(w[i]) * x[r * I + i];
+        mag += std::abs(double(w[i]) * x[r * I + i]);
+      }
+      worst = std::max(worst, std::abs(ref[r * O + o] - s) / mag);
+    }
+  }
+  EXPECT_LT(worst, 1e-5) << "error relative to sum |w x|";
+}
+
+INSTANTIATE_TEST_SUITE_P(Cases, MlxKernelSets,
+                         ::testing::Values(MlxCase{4, 32, DType::F16}, MlxCase{4, 64, DType::BF16},
+                                           MlxCase{4, 128, DType::F32}, MlxCase{8, 32, DType::BF16},
+                                           MlxCase{8, 64, DType::F16}, MlxCase{8, 128, DType::F32}),
+                         [](const auto& info) {
+                           return "mlx" + std::to_string(info.param.bits) + "_g" + std::to_string(info.param.group) +
+                                  "_" + std::string(dtype_name(info.param.scale_type));
+                         });
+
 }  // namespace
 }  // namespace specula
