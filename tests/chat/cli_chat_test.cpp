@@ -141,7 +141,7 @@ TEST(ChatCli, CtrlCStopsTheReplyAndKeepsTheSession) {
   // The first reply (100 tokens, 2 s) is interrupted after 0.5 s; the second line still gets a reply.
   const std::string out = (dir / "out.txt").string();
   const auto r = test::run_command("((echo one; sleep 1.5; echo two) | " + test::cli() + " chat " + pipeline + " > " + out +
-                                   " & pid=$!; sleep 0.5; kill -INT $pid; wait $pid; echo rc=$?)");
+                                   " & pid=$!; " + test::wait_for_sigint_handler() + "sleep 0.3; kill -INT $pid; wait $pid; echo rc=$?)");
   EXPECT_NE(r.output.find("rc=0"), std::string::npos) << r.output;
   EXPECT_NE(r.output.find("(reply interrupted)"), std::string::npos) << r.output;
   const std::string text = read_all(out);

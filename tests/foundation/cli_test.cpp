@@ -362,7 +362,7 @@ TEST(Cli, CtrlCStopsGenerationAndKeepsTheResults) {
                                                                     "sampler: {plugin: toy, max_tokens: 1000}\n").string();
   // 1000 tokens take 20 s; SIGINT after 0.5 s ends it with the text so far and a complete JSON object.
   const std::string out = (dir / "out.json").string();
-  auto r = test::run_command(test::cli() + " run " + pipeline + " --tokens 1,2 --json > " + out + " & pid=$!; sleep 0.5; kill -INT $pid; wait $pid; echo rc=$?");
+  auto r = test::run_command(test::cli() + " run " + pipeline + " --tokens 1,2 --json > " + out + " & pid=$!; " + test::wait_for_sigint_handler() + "sleep 0.3; kill -INT $pid; wait $pid; echo rc=$?");
   EXPECT_CONTAINS(r.output, "rc=0");
   std::ifstream in(out);
   auto j = nlohmann::json::parse(in);
@@ -372,11 +372,11 @@ TEST(Cli, CtrlCStopsGenerationAndKeepsTheResults) {
   EXPECT_LT(n, 1000u);
   EXPECT_EQ(j["stats"]["generated_tokens"], n);
   // Streaming: the statistics still come; a second Ctrl+C exits at once with 130.
-  r = test::run_command("(" + test::cli() + " run " + pipeline + " --tokens 1,2 > /dev/null & pid=$!; sleep 0.5; kill -INT $pid; wait $pid; echo rc=$?)");
+  r = test::run_command("(" + test::cli() + " run " + pipeline + " --tokens 1,2 > /dev/null & pid=$!; " + test::wait_for_sigint_handler() + "sleep 0.3; kill -INT $pid; wait $pid; echo rc=$?)");
   EXPECT_CONTAINS(r.output, "stop: interrupted");
   EXPECT_CONTAINS(r.output, "rc=0");
   test::write_file(dir / "slow.toy", R"({"architecture": "toy", "vocab": 64, "context_length": 4096, "end_tokens": [], "delay_ms": 3000})");
   r = test::run_command(test::cli() + " run " + pipeline + " --model " + (dir / "slow.toy").string() +
-                        " --tokens 1,2 > /dev/null & pid=$!; sleep 0.5; kill -INT $pid; sleep 0.2; kill -INT $pid; wait $pid; echo rc=$?");
+                        " --tokens 1,2 > /dev/null & pid=$!; " + test::wait_for_sigint_handler() + "sleep 0.3; kill -INT $pid; sleep 0.2; kill -INT $pid; wait $pid; echo rc=$?");
   EXPECT_CONTAINS(r.output, "rc=130");
 }

@@ -228,3 +228,41 @@ TEST(Utf8Stream, HoldsBackIncompleteSequences) {
 }
 
 }  // namespace
+
+// Stop strings end generation before them, plain and speculative alike, and what streams equals the
+// result's text (text that may begin a stop string is held back until it cannot).
+TEST(Generator, StopStringsCutTheTextAndStreamTheSame) {
+  const toy::Config c = no_end_config();
+  const toy::Tokenizer tok(c.vocab);
+  const std::string full = tok.decode(reference_greedy(c, kPrompt, 40), true);
+  const std::string stop = full.substr(20, 3);
+  const std::string expected = full.substr(0, full.find(stop));
+  for (int draft : {0, 3}) {
+    auto model = std::make_shared<toy::Model>(c);
+    std::shared_ptr<toy::Drafter> drafter = draft ? std::make_shared<toy::Drafter>(c, 3) : nullptr;
+    Generator gen(model, std::make_shared<toy::Sampler>(specula::SamplingParams{}), drafter);
+    GenerationOptions o;
+    o.max_tokens = 40;
+    o.stop_strings = {"never there \x01", stop};
+    std::string streamed;
+    const auto r = gen.generate(kPrompt, o, [&](int32_t, std::string_view text) { streamed += text; });
+    EXPECT_EQ(r.stop_reason, StopReason::StopString) << draft;
+    EXPECT_EQ(r.text, expected) << draft;
+    EXPECT_EQ(streamed, expected) << draft;
+  }
+}
+
+// An interrupt flag ends generation after the current step with stop reason "interrupted".
+TEST(Generator, InterruptEndsGenerationWithItsStopReason) {
+  const toy::Config c = no_end_config();
+  auto model = std::make_shared<toy::Model>(c);
+  Generator gen(model, std::make_shared<toy::Sampler>(specula::SamplingParams{}));
+  std::atomic<bool> stop{false};
+  GenerationOptions o;
+  o.max_tokens = 100;
+  o.interrupt = &stop;
+  const auto r = gen.generate(kPrompt, o, [&](int32_t, std::string_view) { stop = true; });
+  EXPECT_EQ(r.stop_reason, StopReason::Interrupted);
+  EXPECT_EQ(r.tokens, reference_greedy(c, kPrompt, 1));
+  EXPECT_EQ(specula::core::stop_reason_name(r.stop_reason), "interrupted");
+}

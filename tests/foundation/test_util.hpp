@@ -63,6 +63,13 @@ inline CommandResult run_command(const std::string& command, bool merge_stderr =
 
 inline std::string quote(const std::string& s) { return "'" + s + "'"; }
 
+// Shell text that waits (up to 10 s) until process $pid catches SIGINT (bit 2 of SigCgt in
+// /proc/PID/status), so a Ctrl+C test does not race the program's start, even under sanitizers.
+inline std::string wait_for_sigint_handler() {
+  return "for i in $(seq 200); do m=$(awk '/SigCgt/ {print $2}' /proc/$pid/status 2>/dev/null); "
+         "[ -n \"$m\" ] && [ $((0x$m & 2)) -ne 0 ] && break; sleep 0.05; done; ";
+}
+
 inline std::string cli() { return quote(SPECULA_CLI); }
 
 }  // namespace test
