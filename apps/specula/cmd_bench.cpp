@@ -187,6 +187,7 @@ int run_bench(const std::vector<std::string>& args) {
     specula::core::GenerationOptions o;
     o.max_tokens = static_cast<int>(gen_tokens);
     o.draft_tokens = draft;
+    specula::core::apply_drafting(pipeline, o);
     std::vector<double> rate;
     specula::core::GenerationStats last;
     for (int r = 0; r < repetitions; ++r) {
@@ -195,7 +196,14 @@ int run_bench(const std::vector<std::string>& args) {
       rate.push_back(last.decode_tokens_per_second());
     }
     const Summary s = summarize(rate);
-    spec = {{"draft_tokens", draft},          {"tokens_per_second", s.median},
+    // With draft_tokens: auto, the lengths the engine picked (steps by length, 0 = plain steps).
+    const int64_t steps = last.speculative_steps;
+    spec = {{"draft_tokens", o.draft_auto ? nlohmann::json("auto") : nlohmann::json(draft)},
+            {"mean_draft_length", steps ? double(last.drafted_tokens) / steps : 0.0},
+            {"steps_by_draft_length", last.steps_by_draft_length},
+            {"accepted_by_position", last.accepted_by_position},
+            {"drafted_by_position", last.drafted_by_position},
+            {"tokens_per_second", s.median},
             {"min", s.min},                   {"max", s.max},
             {"generated_tokens", last.generated_tokens},
             {"acceptance_rate", last.acceptance_rate()}, {"tokens_per_step", last.tokens_per_step()},
@@ -240,7 +248,10 @@ int run_bench(const std::vector<std::string>& args) {
   if (!spec.is_null())
     fmt::print("spec{:<4} {:8.2f} tok/s  ({:.2f}-{:.2f}), draft {}, acceptance {:.1f}%, {:.2f} tokens/step, x{:.2f} vs tg\n",
                gen_tokens, spec["tokens_per_second"].get<double>(), spec["min"].get<double>(),
-               spec["max"].get<double>(), draft, 100 * spec["acceptance_rate"].get<double>(),
+               spec["max"].get<double>(),
+               spec["draft_tokens"].is_string() ? fmt::format("auto (mean {:.2f})", spec["mean_draft_length"].get<double>())
+                                                : std::to_string(draft),
+               100 * spec["acceptance_rate"].get<double>(),
                spec["tokens_per_step"].get<double>(), spec["speedup_vs_tg"].get<double>());
   return 0;
 }

@@ -64,7 +64,7 @@ int run_chat(const std::vector<std::string>& args) {
   options.show_thoughts = show_thoughts || s.pipeline.chat.show_thoughts;
   options.stop_strings = s.pipeline.sampler.stop;
   options.interrupt = cli::interrupt_flag();
-  if (s.pipeline.drafter) options.draft_tokens = s.pipeline.drafter->draft_tokens;
+  specula::core::apply_drafting(s.pipeline, options);
   specula::core::Generator generator(target, s.built.sampler, s.built.drafter);
   specula::ContextOptions context_options;
   context_options.context_length = s.pipeline.target.context_length;

@@ -78,7 +78,7 @@ int run_run(const std::vector<std::string>& args) {
   specula::core::GenerationOptions options;
   options.max_tokens = s.pipeline.sampler.max_tokens;
   options.show_thoughts = show_thoughts || s.pipeline.chat.show_thoughts;
-  if (s.pipeline.drafter) options.draft_tokens = s.pipeline.drafter->draft_tokens;
+  specula::core::apply_drafting(s.pipeline, options);
   options.stop_strings = s.pipeline.sampler.stop;
   options.interrupt = cli::interrupt_flag();
   cli::install_interrupt_handler();

@@ -11,6 +11,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "specula/core/draft_length.hpp"
 #include "specula/core/plugin_host.hpp"
 #include "specula/error.hpp"
 #include "specula/log.hpp"
@@ -63,13 +64,14 @@ std::string expand_env(std::string_view text, std::string_view where) {
 
 namespace {
 
-enum class Kind { String, Path, Int, Float, Bool, PathList, StringList, Map };
+enum class Kind { String, Path, Int, IntOrAuto, Float, Bool, PathList, StringList, Map };
 
 const char* kind_name(Kind k) {
   switch (k) {
     case Kind::String: return "a string";
     case Kind::Path: return "a path (string)";
     case Kind::Int: return "an integer";
+    case Kind::IntOrAuto: return "an integer or auto";
     case Kind::Float: return "a number";
     case Kind::Bool: return "true or false";
     case Kind::PathList: return "a list of paths";
@@ -182,8 +184,13 @@ class Reader {
     if (p.empty()) fail("{}: key '{}' must be a path, got an empty string", where(n, key), key);
     return p.is_absolute() ? p : (base_ / p).lexically_normal();
   }
-  int64_t integer(const YAML::Node& n, const std::string& key, int64_t lo, int64_t hi) const {
-    if (!n.IsScalar()) wrong_type(n, key, Kind::Int);
+  // An integer in [lo, hi], or (integer_or_auto) the word auto: nullopt.
+  std::optional<int64_t> integer_or_auto(const YAML::Node& n, const std::string& key, int64_t lo, int64_t hi) const {
+    if (n.IsScalar() && expand_env(n.Scalar(), where(n, key)) == "auto") return std::nullopt;
+    return integer(n, key, lo, hi, Kind::IntOrAuto);
+  }
+  int64_t integer(const YAML::Node& n, const std::string& key, int64_t lo, int64_t hi, Kind kind = Kind::Int) const {
+    if (!n.IsScalar()) wrong_type(n, key, kind);
     std::string text = expand_env(n.Scalar(), where(n, key));
     int64_t v = 0;
     size_t used = 0;
@@ -192,7 +199,7 @@ class Reader {
     } catch (const std::exception&) {
       used = 0;
     }
-    if (used == 0 || used != text.size()) wrong_type(n, key, Kind::Int);
+    if (used == 0 || used != text.size()) wrong_type(n, key, kind);
     if (v < lo || v > hi) fail("{}: key '{}' must be between {} and {}, got {}", where(n, key), key, lo, hi, v);
     return v;
   }
@@ -391,12 +398,17 @@ Pipeline read_pipeline(YAML::Node root, const fs::path& source, const Reader& r)
   }
   if (auto s = root["drafter"]; s && !s.IsNull()) {
     r.check_section(s, "drafter", {{"model", Kind::Path, true}, {"format", Kind::String}, {"plugin", Kind::String},
-                                   {"draft_tokens", Kind::Int}, {"options", Kind::Map}});
+                                   {"draft_tokens", Kind::IntOrAuto}, {"draft_max", Kind::Int}, {"options", Kind::Map}});
     DrafterConfig d;
     d.model = r.path(s["model"], "drafter.model");
     if (auto n = s["format"]) d.format = r.string(n, "drafter.format");
     if (auto n = s["plugin"]) d.plugin = r.string(n, "drafter.plugin");
-    if (auto n = s["draft_tokens"]) d.draft_tokens = static_cast<int>(r.integer(n, "drafter.draft_tokens", 1, 64));
+    if (auto n = s["draft_tokens"]) {
+      const auto k = r.integer_or_auto(n, "drafter.draft_tokens", 1, 64);
+      d.draft_auto = !k;
+      if (k) d.draft_tokens = static_cast<int>(*k);
+    }
+    if (auto n = s["draft_max"]) d.draft_max = static_cast<int>(r.integer(n, "drafter.draft_max", 1, DraftLength::kMax));
     if (auto o = s["options"]) d.options = r.json(o, "drafter.options", d.options_at);
     p.drafter = d;
   }
@@ -550,6 +562,13 @@ BuiltPipeline build_pipeline(const Pipeline& p, const PluginHost& host, const Bu
     });
   }
   return b;
+}
+
+void apply_drafting(const Pipeline& p, GenerationOptions& o) {
+  if (!p.drafter) return;
+  o.draft_tokens = p.drafter->draft_auto ? std::min(3, p.drafter->draft_max) : p.drafter->draft_tokens;
+  o.draft_auto = p.drafter->draft_auto;
+  o.draft_max = p.drafter->draft_max;
 }
 
 }  // namespace specula::core

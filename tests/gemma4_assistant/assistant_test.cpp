@@ -788,3 +788,35 @@ TEST(ValidateCli, KvCacheTypeIsCheckedAgainstTheBackend) {
     EXPECT_STREQ(e.what(), "gemma4: option kv_cache_type = 'BF16': backend 'nobf16' cannot run WriteRows on BF16: no BF16 caches here");
   }
 }
+
+// draft_tokens: auto (here through --draft-max auto): bench reports the lengths the engine chose, within
+// drafter.draft_max, and the acceptance by draft position; every step is counted once.
+TEST(BenchCli, AdaptiveDraftLengthReportsTheLengthsItChose) {
+  int status = 0;
+  const std::string out = run_cli("bench -q --plugin-path " + std::string(SPECULA_PLUGIN_DIR) + " --model " +
+                                      (fixture_dir() / "model-f32.gguf").string() + " --drafter " +
+                                      (fixture_dir() / "assistant-f32.gguf").string() +
+                                      " --draft-max auto --threads 1 -p 12 -n 24 -r 1 --json",
+                                  &status);
+  ASSERT_EQ(status, 0) << out;
+  const json spec = json::parse(out)["speculative"];
+  ASSERT_TRUE(spec.is_object()) << out;
+  EXPECT_EQ(spec["draft_tokens"], "auto");
+  const auto lengths = spec["steps_by_draft_length"].get<std::vector<int64_t>>();
+  ASSERT_FALSE(lengths.empty());
+  EXPECT_LE(lengths.size(), 9u) << "never beyond the default draft_max of 8";
+  int64_t steps = 0, drafted = 0;
+  for (size_t k = 1; k < lengths.size(); ++k) steps += lengths[k], drafted += static_cast<int64_t>(k) * lengths[k];
+  ASSERT_GT(steps, 0);
+  EXPECT_NEAR(spec["mean_draft_length"].get<double>(), double(drafted) / steps, 1e-9);
+  const auto by_pos = spec["drafted_by_position"].get<std::vector<int64_t>>();
+  ASSERT_FALSE(by_pos.empty());
+  EXPECT_EQ(by_pos[0], steps) << "every speculative step drafts a first token";
+
+  const std::string bad = run_cli("bench -q --plugin-path " + std::string(SPECULA_PLUGIN_DIR) + " --model " +
+                                      (fixture_dir() / "model-f32.gguf").string() + " --drafter " +
+                                      (fixture_dir() / "assistant-f32.gguf").string() + " --draft-max sometimes -n 2",
+                                  &status);
+  EXPECT_NE(status, 0);
+  EXPECT_NE(bad.find("key 'drafter.draft_tokens' must be an integer or auto, got 'sometimes'"), std::string::npos) << bad;
+}

@@ -21,6 +21,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "specula/core/generator.hpp"
 #include "specula/model.hpp"
 #include "specula/options.hpp"
 #include "specula/sampler.hpp"
@@ -48,7 +49,9 @@ struct DrafterConfig {
   std::filesystem::path model;         // required when the section is present
   std::string format;
   std::string plugin;                  // drafter plugin; "" = the first whose loader accepts the file
-  int draft_tokens = 3;                // tokens proposed per speculative step
+  int draft_tokens = 3;                // tokens proposed per speculative step (the first, with draft_auto)
+  bool draft_auto = false;             // draft_tokens: auto: the length per step from measured costs
+  int draft_max = 8;                   // the longest draft_auto may choose
   nlohmann::json options = nlohmann::json::object();
   OptionLocations options_at;
 };
@@ -140,5 +143,8 @@ std::shared_ptr<DrafterLoader> drafter_loader(const Pipeline& p, const PluginHos
 void check_drafter(const Pipeline& p, const DrafterLoader& loader, const ModelFile& file, const ComputeBackend& backend,
                    const ModelInfo& target);
 std::shared_ptr<Sampler> make_sampler(const Pipeline& p, const PluginHost& host);
+
+// The drafting part of a generation's options from the pipeline's drafter section (none: unchanged).
+void apply_drafting(const Pipeline& p, GenerationOptions& o);
 
 }  // namespace specula::core
