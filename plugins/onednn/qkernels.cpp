@@ -2,10 +2,10 @@
 // (isa.hpp): SPECULA_ISA_NS names the namespace, the compiler flags decide which branches exist.
 //
 // Quantized weights are read in place. Activations are quantized once per product to 8 bits per 32
-// values (Q8_0 / Q4_0) or per 256 (K-quants), the llama.cpp scheme, and each weight block is unpacked
-// once per tile of activation rows. AVX-512 VNNI processes two 32-value blocks (or two K sub-blocks) per
-// instruction where AVX2 processes one: its low half does what AVX2's "even" accumulator does, its high
-// half the "odd" one, so the sums, their order and the final reduction are the same on both.
+// values (Q8_0 / Q4_0 / ...) or per 256 (K-quants), the llama.cpp scheme, and each weight block is
+// unpacked once per tile of activation rows (MLX affine keeps float activations, as MLX does). Where
+// AVX-512 works on 16 lanes, AVX2 works on two halves of 8 with the same lanes, so the sums, their order
+// and the final reduction are the same on both sets, and so are the bits.
 //
 // Nothing here may instantiate a template that other translation units use too (std containers,
 // std::function): the linker would keep one copy, possibly the one with AVX-512 instructions.
