@@ -18,7 +18,7 @@ void DraftLength::Mean::add(double x) {
 }
 
 DraftLength::DraftLength(int max_tokens, int initial) : max_(max_tokens), initial_(initial) {
-  if (max_tokens < 1 || max_tokens > kMax) fail("adaptive draft length: the maximum must be in [1, {}], got {}", kMax, max_tokens);
+  if (max_tokens < 1 || max_tokens > kMax) fail("adaptive draft length: draft_max must be in [1, {}], got {}", kMax, max_tokens);
   initial_ = std::clamp(initial, 0, max_);
 }
 

@@ -252,8 +252,6 @@ GenerationResult Generator::generate(ModelContext& ctx, std::span<const int32_t>
 
   auto t1 = Clock::now();
   emit(last);
-  if (drafter_ && options.draft_auto && (options.draft_max < 1 || options.draft_max > DraftLength::kMax))
-    fail("draft_max must be in [1, {}] for the adaptive draft length, got {}", DraftLength::kMax, options.draft_max);
   std::optional<DraftLength> policy;
   if (drafter_ && options.draft_auto) policy.emplace(options.draft_max, options.draft_tokens);
   auto count_step = [&](int64_t n) {

@@ -566,7 +566,7 @@ BuiltPipeline build_pipeline(const Pipeline& p, const PluginHost& host, const Bu
 
 void apply_drafting(const Pipeline& p, GenerationOptions& o) {
   if (!p.drafter) return;
-  o.draft_tokens = p.drafter->draft_auto ? std::min(3, p.drafter->draft_max) : p.drafter->draft_tokens;
+  o.draft_tokens = p.drafter->draft_tokens;  // with draft_auto: the first length (DraftLength clamps it)
   o.draft_auto = p.drafter->draft_auto;
   o.draft_max = p.drafter->draft_max;
 }

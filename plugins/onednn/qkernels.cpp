@@ -58,16 +58,6 @@ inline __m256 fold(__m512 v) { return _mm256_add_ps(_mm512_castps512_ps256(v), _
 inline __m256i fold(__m512i v) { return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)); }
 inline __m512i join(__m256i lo, __m256i hi) { return _mm512_inserti64x4(_mm512_castsi256_si512(lo), hi, 1); }
 inline __m512 join(__m256 lo, __m256 hi) { return _mm512_insertf32x8(_mm512_castps256_ps512(lo), hi, 1); }
-// The f16 values at a and b as [a x 8, b x 8].
-inline __m512 f16_pair(const std::byte* a, const std::byte* b) {
-  uint16_t ha, hb;
-  std::memcpy(&ha, a, 2);
-  std::memcpy(&hb, b, 2);
-  const __m128 v =
-      _mm_cvtph_ps(_mm_cvtsi32_si128(static_cast<int>(static_cast<uint32_t>(ha) | static_cast<uint32_t>(hb) << 16)));
-  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1),
-                               _mm512_castps128_ps512(v));
-}
 constexpr bool kWide = true;
 #else
 constexpr bool kWide = false;
