@@ -11,13 +11,14 @@ DEB_PACKAGES := build-essential cmake ninja-build ccache pkg-config \
   libvulkan-dev glslc mesa-vulkan-drivers vulkan-tools \
   libgtest-dev googletest clang python3 python3-numpy zlib1g-dev
 
+SHELL      := /bin/bash
 BUILD      ?= build
 BUILD_ASAN ?= build-asan
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 PIPELINE   ?= configs/default.yaml
-PROMPT     ?= Write one sentence about the sea.
-RUN_ARGS   ?= --max-tokens 32
+PROMPT     ?= And God said unto Noah, Make thee an ark of gopher wood.
+RUN_ARGS   ?=
 FIXTURE    := $(BUILD)/fixtures/gemma4-e2b
 PYTHON     ?= /usr/bin/python3
 SUDO       := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
@@ -51,14 +52,26 @@ $(BUILD_ASAN)/build.ninja:
 build-asan: deps $(BUILD_ASAN)/build.ninja
 	cmake --build $(BUILD_ASAN) -j $(JOBS)
 
-# A small deterministic Gemma 4 checkpoint (random weights, real layout and vocab) for the default pipeline,
-# and its assistant drafter (assistant-f32.gguf) for configs/speculative.yaml.
+# A small deterministic Gemma 4 checkpoint (random weights, real layout and the full vocabulary) and an
+# assistant drafter for it, in $(FIXTURE): what the tests use, for trying layouts without the default model.
 fixture: build
 	$(PYTHON) tools/gemma4_fixture.py --variant e2b --out $(FIXTURE) --formats q8_0
 	$(PYTHON) tools/gemma4_assistant_fixture.py --out $(FIXTURE) --formats gguf-f32
 
-run: build fixture
-	SPECULA_FIXTURE_DIR=$(abspath $(FIXTURE)) $(BUILD)/bin/specula run $(PIPELINE) --prompt "$(PROMPT)" $(RUN_ARGS)
+# The default pipeline: the tiny trained pair in models/, drafter on; the answer is streamed, then one line
+# of statistics (acceptance rate, speed-up against the same pipeline without the drafter).
+# The build is quiet here: one progress line, the compiler's output in $(BUILD)/build.log.
+run: deps
+	@mkdir -p $(BUILD); [ -f $(BUILD)/build.ninja ] || \
+	  cmake -S . -B $(BUILD) -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo $(CMAKE_ARGS) > $(BUILD)/configure.log 2>&1 \
+	  || { cat $(BUILD)/configure.log; exit 1; }
+	@echo "building Specula (compiler output: $(BUILD)/build.log)"
+	@cmake --build $(BUILD) -j $(JOBS) 2>&1 | tee $(BUILD)/build.log | \
+	  awk '/^\[[0-9]+\/[0-9]+\]/ { split(substr($$1, 2), n, "/"); printf "\r  step %d of %d", n[1], n[2]; fflush() } \
+	       END { if (NR) print "" }'; \
+	  status=$${PIPESTATUS[0]}; [ $$status = 0 ] || { tail -n 40 $(BUILD)/build.log; exit $$status; }
+	@echo
+	@$(BUILD)/bin/specula run $(PIPELINE) --prompt "$(PROMPT)" --speedup --quiet $(RUN_ARGS)
 
 test: build
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)

@@ -70,12 +70,13 @@ ALL_FORMATS = ["gguf-f32", "gguf-seed", "hf"]
 class Spec:
     def __init__(self, v, backbone=None):
         self.__dict__.update(v)
+        self.vocab = v.get("vocab", VOCAB)  # tools/train-tiny sets its own
         if backbone is not None:
             self.backbone = backbone
         self.L = len(self.layers)
         if self.backbone == self.hidden:
             sys.exit("backbone hidden must differ from the drafter hidden (llama.cpp rejects equal sizes)")
-        if VOCAB % self.centroids:
+        if self.vocab % self.centroids:
             sys.exit("vocab size must be a multiple of num_centroids")
 
     def hd(self, l):
@@ -128,7 +129,7 @@ def make_weights(spec):
 def hf_config(spec):
     text = {
         "model_type": "gemma4_text",
-        "vocab_size": VOCAB, "hidden_size": spec.hidden, "intermediate_size": spec.ffn,
+        "vocab_size": spec.vocab, "hidden_size": spec.hidden, "intermediate_size": spec.ffn,
         "num_hidden_layers": spec.L, "num_attention_heads": spec.heads,
         "num_key_value_heads": spec.kv, "head_dim": spec.hd_s, "global_head_dim": spec.hd_f,
         "num_global_key_value_heads": None, "attention_k_eq_v": False,
@@ -188,12 +189,14 @@ def gguf_tensor_plan(spec, w, ordering=None, seed=False):
     return plan
 
 
-def write_gguf(path, spec, w, vocab_path, ordering=None, seed=False):
+def write_gguf(path, spec, w, vocab_path, ordering=None, seed=False, tokenizer_kvs=None, name=None, wtype=g4.G_F32):
+    """tokenizer_kvs: raw tokenizer.* records; by default those of the GGUF at vocab_path. wtype: the
+    matrices' type (F32 as the converter writes; Q8_0 keeps the centroids and vectors F32)."""
     A = ARCH + "."
     kv = g4.gguf_kv
     T = g4
     kvs = [kv("general.architecture", T.T_STR, ARCH), kv("general.type", T.T_STR, "model"),
-           kv("general.name", T.T_STR, f"specula-fixture-assistant-{spec.name}"),
+           kv("general.name", T.T_STR, name or f"specula-fixture-assistant-{spec.name}"),
            kv(A + "block_count", T.T_U32, spec.L), kv(A + "context_length", T.T_U32, spec.context),
            kv(A + "embedding_length", T.T_U32, spec.hidden),
            kv(A + "feed_forward_length", T.T_U32, spec.ffn),
@@ -202,7 +205,7 @@ def write_gguf(path, spec, w, vocab_path, ordering=None, seed=False):
            kv(A + "rope.freq_base", T.T_F32, g4.ROPE_THETA), kv(A + "rope.freq_base_swa", T.T_F32, g4.ROPE_THETA_SWA),
            kv(A + "attention.layer_norm_rms_epsilon", T.T_F32, g4.EPS),
            kv(A + "attention.key_length", T.T_U32, spec.hd_f), kv(A + "attention.value_length", T.T_U32, spec.hd_f),
-           kv("general.file_type", T.T_U32, 0),
+           kv("general.file_type", T.T_U32, {g4.G_F32: 0, g4.G_F16: 1, g4.G_Q8_0: 7}[wtype]),
            kv(A + "attention.sliding_window", T.T_U32, spec.window),
            kv(A + "attention.shared_kv_layers", T.T_U32, spec.L),
            kv(A + "embedding_length_per_layer_input", T.T_U32, 0),
@@ -220,24 +223,10 @@ def write_gguf(path, spec, w, vocab_path, ordering=None, seed=False):
                 kv(A + "assistant.use_ordered_embeddings", T.T_BOOL, True)]
     else:
         kvs.append(kv(A + "embedding_length_out", T.T_U32, spec.backbone))
-    kvs += g4.read_tokenizer_kvs(vocab_path)
+    kvs += tokenizer_kvs if tokenizer_kvs is not None else g4.read_tokenizer_kvs(vocab_path)
 
-    infos, offset = [], 0
     plan = gguf_tensor_plan(spec, w, ordering, seed)
-    for name, a in plan:  # all F32, as the F32 converter output
-        ne = list(reversed(a.shape))
-        infos.append(g4.gguf_str(name) + struct.pack("<I", len(ne)) + struct.pack(f"<{len(ne)}Q", *ne)
-                     + struct.pack("<IQ", g4.G_F32, offset))
-        offset += a.size * 4 + (-(a.size * 4)) % 32
-    head = b"GGUF" + struct.pack("<IQQ", 3, len(infos), len(kvs)) + b"".join(kvs) + b"".join(infos)
-    head += b"\0" * ((-len(head)) % 32)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as fh:
-        fh.write(head)
-        for _, a in plan:
-            blob = np.ascontiguousarray(a, dtype="<f4").tobytes()
-            fh.write(blob + b"\0" * ((-len(blob)) % 32))
-    os.replace(tmp, path)
+    g4.write_tensors(path, kvs, [(n, a, a.ndim >= 2 and n != "assist_embed_centroids.weight") for n, a in plan], wtype)
 
 
 def generate(spec, out, formats, vocab):

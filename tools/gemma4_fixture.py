@@ -89,8 +89,11 @@ class Spec:
         self.name = name
         self.__dict__.update(v)
         real = name.endswith("-real")
-        self.hd_s = REAL_HEAD_DIM if real else HEAD_DIM
-        self.hd_f = REAL_GLOBAL_HEAD_DIM if real else GLOBAL_HEAD_DIM
+        # Variants may set their own vocabulary, head dims and context (tools/train-tiny does).
+        self.vocab = v.get("vocab", VOCAB)
+        self.hd_s = v.get("hd_s", REAL_HEAD_DIM if real else HEAD_DIM)
+        self.hd_f = v.get("hd_f", REAL_GLOBAL_HEAD_DIM if real else GLOBAL_HEAD_DIM)
+        self.context = v.get("context", REAL_CONTEXT if real else CONTEXT)
         self.L = len(self.layers)
         self.first_shared = self.L - self.shared
 
@@ -223,14 +226,14 @@ def make_weights(spec):
 def hf_config(spec):
     text = {
         "model_type": "gemma4_text",
-        "vocab_size": VOCAB, "hidden_size": spec.hidden, "intermediate_size": spec.ffn,
+        "vocab_size": spec.vocab, "hidden_size": spec.hidden, "intermediate_size": spec.ffn,
         "num_hidden_layers": spec.L, "num_attention_heads": spec.heads,
         "num_key_value_heads": spec.kv, "head_dim": spec.hd_s, "global_head_dim": spec.hd_f,
         "num_global_key_value_heads": spec.kv_global, "attention_k_eq_v": spec.k_eq_v,
-        "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": REAL_CONTEXT if spec.name.endswith("-real") else CONTEXT,
+        "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": spec.context,
         "rms_norm_eps": EPS, "sliding_window": spec.window, "layer_types": spec.layers,
         "final_logit_softcapping": SOFTCAP, "tie_word_embeddings": True,
-        "hidden_size_per_layer_input": spec.ple, "vocab_size_per_layer_input": VOCAB,
+        "hidden_size_per_layer_input": spec.ple, "vocab_size_per_layer_input": spec.vocab,
         "num_kv_shared_layers": spec.shared, "use_double_wide_mlp": spec.double_wide,
         "enable_moe_block": bool(spec.moe),
         "rope_parameters": {
@@ -363,12 +366,13 @@ def gguf_tensor_plan(spec, w):
     return plan
 
 
-def write_gguf(path, spec, w, wtype, vocab_path, tensors=None):
+def write_gguf(path, spec, w, wtype, vocab_path, tensors=None, tokenizer_kvs=None, name=None):
+    """tokenizer_kvs: raw tokenizer.* records; by default those of the GGUF at vocab_path."""
     A = "gemma4."
     L = spec.L
     kvs = [gguf_kv("general.architecture", T_STR, "gemma4"), gguf_kv("general.type", T_STR, "model"),
-           gguf_kv("general.name", T_STR, f"specula-fixture-{spec.name}"),
-           gguf_kv(A + "block_count", T_U32, L), gguf_kv(A + "context_length", T_U32, REAL_CONTEXT if spec.name.endswith("-real") else CONTEXT),
+           gguf_kv("general.name", T_STR, name or f"specula-fixture-{spec.name}"),
+           gguf_kv(A + "block_count", T_U32, L), gguf_kv(A + "context_length", T_U32, spec.context),
            gguf_kv(A + "embedding_length", T_U32, spec.hidden)]
     if spec.double_wide:
         kvs.append(gguf_kv(A + "feed_forward_length", T_ARR, (T_I32, [spec.ffn_width(l) for l in range(L)])))
@@ -397,10 +401,15 @@ def write_gguf(path, spec, w, wtype, vocab_path, tensors=None):
                 gguf_kv(A + "expert_used_count", T_U32, spec.moe["top_k"]),
                 gguf_kv(A + "expert_feed_forward_length", T_U32, spec.moe["ffn"])]
     kvs.append(gguf_kv("general.quantization_version", T_U32, 2))
-    kvs += read_tokenizer_kvs(vocab_path)
+    kvs += tokenizer_kvs if tokenizer_kvs is not None else read_tokenizer_kvs(vocab_path)
+    write_tensors(path, kvs, tensors if tensors is not None else gguf_tensor_plan(spec, w), wtype)
 
+
+def write_tensors(path, kvs, tensors, wtype):
+    """A GGUF file of raw KV records and (name, array, quantizable) tensors: quantizable ones in wtype
+    (F16 where Q8_0 rows are not whole blocks), the rest F32."""
     infos, items, offset = [], [], 0
-    for name, a, quantizable in tensors if tensors is not None else gguf_tensor_plan(spec, w):
+    for name, a, quantizable in tensors:
         t = wtype if quantizable else G_F32
         if t == G_Q8_0 and a.shape[-1] % 32:
             t = G_F16
@@ -456,12 +465,12 @@ def write_safetensors(path, tensors, metadata, pad_header=True):
     os.replace(tmp, path)
 
 
-def write_hf(outdir, spec, w):
+def write_hf(outdir, spec, w, decoys=True):
     os.makedirs(outdir, exist_ok=True)
     tensors = [(f"model.language_model.{k}", "BF16", bf16_bytes(a), a.shape) for k, a in sorted(w.items())]
-    # Vision-tower decoys a text loader must skip.
-    decoy = np.ones((4, 4), dtype=np.float32)
-    tensors.append(("model.vision_tower.encoder.layers.0.mlp.fc1.weight", "BF16", bf16_bytes(decoy), decoy.shape))
+    if decoys:  # vision-tower decoys a text loader must skip
+        decoy = np.ones((4, 4), dtype=np.float32)
+        tensors.append(("model.vision_tower.encoder.layers.0.mlp.fc1.weight", "BF16", bf16_bytes(decoy), decoy.shape))
     write_safetensors(os.path.join(outdir, "model.safetensors"), tensors, {"format": "pt"})
     with open(os.path.join(outdir, "config.json"), "w") as fh:
         json.dump(hf_config(spec), fh, indent=2)

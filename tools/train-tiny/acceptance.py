@@ -1,0 +1,66 @@
+#!/usr/bin/env python3
+"""Acceptance and speed-up of the default pair on held-out KJV verses, as the model card reports them:
+for each draft length K, `specula run --json` at temperature 0 on every prompt, with the drafter and
+without it (A B alternating, same process setup), summed over prompts.
+
+usage: acceptance.py [--specula build/bin/specula] [--pipeline YAML] [--prompts N] [--tokens N] [--threads N]
+                     [--k 1,2,3,4,auto]
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.normpath(os.path.join(HERE, "..", ".."))
+sys.path.insert(0, HERE)
+import corpus  # noqa: E402
+
+
+def run(specula, pipeline, prompt, tokens, threads, extra):
+    cmd = [specula, "run", pipeline, "-q", "--json", "--prompt", prompt,
+           "--max-tokens", str(tokens), "--temp", "0"] + extra
+    if threads:
+        cmd += ["--threads", str(threads)]
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+    return json.loads(out)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--specula", default=os.path.join(ROOT, "build", "bin", "specula"))
+    ap.add_argument("--pipeline", default=os.path.join(ROOT, "configs", "speculative.yaml"))
+    ap.add_argument("--prompts", type=int, default=32)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--k", default="1,2,3,4")
+    a = ap.parse_args()
+    held = corpus.split(corpus.chapters())[1]
+    prompts = corpus.held_out_prompts(held, a.prompts, seed=11)
+    print(f"{len(prompts)} held-out verses, {a.tokens} tokens each, greedy")
+    print("K    acceptance  tokens/step  tok/s with  tok/s without  speed-up")
+    for k in a.k.split(","):
+        drafted = accepted = steps = 0
+        t_spec = t_plain = n_spec = n_plain = 0.0
+        for p in prompts:
+            s = run(a.specula, a.pipeline, p, a.tokens, a.threads, ["--draft-max", str(k)])
+            b = run(a.specula, a.pipeline, p, a.tokens, a.threads, ["--no-drafter"])
+            if s["tokens"] != b["tokens"]:
+                print(f"  warning: K={k} output differs from plain decoding on {p[:40]!r}")
+            st, bt = s["stats"], b["stats"]
+            drafted += st["drafted_tokens"]
+            accepted += st["accepted_tokens"]
+            steps += st["speculative_steps"]
+            t_spec += st["decode_seconds"]
+            n_spec += st["generated_tokens"] - 1
+            t_plain += bt["decode_seconds"]
+            n_plain += bt["generated_tokens"] - 1
+        rate = accepted / drafted if drafted else 0
+        with_, without = n_spec / t_spec, n_plain / t_plain
+        print(f"{k:4} {100 * rate:9.1f} %  {(accepted + steps) / max(1, steps):11.2f}  {with_:10.1f}  "
+              f"{without:13.1f}  {with_ / without:7.2f}x")
+
+
+if __name__ == "__main__":
+    main()
