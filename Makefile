@@ -67,8 +67,8 @@ run: deps
 	  || { cat $(BUILD)/configure.log; exit 1; }
 	@echo "building Specula (compiler output: $(BUILD)/build.log)"
 	@cmake --build $(BUILD) -j $(JOBS) 2>&1 | tee $(BUILD)/build.log | \
-	  awk '/^\[[0-9]+\/[0-9]+\]/ { split(substr($$1, 2), n, "/"); printf "\r  step %d of %d", n[1], n[2]; fflush() } \
-	       END { if (NR) print "" }'; \
+	  awk '/^\[[0-9]+\/[0-9]+\]/ { split(substr($$1, 2), n, "/"); if (n[1] > 0) { printf "\r  step %d of %d", n[1], n[2]; \
+	       shown = 1; fflush() } } END { print shown ? "" : "  up to date" }'; \
 	  status=$${PIPESTATUS[0]}; [ $$status = 0 ] || { tail -n 40 $(BUILD)/build.log; exit $$status; }
 	@echo
 	@$(BUILD)/bin/specula run $(PIPELINE) --prompt "$(PROMPT)" --speedup --quiet $(RUN_ARGS)
