@@ -1,5 +1,5 @@
 // The Gemma 4 test fixtures (tools/gemma4_fixture.py, generated on first use and cached in the build
-// dir), the plugin host, the CPU backend and loaded models, shared by the gemma4 test files.
+// dir), and the shared plugin host, CPU backend and loaded models (common/plugins.hpp).
 #pragma once
 
 #include <cstdlib>
@@ -13,14 +13,12 @@
 
 #include <nlohmann/json.hpp>
 
-#include "specula/core/plugin_host.hpp"
-#include "specula/model.hpp"
+#include "common/plugins.hpp"
 
 namespace gemma4_test {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-using specula::core::PluginHost;
 
 // Formats each variant's fixture provides (kept small: the vocab is the real 262144 tokens).
 inline const std::map<std::string, std::string> kFormats = {
@@ -43,29 +41,8 @@ inline fs::path fixture(const std::string& variant) {
   return dir;
 }
 
-inline PluginHost& host() {
-  static PluginHost* h = [] {
-    auto* p = new PluginHost();
-    p->discover({fs::path(SPECULA_PLUGIN_DIR)});
-    return p;
-  }();
-  return *h;
-}
-
-inline std::shared_ptr<specula::ComputeBackend> backend() {
-  static auto b = host().make_backend("onednn");
-  return b;
-}
-
-// Models are immutable once loaded (contexts hold the state), so tests share them.
-inline std::shared_ptr<specula::Model> load(const fs::path& path, const json& options = json::object()) {
-  static std::map<std::string, std::shared_ptr<specula::Model>> loaded;
-  auto& m = loaded[path.string() + options.dump()];
-  if (!m) {
-    auto file = host().open_model(path);
-    m = host().find_model_loader(*file)->load(file, backend(), options);
-  }
-  return m;
-}
+using specula_test::backend;
+using specula_test::host;
+using specula_test::load;
 
 }  // namespace gemma4_test

@@ -35,7 +35,6 @@ namespace {
 
 namespace fs = std::filesystem;
 using json = nlohmann::json;
-using specula::core::PluginHost;
 using gemma4_test::backend;
 using gemma4_test::fixture;
 using gemma4_test::host;

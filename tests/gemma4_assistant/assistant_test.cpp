@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "assistant.hpp"
+#include "common/plugins.hpp"
 #include "specula/core/generator.hpp"
 #include "specula/core/plugin_host.hpp"
 #include "specula/error.hpp"
@@ -34,7 +35,6 @@ namespace {
 namespace fs = std::filesystem;
 namespace ga = specula::gemma4_assistant;
 using json = nlohmann::json;
-using specula::core::PluginHost;
 
 // F32 weights on both sides; the C++ side computes in float32 (K/V from the float32 target, 4 layers,
 // a 32-wide head). Measured worst differences are ~1e-5; the bound leaves room for summation order.
@@ -65,19 +65,8 @@ const json& golden() {
   return g;
 }
 
-PluginHost& host() {
-  static PluginHost* h = [] {
-    auto* p = new PluginHost();
-    p->discover({fs::path(SPECULA_PLUGIN_DIR)});
-    return p;
-  }();
-  return *h;
-}
-
-std::shared_ptr<specula::ComputeBackend> backend() {
-  static auto b = host().make_backend("onednn");
-  return b;
-}
+using specula_test::backend;
+using specula_test::host;
 
 // The e2b target; prefill_chunk 4 makes its sliding cache a ring (window - 1 + 4 = 11 slots), so the
 // drafter reads keys out of position order.

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "assistant.hpp"
+#include "common/plugins.hpp"
 #include "specula/core/generator.hpp"
 #include "specula/core/plugin_host.hpp"
 #include "specula/error.hpp"
@@ -29,7 +30,6 @@ namespace {
 namespace fs = std::filesystem;
 namespace ga = specula::gemma4_assistant;
 using json = nlohmann::json;
-using specula::core::PluginHost;
 
 const fs::path kModels = fs::path(SPECULA_SOURCE_DIR) / "models";
 constexpr const char* kTarget = "specula-tiny-kjv-q8_0.gguf";
@@ -48,19 +48,9 @@ const json& golden(const std::string& name) {
   return g;
 }
 
-PluginHost& host() {
-  static PluginHost* h = [] {
-    auto* p = new PluginHost();
-    p->discover({fs::path(SPECULA_PLUGIN_DIR)});
-    return p;
-  }();
-  return *h;
-}
-
-std::shared_ptr<specula::ComputeBackend> backend() {
-  static auto b = host().make_backend("onednn");
-  return b;
-}
+using specula_test::backend;
+using specula_test::host;
+using specula_test::load;
 
 // A shipped file with every tensor dequantized to F32 (same keys): F32 arithmetic on the file's numbers.
 fs::path f32_copy(const std::string& name) {
@@ -88,20 +78,8 @@ fs::path f32_copy(const std::string& name) {
   return out;
 }
 
-std::shared_ptr<specula::Model> load_target(const fs::path& path) {
-  auto file = host().open_model(path);
-  return host().find_model_loader(*file)->load(file, backend(), json::object());
-}
-
-std::shared_ptr<specula::Model> target_f32() {
-  static auto m = load_target(f32_copy(kTarget));
-  return m;
-}
-
-std::shared_ptr<specula::Model> target_q8() {
-  static auto m = load_target(kModels / kTarget);
-  return m;
-}
+std::shared_ptr<specula::Model> target_f32() { return load(f32_copy(kTarget)); }
+std::shared_ptr<specula::Model> target_q8() { return load(kModels / kTarget); }
 
 std::shared_ptr<ga::AssistantDrafter> drafter(const fs::path& path, const std::shared_ptr<specula::Model>& target,
                                               const std::string& head) {

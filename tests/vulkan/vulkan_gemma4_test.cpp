@@ -16,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/plugins.hpp"
 #include "specula/core/plugin_host.hpp"
 #include "specula/error.hpp"
 #include "specula/model.hpp"
@@ -45,14 +46,7 @@ fs::path fixture() {
   return dir;
 }
 
-specula::core::PluginHost& host() {
-  static auto* h = [] {
-    auto* p = new specula::core::PluginHost();
-    p->discover({fs::path(SPECULA_PLUGIN_DIR)});
-    return p;
-  }();
-  return *h;
-}
+using specula_test::host;
 
 std::shared_ptr<specula::ComputeBackend> backend(const std::string& name, std::string* why = nullptr) {
   static std::map<std::string, std::shared_ptr<specula::ComputeBackend>> made;
