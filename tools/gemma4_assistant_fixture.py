@@ -150,7 +150,8 @@ def hf_config(spec):
             "tie_word_embeddings": True, "dtype": "bfloat16", "text_config": text}
 
 
-def write_hf(outdir, spec, w, ordering):
+def write_hf(outdir, spec, w, ordering, generation=None):
+    """generation: generation_config.json instead of the fixture's."""
     os.makedirs(outdir, exist_ok=True)
     tensors = [(k, "BF16", g4.bf16_bytes(a), a.shape) for k, a in w.items()]
     tensors.append(("masked_embedding.token_ordering", "I64", ordering.astype("<i8").tobytes(), ordering.shape))
@@ -158,7 +159,7 @@ def write_hf(outdir, spec, w, ordering):
     with open(os.path.join(outdir, "config.json"), "w") as fh:
         json.dump(hf_config(spec), fh, indent=2)
     with open(os.path.join(outdir, "generation_config.json"), "w") as fh:
-        json.dump({"bos_token_id": 2, "eos_token_id": [1, 106, 50], "pad_token_id": 0}, fh)
+        json.dump(generation or {"bos_token_id": 2, "eos_token_id": [1, 106, 50], "pad_token_id": 0}, fh)
 
 
 def gguf_tensor_plan(spec, w, ordering=None, seed=False):
@@ -225,8 +226,12 @@ def write_gguf(path, spec, w, vocab_path, ordering=None, seed=False, tokenizer_k
         kvs.append(kv(A + "embedding_length_out", T.T_U32, spec.backbone))
     kvs += tokenizer_kvs if tokenizer_kvs is not None else g4.read_tokenizer_kvs(vocab_path)
 
-    plan = gguf_tensor_plan(spec, w, ordering, seed)
-    g4.write_tensors(path, kvs, [(n, a, a.ndim >= 2 and n != "assist_embed_centroids.weight") for n, a in plan], wtype)
+    g4.write_tensors(path, kvs, [(n, a, quantizable(n, a)) for n, a in gguf_tensor_plan(spec, w, ordering, seed)], wtype)
+
+
+def quantizable(name, a):
+    """Whether write_gguf stores a tensor in its wtype: the matrices, but not the centroids (kept F32)."""
+    return a.ndim >= 2 and name != "assist_embed_centroids.weight"
 
 
 def generate(spec, out, formats, vocab):

@@ -405,14 +405,18 @@ def write_gguf(path, spec, w, wtype, vocab_path, tensors=None, tokenizer_kvs=Non
     write_tensors(path, kvs, tensors if tensors is not None else gguf_tensor_plan(spec, w), wtype)
 
 
+def stored_type(a, quantizable, wtype):
+    """The type write_tensors gives a tensor: wtype if quantizable (F16 where Q8_0 rows are not whole
+    blocks), else F32."""
+    t = wtype if quantizable else G_F32
+    return G_F16 if t == G_Q8_0 and a.shape[-1] % 32 else t
+
+
 def write_tensors(path, kvs, tensors, wtype):
-    """A GGUF file of raw KV records and (name, array, quantizable) tensors: quantizable ones in wtype
-    (F16 where Q8_0 rows are not whole blocks), the rest F32."""
+    """A GGUF file of raw KV records and (name, array, quantizable) tensors, typed by stored_type."""
     infos, items, offset = [], [], 0
     for name, a, quantizable in tensors:
-        t = wtype if quantizable else G_F32
-        if t == G_Q8_0 and a.shape[-1] % 32:
-            t = G_F16
+        t = stored_type(a, quantizable, wtype)
         n = math.prod(a.shape)
         nbytes = {G_F32: 4 * n, G_F16: 2 * n, G_Q8_0: n // 32 * 34}[t]
         ne = list(reversed(a.shape))
@@ -465,7 +469,8 @@ def write_safetensors(path, tensors, metadata, pad_header=True):
     os.replace(tmp, path)
 
 
-def write_hf(outdir, spec, w, decoys=True):
+def write_hf(outdir, spec, w, decoys=True, config=None, generation=None):
+    """config / generation: config.json and generation_config.json instead of the fixture's."""
     os.makedirs(outdir, exist_ok=True)
     tensors = [(f"model.language_model.{k}", "BF16", bf16_bytes(a), a.shape) for k, a in sorted(w.items())]
     if decoys:  # vision-tower decoys a text loader must skip
@@ -473,9 +478,9 @@ def write_hf(outdir, spec, w, decoys=True):
         tensors.append(("model.vision_tower.encoder.layers.0.mlp.fc1.weight", "BF16", bf16_bytes(decoy), decoy.shape))
     write_safetensors(os.path.join(outdir, "model.safetensors"), tensors, {"format": "pt"})
     with open(os.path.join(outdir, "config.json"), "w") as fh:
-        json.dump(hf_config(spec), fh, indent=2)
+        json.dump(config or hf_config(spec), fh, indent=2)
     with open(os.path.join(outdir, "generation_config.json"), "w") as fh:
-        json.dump({"bos_token_id": 2, "eos_token_id": [1, 106, 50], "pad_token_id": 0}, fh)
+        json.dump(generation or {"bos_token_id": 2, "eos_token_id": [1, 106, 50], "pad_token_id": 0}, fh)
 
 
 # -------------------------------------------------------------------------------------------- MLX

@@ -26,7 +26,7 @@ class Tokenizer:
     def __init__(self, tokens, types, merges):
         self.tokens, self.types, self.merges = tokens, types, merges
         self.id = {t: i for i, t in enumerate(tokens)}
-        self.rank = {tuple(m.split(" ", 1)) if m[0] != " " else (" ", m[2:]): r for r, m in enumerate(merges)}
+        self.rank = {tuple(m.split(" ", 1)): r for r, m in enumerate(merges)}  # no token holds a plain space
         specials = sorted((t for t, k in zip(tokens, types) if k in (CONTROL, USER_DEFINED)), key=len, reverse=True)
         self.special_re = re.compile("(" + "|".join(re.escape(s) for s in specials) + ")")
         self.cache = {}

@@ -2,6 +2,7 @@
 drafter in the seed's gemma4-assistant layout with its centroid head), Hugging Face directories, and
 the goldens Specula is tested against: float64 PyTorch runs on exactly the numbers the GGUF files
 hold (tests/models/golden/*.json)."""
+import copy
 import json
 import math
 import os
@@ -42,53 +43,52 @@ def hf_layer_name(name):
     return name
 
 
+# Top-level parameters whose Hugging Face names differ (the rest keep theirs; None: not a weight).
+TARGET_NAMES = {"norm": "norm.weight", "per_layer_projection_norm": "per_layer_projection_norm.weight"}
+ASSISTANT_NAMES = {"embed_tokens.weight": "model.embed_tokens.weight", "norm": "model.norm.weight",
+                   "centroids": "masked_embedding.centroids.weight", "ordering": None}
+
+
+def hf_names(module, layers, top):
+    """state_dict key -> Hugging Face name: layer parameters under `layers`.N, the rest through `top`."""
+    names = {}
+    for k in module.state_dict():
+        parts = k.split(".")
+        names[k] = (f"{layers}.{parts[1]}.{hf_layer_name('.'.join(parts[2:]))}" if parts[0] == "layers"
+                    else top.get(k, k))
+    return {k: v for k, v in names.items() if v}
+
+
+def to_hf(module, names):
+    return {hf: module.state_dict()[k].detach().float().numpy().copy() for k, hf in names.items()}
+
+
+def from_hf(module, names, w):
+    """Puts HF-named arrays (e.g. the values a GGUF holds) into the module."""
+    state = module.state_dict()
+    for k, hf in names.items():
+        state[k] = torch.from_numpy(np.asarray(w[hf], dtype=np.float32).copy())
+    module.load_state_dict(state)
+
+
+def target_names(model):
+    return hf_names(model, "layers", TARGET_NAMES)
+
+
+def assistant_names(drafter):
+    return hf_names(drafter, "model.layers", ASSISTANT_NAMES)
+
+
 def target_weights(model):
     """HF names (model.language_model.* without the prefix) -> float32 arrays."""
-    out = {}
-    for k, v in model.state_dict().items():
-        a = v.detach().float().numpy().copy()
-        parts = k.split(".")
-        if parts[0] == "layers":
-            k = f"layers.{parts[1]}.{hf_layer_name('.'.join(parts[2:]))}"
-        elif k in ("norm", "per_layer_projection_norm"):
-            k += ".weight"
-        out[k] = a
+    out = to_hf(model, target_names(model))
     # Real checkpoints carry K/V weights on KV-shared layers too (unused); llama.cpp expects them.
     cfg = model.cfg
     for l in range(cfg.first_shared, cfg.L):
         src = cfg.source_layer(cfg.is_full(l))
         for n in ("k_proj", "v_proj", "k_norm"):
-            suffix = ".weight"
-            out[f"layers.{l}.self_attn.{n}{suffix}"] = out[f"layers.{src}.self_attn.{n}{suffix}"].copy()
+            out[f"layers.{l}.self_attn.{n}.weight"] = out[f"layers.{src}.self_attn.{n}.weight"].copy()
     return out
-
-
-def load_target_weights(model, w):
-    """Inverse of target_weights: puts HF-named arrays (e.g. the values a GGUF holds) into the model."""
-    mapped = target_weights(model)  # same key order as state_dict, renamed
-    state = {}
-    for (k, _), hf in zip(model.state_dict().items(), mapped):
-        state[k] = torch.from_numpy(np.asarray(w[hf], dtype=np.float32).copy())
-    model.load_state_dict(state)
-
-
-def assistant_weights(d):
-    out = {}
-    for k, v in d.state_dict().items():
-        if k == "ordering":
-            continue
-        a = v.detach().float().numpy().copy()
-        parts = k.split(".")
-        if parts[0] == "layers":
-            k = f"model.layers.{parts[1]}.{hf_layer_name('.'.join(parts[2:]))}"
-        elif k == "embed_tokens.weight":
-            k = "model.embed_tokens.weight"
-        elif k == "norm":
-            k = "model.norm.weight"
-        elif k == "centroids":
-            k = "masked_embedding.centroids.weight"
-        out[k] = a
-    return out, d.ordering.numpy().astype(np.int64)
 
 
 def q8_0_values(a):
@@ -99,14 +99,13 @@ def q8_0_values(a):
     return (q * d).reshape(a.shape)
 
 
-def stored(a, quantizable):
-    """What g4.write_gguf(..., G_Q8_0) stores for one tensor: Q8_0, F16 when rows are not whole blocks,
-    F32 for the rest."""
-    if not quantizable:
-        return np.asarray(a, dtype=np.float32)
-    if a.shape[-1] % 32:
-        return a.astype(np.float16).astype(np.float32)
-    return q8_0_values(a)
+def stored_values(w, plan, wtype):
+    """HF name -> the numbers the GGUF written from `plan` ((name, array, quantizable), arrays of w)
+    holds: Q8_0, F16 or F32 as g4.stored_type decides."""
+    types = {id(a): g4.stored_type(a, q, wtype) for _, a, q in plan}
+    decode = {g4.G_F32: lambda a: np.asarray(a, dtype=np.float32),
+              g4.G_F16: lambda a: a.astype(np.float16).astype(np.float32), g4.G_Q8_0: q8_0_values}
+    return {k: decode[types[id(a)]](a) for k, a in w.items()}
 
 
 # ------------------------------------------------------------------------------------ tokenizer
@@ -137,8 +136,6 @@ def write_tokenizer_files(outdir, tok, template):
         json.dump(bpe.tokenizer_json(tok), fh, ensure_ascii=False)
     with open(os.path.join(outdir, "tokenizer_config.json"), "w") as fh:
         json.dump(bpe.tokenizer_config(template), fh, indent=1)
-    with open(os.path.join(outdir, "generation_config.json"), "w") as fh:
-        json.dump(GENERATION, fh, indent=1)
 
 
 # -------------------------------------------------------------------------------------- goldens
@@ -201,7 +198,7 @@ def draft_run(model, drafter, prompt, head, steps=4):
                         "h_next": {"first": [round(float(v), 7) for v in hv[:8]], "sum": float(hv.sum()),
                                    "norm": float(hv.norm())}})
             x, h = best, h_next
-    return out, x
+    return out
 
 
 # --------------------------------------------------------------------------------------- export
@@ -224,38 +221,35 @@ def export(out):
     tw = target_weights(target)
     g4.write_gguf(os.path.join(out, TARGET_GGUF), spec, tw, g4.G_Q8_0, None, tokenizer_kvs=kvs,
                   name="Specula tiny KJV (Gemma 4 architecture)")
-    quantizable = {id(a): q for _, a, q in g4.gguf_tensor_plan(spec, tw)}
-    tw_stored = {k: stored(a, quantizable.get(id(a), False)) for k, a in tw.items()}
+    tw_stored = stored_values(tw, g4.gguf_tensor_plan(spec, tw), g4.G_Q8_0)
 
     dcfg = drafter.cfg
     dspec = af.Spec(dict(name="tiny", hidden=dcfg.hidden, backbone=dcfg.backbone, layers=dcfg.layers,
                          heads=dcfg.heads, kv=tcfg.kv, hd_s=tcfg.hd_s, hd_f=tcfg.hd_f, ffn=dcfg.ffn,
                          window=tcfg.window, context=tcfg.context, centroids=dcfg.centroids, top_k=dcfg.top_k,
                          seed=0, vocab=tcfg.vocab))
-    dw, ordering = assistant_weights(drafter)
+    dw, ordering = to_hf(drafter, assistant_names(drafter)), drafter.ordering.numpy().astype(np.int64)
     af.write_gguf(os.path.join(out, ASSISTANT_GGUF), dspec, dw, None, ordering, seed=True, tokenizer_kvs=kvs,
                   name="Specula tiny KJV assistant (gemma4-assistant)", wtype=g4.G_Q8_0)
-    dw_stored = {k: stored(a, a.ndim >= 2 and k != "masked_embedding.centroids.weight") for k, a in dw.items()}
+    dplan = [(n, a, af.quantizable(n, a)) for n, a in af.gguf_tensor_plan(dspec, dw, ordering, seed=True)]
+    dw_stored = stored_values(dw, dplan, g4.G_Q8_0)
 
     # Hugging Face directories (BF16, as published checkpoints are).
     hf = os.path.join(out, "hf")
-    g4.write_hf(hf, spec, tw, decoys=False)
     cfg = g4.hf_config(spec)
-    for k in ("vision_config", "image_token_id"):
+    for k in ("vision_config", "image_token_id"):  # text only
         cfg.pop(k)
-    json.dump(cfg, open(os.path.join(hf, "config.json"), "w"), indent=2)
+    g4.write_hf(hf, spec, tw, decoys=False, config=cfg, generation=GENERATION)
     write_tokenizer_files(hf, tok, template)
     ahf = os.path.join(out, "assistant-hf")
-    af.write_hf(ahf, dspec, dw, ordering)
+    af.write_hf(ahf, dspec, dw, ordering, generation=GENERATION)
     write_tokenizer_files(ahf, tok, template)
 
     # Goldens on the stored numbers, in float64.
-    ref_t = g.Target(tcfg)
-    load_target_weights(ref_t, tw_stored)
-    ref_t = ref_t.double().eval()
-    ref_d = g.Assistant(dcfg, tcfg)
-    ref_d.load_state_dict(load_assistant_state(drafter, dw_stored))
-    ref_d = ref_d.double().eval()
+    ref_t, ref_d = copy.deepcopy(target), copy.deepcopy(drafter)
+    from_hf(ref_t, target_names(ref_t), tw_stored)
+    from_hf(ref_d, assistant_names(ref_d), dw_stored)
+    ref_t, ref_d = ref_t.double().eval(), ref_d.double().eval()
     held = corpus.split(corpus.chapters())[1]
     prompt_text = corpus.chat_prompt(held[3][2][5])
     prompt = tok.encode(prompt_text)
@@ -270,7 +264,7 @@ def export(out):
           "target": TARGET_GGUF, "drafter": ASSISTANT_GGUF, "prompt": prompt, "position": len(prompt),
           "embedding_scale": math.sqrt(tcfg.hidden), "top": GOLDEN_TOP, "runs": {}}
     for head in ("dense", "centroid"):
-        steps, _ = draft_run(ref_t, ref_d, prompt, head)
+        steps = draft_run(ref_t, ref_d, prompt, head)
         dg["runs"][f"{head}_p"] = {"head": head, "query_position": "p", "steps": steps}
     dg["x"] = dg["runs"]["dense_p"]["steps"][0]["x"]
     dg["held_out_prompts"] = corpus.held_out_prompts(held, 8)
@@ -294,13 +288,3 @@ def dump(path, obj):
     with open(path, "w") as fh:
         json.dump(obj, fh, separators=(",", ":"))
         fh.write("\n")
-
-
-def load_assistant_state(drafter, w):
-    mapped, _ = assistant_weights(drafter)
-    state = {}
-    keys = [k for k in drafter.state_dict() if k != "ordering"]
-    for k, hf in zip(keys, mapped):
-        state[k] = torch.from_numpy(np.asarray(w[hf], dtype=np.float32).copy())
-    state["ordering"] = drafter.ordering.clone()
-    return state
