@@ -42,7 +42,6 @@ import hashlib
 import json
 import math
 import os
-import struct
 import sys
 
 import numpy as np
