@@ -107,8 +107,7 @@ void Writer::copy_metadata(const File& f) {
   for (const auto& [key, kt] : f.keys) set(key, kt.type, f.metadata.at(key), kt.elem);
 }
 
-void Writer::add_tensor(const std::string& name, DType type, const std::vector<int64_t>& shape,
-                        std::span<const std::byte> data) {
+uint64_t Writer::checked_bytes(const std::string& name, DType type, const std::vector<int64_t>& shape) const {
   const DTypeTraits* tr = dtype_traits(type);
   if (!tr || static_cast<uint32_t>(type) >= 1000)
     fail("gguf writer: tensor '{}': dtype {} has no GGUF type id", name, dtype_name(type));
@@ -119,13 +118,24 @@ void Writer::add_tensor(const std::string& name, DType type, const std::vector<i
   for (size_t d = 0; d + 1 < shape.size(); ++d) rows *= static_cast<uint64_t>(shape[d]);
   const auto row = dtype_row_bytes(type, static_cast<uint64_t>(shape.back()));
   if (!row) fail("gguf writer: tensor '{}': row of {} is not whole {} blocks", name, shape.back(), tr->name);
-  if (data.size() != *row * rows)
-    fail("gguf writer: tensor '{}': {} data bytes, {} {} needs {}", name, data.size(), tr->name,
-         nlohmann::json(shape).dump(), *row * rows);
-  tensors_.push_back({name, type, shape, std::vector<std::byte>(data.begin(), data.end())});
+  return *row * rows;
 }
 
-std::vector<std::byte> Writer::serialize() const {
+void Writer::add_tensor(const std::string& name, DType type, const std::vector<int64_t>& shape,
+                        std::span<const std::byte> data) {
+  const uint64_t bytes = checked_bytes(name, type, shape);
+  if (data.size() != bytes)
+    fail("gguf writer: tensor '{}': {} data bytes, {} {} needs {}", name, data.size(), dtype_name(type),
+         nlohmann::json(shape).dump(), bytes);
+  tensors_.push_back({name, type, shape, bytes, false, std::vector<std::byte>(data.begin(), data.end())});
+}
+
+void Writer::declare_tensor(const std::string& name, DType type, const std::vector<int64_t>& shape) {
+  const uint64_t bytes = checked_bytes(name, type, shape);
+  tensors_.push_back({name, type, shape, bytes, true, {}});
+}
+
+std::vector<std::byte> Writer::header() const {
   Out o;
   o.put<uint32_t>(kMagic);
   o.put<uint32_t>(3);
@@ -150,22 +160,66 @@ std::vector<std::byte> Writer::serialize() const {
     for (size_t d = t.shape.size(); d-- > 0;) o.put<uint64_t>(static_cast<uint64_t>(t.shape[d]));
     o.put<uint32_t>(static_cast<uint32_t>(t.type));
     o.put<uint64_t>(offset);
-    offset += align_up(t.data.size(), alignment_);
+    offset += align_up(t.bytes, alignment_);
   }
   o.pad_to(alignment_);
+  return std::move(o.bytes);
+}
+
+std::vector<std::byte> Writer::serialize() const {
+  Out o;
+  o.bytes = header();
   for (const auto& t : tensors_) {
+    if (t.declared) fail("gguf writer: tensor '{}' was declared for streaming; use write(path, fill)", t.name);
     o.bytes.insert(o.bytes.end(), t.data.begin(), t.data.end());
     o.pad_to(alignment_);
   }
   return std::move(o.bytes);
 }
 
-void Writer::write(const std::filesystem::path& path) const {
-  const auto bytes = serialize();
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) fail("{}: cannot create file", path.string());
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  if (!out) fail("{}: write failed", path.string());
+void Writer::write(const std::filesystem::path& path, const Fill& fill) const {
+  std::filesystem::path part = path;
+  part += ".part";
+  std::ofstream out(part, std::ios::binary | std::ios::trunc);
+  if (!out) fail("{}: cannot create file", part.string());
+  auto put = [&](std::span<const std::byte> b) {
+    out.write(reinterpret_cast<const char*>(b.data()), static_cast<std::streamsize>(b.size()));
+  };
+  try {
+    const auto head = header();
+    put(head);
+    static constexpr std::byte zeros[64] = {};
+    for (size_t i = 0; i < tensors_.size(); ++i) {
+      const Tensor& t = tensors_[i];
+      if (!t.declared) {
+        put(t.data);
+      } else {
+        if (!fill) fail("gguf writer: tensor '{}' was declared but write() got no fill", t.name);
+        uint64_t written = 0;
+        fill(i, [&](std::span<const std::byte> b) {
+          written += b.size();
+          if (written > t.bytes) fail("gguf writer: tensor '{}': fill gave more than {} bytes", t.name, t.bytes);
+          put(b);
+        });
+        if (written != t.bytes)
+          fail("gguf writer: tensor '{}': fill gave {} bytes, {} expected", t.name, written, t.bytes);
+      }
+      for (uint64_t pad = align_up(t.bytes, alignment_) - t.bytes; pad > 0;) {
+        const uint64_t n = pad < sizeof zeros ? pad : sizeof zeros;
+        put(std::span(zeros, static_cast<size_t>(n)));
+        pad -= n;
+      }
+      if (!out) fail("{}: write failed (disk full?)", part.string());
+    }
+    out.close();
+    if (!out) fail("{}: write failed (disk full?)", part.string());
+    std::filesystem::rename(part, path);
+  } catch (...) {
+    out.close();
+    std::error_code ec;
+    std::filesystem::remove(part, ec);
+    throw;
+  }
 }
 
 }  // namespace specula::gguf

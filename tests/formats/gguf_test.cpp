@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <fstream>
 #include <filesystem>
 #include <random>
 
@@ -219,4 +220,42 @@ TEST(Gguf, SplitFilesOpenAsOneModel) {
     EXPECT_NE(std::string(e.what()).find("m-00002-of-00002.gguf"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("missing"), std::string::npos) << e.what();
   }
+}
+
+TEST(Gguf, StreamingWriteEqualsInMemory) {
+  const fs::path dir = temp_dir("stream");
+  std::vector<float> a(7, 1.5f), b(6, -2.0f);
+  gguf::Writer held, streamed;
+  for (auto* w : {&held, &streamed}) w->set_string("general.architecture", "test");
+  held.add_tensor("a", DType::F32, {7}, bytes_of(a));
+  held.add_tensor("b", DType::F32, {2, 3}, bytes_of(b));
+  streamed.declare_tensor("a", DType::F32, {7});
+  streamed.add_tensor("b", DType::F32, {2, 3}, bytes_of(b));
+  EXPECT_EQ(streamed.tensor_bytes(0), 28u);
+  streamed.write(dir / "s.gguf", [&](size_t i, const gguf::Writer::PutBytes& put) {
+    ASSERT_EQ(i, 0u);
+    const auto all = bytes_of(a);
+    put(std::span(all).subspan(0, 5));  // in pieces
+    put(std::span(all).subspan(5));
+  });
+  std::ifstream in(dir / "s.gguf", std::ios::binary);
+  const std::vector<char> got((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto want = held.serialize();
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size()), 0);
+  EXPECT_FALSE(fs::exists(dir / "s.gguf.part"));
+
+  // A fill that gives too few bytes fails naming the tensor and leaves neither file behind.
+  try {
+    const auto all = bytes_of(a);
+    streamed.write(dir / "short.gguf", [&](size_t, const gguf::Writer::PutBytes& put) {
+      put(std::span(all).subspan(0, 4));
+    });
+    FAIL() << "short fill accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'a'"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(dir / "short.gguf"));
+  EXPECT_FALSE(fs::exists(dir / "short.gguf.part"));
+  EXPECT_THROW(streamed.serialize(), Error);
 }

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -88,16 +89,32 @@ class Writer {
   void add_tensor(const std::string& name, DType type, const std::vector<int64_t>& shape,
                   std::span<const std::byte> data);
 
+  // Streaming: declares a tensor whose bytes the `fill` callback of write() produces later, so a
+  // converter or quantizer holds one tensor at a time, never the model.
+  void declare_tensor(const std::string& name, DType type, const std::vector<int64_t>& shape);
+  size_t tensor_count() const { return tensors_.size(); }
+  uint64_t tensor_bytes(size_t index) const { return tensors_.at(index).bytes; }
+
+  // Everything in memory; only for files without declared tensors.
   std::vector<std::byte> serialize() const;
-  void write(const std::filesystem::path& path) const;
+  // Writes the file through `<path>.part`, renamed onto `path` only once complete (a reader never
+  // sees half a file). Declared tensors get their bytes from `fill(index, put)`: it must call put
+  // with exactly tensor_bytes(index) bytes in all, in as many pieces as it likes.
+  using PutBytes = std::function<void(std::span<const std::byte>)>;
+  using Fill = std::function<void(size_t index, const PutBytes& put)>;
+  void write(const std::filesystem::path& path, const Fill& fill = {}) const;
 
  private:
   struct Tensor {
     std::string name;
     DType type;
     std::vector<int64_t> shape;
-    std::vector<std::byte> data;
+    uint64_t bytes = 0;
+    bool declared = false;        // bytes come from write()'s fill
+    std::vector<std::byte> data;  // otherwise held here
   };
+  uint64_t checked_bytes(const std::string& name, DType type, const std::vector<int64_t>& shape) const;
+  std::vector<std::byte> header() const;  // up to and including the padding before the data
   uint32_t alignment_;
   std::vector<std::pair<std::string, std::pair<KeyType, nlohmann::json>>> kv_;
   std::vector<Tensor> tensors_;
