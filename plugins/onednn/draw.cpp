@@ -25,7 +25,7 @@ void scatter(const float* a, int64_t n, const int32_t* ids, const float* values,
 }
 
 int32_t top_p_draw(const float* logits, const int32_t* ids, int64_t k, float uniform, float temperature,
-                   float top_p) {
+                   float top_p, float min_p) {
   const double inv_t = 1.0 / static_cast<double>(temperature);
   const float m = *std::max_element(logits, logits + k);
   const double top = static_cast<double>(m) * inv_t;
@@ -33,6 +33,17 @@ int32_t top_p_draw(const float* logits, const int32_t* ids, int64_t k, float uni
   double sum = 0.0;
   for (int64_t i = 0; i < k; ++i) sum += prob[i] = std::exp(static_cast<double>(logits[i]) * inv_t - top);
   for (double& q : prob) q /= sum;
+  if (min_p > 0.0f) {
+    // Probabilities are descending: min-p keeps a prefix, renormalised.
+    const double floor = static_cast<double>(min_p) * prob[0];
+    size_t n = 1;
+    while (n < prob.size() && prob[n] >= floor) ++n;
+    prob.resize(n);
+    double kept = 0.0;
+    for (double q : prob) kept += q;
+    for (double& q : prob) q /= kept;
+    k = static_cast<int64_t>(n);
+  }
   int64_t keep = k;
   if (top_p < 1.0f) {
     double cum = 0.0;

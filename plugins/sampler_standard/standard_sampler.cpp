@@ -155,10 +155,6 @@ Value StandardSampler::sample_in_graph(Graph& g, Value logits, Value ids, Value 
   if (!greedy && (!uniform || g.shape(uniform) != Shape{1}))
     fail("sampler 'standard': the uniform input must be F32 [1]");
 
-  if (params_.min_p > 0.0f && !greedy) {
-    if (why) *why = "min_p is applied on the host only (the device draw has no min-p step)";
-    return {};
-  }
   // Every op this state's rules need, asked before anything is added to the graph.
   std::vector<Op> need{Op::Reshape};
   if (slots + ends > 0) need.insert(need.end(), {Op::GetRows, Op::Clamp, Op::Scatter});
@@ -196,7 +192,7 @@ Value StandardSampler::sample_in_graph(Graph& g, Value logits, Value ids, Value 
   if (greedy) return g.argmax(x);  // ties: the lowest index, as the host's strict '>' scan
   const int64_t k = params_.top_k > 0 ? std::min<int64_t>(params_.top_k, vocab) : vocab;
   Value order = g.top_k(x, k);  // by logit, ties: lower index first, as the host's partial sort
-  return g.top_p_draw(gather(x, order), uniform, order, params_.temperature, params_.top_p);
+  return g.top_p_draw(gather(x, order), uniform, order, params_.temperature, params_.top_p, params_.min_p);
 }
 
 }  // namespace specula::sampling

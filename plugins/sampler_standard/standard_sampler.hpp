@@ -6,7 +6,7 @@
 //   3. greedy (temperature 0): the highest logit, the lowest index among equal maxima;
 //   4. otherwise logits / temperature, top-K by logit (ties: lower index first), softmax over those;
 //      with min_p > 0 the candidates below min_p times the highest probability are dropped and the
-//      rest renormalised (llama.cpp's min-p; host only: the device form declines, see sample_in_graph);
+//      rest renormalised (llama.cpp's min-p);
 //      the shortest prefix (by probability, then index) whose cumulative probability reaches top_p,
 //      and an inverse-CDF draw: the first candidate whose cumulative probability exceeds
 //      uniform * (mass kept).

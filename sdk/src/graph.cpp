@@ -506,7 +506,7 @@ Value Graph::scatter(Value a, Value ids, Value values) {
   return push(std::move(n));
 }
 
-Value Graph::top_p_draw(Value logits, Value uniform, Value ids, float temperature, float top_p) {
+Value Graph::top_p_draw(Value logits, Value uniform, Value ids, float temperature, float top_p, float min_p) {
   Checker c{*this, Op::TopPDraw, fmt::format("TopPDraw#{}", nodes_.size())};
   const Node& x = c.get(logits, "logits");
   const Node& u = c.get(uniform, "uniform");
@@ -522,6 +522,7 @@ Value Graph::top_p_draw(Value logits, Value uniform, Value ids, float temperatur
   if (!(temperature > 0.0f) || !std::isfinite(temperature))
     c.error(fmt::format("temperature {} must be a finite number > 0", temperature));
   if (!(top_p > 0.0f && top_p <= 1.0f)) c.error(fmt::format("top_p {} must be in (0, 1]", top_p));
+  if (!(min_p >= 0.0f && min_p <= 1.0f)) c.error(fmt::format("min_p {} must be in [0, 1]", min_p));
   Node n;
   n.op = Op::TopPDraw;
   n.type = DType::I32;
@@ -529,6 +530,7 @@ Value Graph::top_p_draw(Value logits, Value uniform, Value ids, float temperatur
   n.src = {logits.id, uniform.id, ids.id, -1, -1};
   n.f[0] = temperature;
   n.f[1] = top_p;
+  n.f[2] = min_p;
   return push(std::move(n));
 }
 

@@ -85,13 +85,22 @@ TEST(SamplingOps, ScatterCopiesAndOverwrites) {
 
 // The draw written from compute.hpp's wording with long double sums as a sanity bound, and the exact
 // double form the op promises.
-int32_t ref_draw(const std::vector<float>& x, const std::vector<int32_t>& ids, float u, float t, float top_p) {
+int32_t ref_draw(const std::vector<float>& x, const std::vector<int32_t>& ids, float u, float t, float top_p,
+                 float min_p = 0.0f) {
   const double it = 1.0 / static_cast<double>(t);
   const double m = *std::max_element(x.begin(), x.end());
   std::vector<double> p(x.size());
   double sum = 0;
   for (size_t k = 0; k < x.size(); ++k) sum += p[k] = std::exp(x[k] * it - m * it);
   for (double& v : p) v /= sum;
+  if (min_p > 0.0f) {
+    size_t n = 1;
+    while (n < p.size() && p[n] >= min_p * p[0]) ++n;
+    p.resize(n);
+    double kept = 0;
+    for (double v : p) kept += v;
+    for (double& v : p) v /= kept;
+  }
   size_t keep = p.size();
   if (top_p < 1.0f) {
     double c = 0;
@@ -112,11 +121,11 @@ int32_t ref_draw(const std::vector<float>& x, const std::vector<int32_t>& ids, f
 struct DrawGraph {
   Graph g;
   Value x, u, ids, out;
-  DrawGraph(int64_t k, float t, float top_p) {
+  DrawGraph(int64_t k, float t, float top_p, float min_p = 0.0f) {
     x = g.input(DType::F32, {k}, "logits");
     u = g.input(DType::F32, {1}, "uniform");
     ids = g.input(DType::I32, {k}, "ids");
-    out = g.top_p_draw(x, u, ids, t, top_p);
+    out = g.top_p_draw(x, u, ids, t, top_p, min_p);
     g.mark_output(out);
   }
   int32_t run(ComputeBackend& be, const std::vector<float>& logits, const std::vector<int32_t>& id, float uniform) {
@@ -132,22 +141,25 @@ TEST(SamplingOps, TopPDrawMatchesReferenceOverUniforms) {
   test::Fixture fx;
   std::mt19937 rng(5);
   int compared = 0;
-  for (auto [k, t, top_p] : {std::tuple<int64_t, float, float>{1, 1.0f, 1.0f}, {7, 0.7f, 0.9f}, {50, 1.3f, 1.0f},
-                             {50, 0.3f, 0.5f}, {200, 1.0f, 0.95f}}) {
+  for (auto [k, t, top_p, min_p] :
+       {std::tuple<int64_t, float, float, float>{1, 1.0f, 1.0f, 0.0f}, {7, 0.7f, 0.9f, 0.0f}, {50, 1.3f, 1.0f, 0.0f},
+        {50, 0.3f, 0.5f, 0.0f}, {200, 1.0f, 0.95f, 0.0f}, {50, 1.0f, 1.0f, 0.05f}, {200, 0.8f, 0.9f, 0.2f},
+        {7, 1.0f, 1.0f, 1.0f}}) {
     std::vector<float> x(static_cast<size_t>(k));
     std::normal_distribution<float> d(0.0f, 3.0f);
     for (float& v : x) v = d(rng);
     std::sort(x.begin(), x.end(), std::greater<>());
     std::vector<int32_t> ids(x.size());
     for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(1000 + 3 * i);
-    DrawGraph dg(k, t, top_p);
+    DrawGraph dg(k, t, top_p, min_p);
     for (int s = 0; s <= 256; ++s) {
       const float u = s == 256 ? 0x1.fffffep-1f : static_cast<float>(s) / 256.0f;  // 0 ... just below 1
-      ASSERT_EQ(dg.run(*fx.backend, x, ids, u), ref_draw(x, ids, u, t, top_p)) << "k " << k << " u " << u;
+      ASSERT_EQ(dg.run(*fx.backend, x, ids, u), ref_draw(x, ids, u, t, top_p, min_p))
+          << "k " << k << " min_p " << min_p << " u " << u;
       ++compared;
     }
   }
-  EXPECT_EQ(compared, 5 * 257);
+  EXPECT_EQ(compared, 8 * 257);
 }
 
 TEST(SamplingOps, TopPDrawEdges) {
@@ -174,6 +186,7 @@ TEST(SamplingOps, TopPDrawEdges) {
   Value i4 = g.input(DType::I32, {4}, "ids4");
   EXPECT_THROW(g.top_p_draw(xv, uv, i4, 0.0f, 1.0f), Error);
   EXPECT_THROW(g.top_p_draw(xv, uv, i4, 1.0f, 0.0f), Error);
+  EXPECT_THROW(g.top_p_draw(xv, uv, i4, 1.0f, 1.0f, 1.5f), Error);
   EXPECT_THROW(g.top_p_draw(xv, xv, i4, 1.0f, 1.0f), Error);
   EXPECT_EQ(op_name(Op::TopPDraw), "TopPDraw");
   EXPECT_EQ(op_name(Op::Scatter), "Scatter");

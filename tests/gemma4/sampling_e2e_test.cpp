@@ -71,7 +71,8 @@ INSTANTIATE_TEST_SUITE_P(
         Case{"topk_topp_penalty", {.temperature = 1.0f, .top_k = 40, .top_p = 0.95f, .repetition_penalty = 1.2f,
                                    .min_length = 5, .seed = 7}, 256},
         Case{"full_vocab_topp", {.temperature = 0.8f, .top_p = 0.9f, .seed = 11}, 4},
-        Case{"hot", {.temperature = 1.5f, .top_k = 200, .seed = 3}, 256}),
+        Case{"hot", {.temperature = 1.5f, .top_k = 200, .seed = 3}, 256},
+        Case{"min_p", {.temperature = 1.2f, .top_p = 0.95f, .min_p = 0.05f, .seed = 5}, 256}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // The CPU backend without TopPDraw: `auto` falls back to the host with the op named, `on` refuses before

@@ -313,6 +313,9 @@ TEST(StandardSamplerDevice, MatchesHostOverUniformSweeps) {
       {.temperature = 0.9f, .top_k = 40, .top_p = 0.95f, .repetition_penalty = 1.3f, .min_length = 4},
       {.temperature = 0.0f, .repetition_penalty = 1.5f, .penalty_window = 8, .min_length = 4},
       {.temperature = 1.0f, .top_p = 0.8f, .repetition_penalty = 0.8f, .penalty_window = 5000},
+      {.temperature = 0.7f, .min_p = 0.05f},
+      {.temperature = 1.2f, .top_k = 40, .top_p = 0.9f, .min_p = 0.1f, .repetition_penalty = 1.1f},
+      {.temperature = 1.0f, .min_p = 1.0f},
   };
   Device dev;
   int compared = 0;
@@ -334,7 +337,7 @@ TEST(StandardSamplerDevice, MatchesHostOverUniformSweeps) {
       }
     }
   }
-  EXPECT_EQ(compared, 9 * 2 * 2 * 1000);
+  EXPECT_EQ(compared, 12 * 2 * 2 * 1000);
 }
 
 TEST(StandardSamplerDevice, GreedyTiesTakeTheLowestIndex) {
@@ -453,15 +456,6 @@ TEST(StandardSamplerDevice, DeclinesNamingTheMissingOp) {
     EXPECT_FALSE(s.sample_in_graph(g, in, idv, u, state, be, &why));
     EXPECT_EQ(g.nodes().size(), nodes);
     EXPECT_NE(why.find(std::string(op_name(op))), std::string::npos) << why;
-  }
-  // Min-p has no device step: the sampler declines (sampler.device auto falls back to the host).
-  {
-    const StandardSampler mp({.temperature = 0.7f, .min_p = 0.1f});
-    Graph g;
-    const Value in = g.input(DType::F32, {10}, "logits");
-    std::string why;
-    EXPECT_FALSE(mp.sample_in_graph(g, in, Value{}, g.input(DType::F32, {1}, "u"), {}, Lacking(Op::Input), &why));
-    EXPECT_EQ(why, "min_p is applied on the host only (the device draw has no min-p step)");
   }
   // Greedy without penalty or suppression needs Argmax only.
   const Lacking be(Op::TopPDraw);

@@ -75,10 +75,11 @@ enum class Op : uint32_t {
                // out[ids[m]] = values[m]. Ids must be in [0, N); repeated ids must carry equal values
                // (which one lands is otherwise unspecified).
   TopPDraw,    // src0 logits F32 [K] highest first, src1 uniform F32 [1], src2 ids I32 [K]; f[0] =
-               // temperature (> 0), f[1] = top_p in (0, 1] -> I32 [1] = ids[pick]. In double, in this
-               // order: it = 1.0 / double(t), m = max_j x_j, w_k = exp(x_k * it - m * it),
-               // p_k = w_k / sum(w); keep the shortest prefix whose running sum of p reaches top_p (all
-               // K when top_p = 1); mass = sum of the kept p; pick = the first k whose running sum
+               // temperature (> 0), f[1] = top_p in (0, 1], f[2] = min_p in [0, 1] -> I32 [1] = ids[pick].
+               // In double, in this order: it = 1.0 / double(t), m = max_j x_j, w_k = exp(x_k * it - m * it),
+               // p_k = w_k / sum(w); when min_p > 0 keep the prefix with p_k >= min_p * p_0 (at least one)
+               // and divide it by its sum; keep the shortest prefix whose running sum of p reaches top_p
+               // (all when top_p = 1); mass = sum of the kept p; pick = the first k whose running sum
                // exceeds clamp(u, 0, 1) * mass, else the last kept. Sequential sums: the result is
                // bit-for-bit the host sampler's draw (plugins/sampler_standard).
 };
@@ -134,7 +135,7 @@ class Graph {
   Value div(Value a, Value b);
   Value clamp(Value x, float lo, float hi);
   Value scatter(Value a, Value ids, Value values);
-  Value top_p_draw(Value logits, Value uniform, Value ids, float temperature, float top_p);
+  Value top_p_draw(Value logits, Value uniform, Value ids, float temperature, float top_p, float min_p = 0.0f);
 
   // Gives a node a name for errors and profiles ("blk.3.attn_q"); returns v.
   Value named(Value v, std::string name);
