@@ -68,6 +68,14 @@ const json& golden() {
 using specula_test::backend;
 using specula_test::host;
 
+// A greedy draft request: n tokens after `last`.
+specula::DraftRequest greedy(int32_t last, int n) {
+  specula::DraftRequest r;
+  r.last_token = last;
+  r.n = n;
+  return r;
+}
+
 // The e2b target; prefill_chunk 4 makes its sliding cache a ring (window - 1 + 4 = 11 slots), so the
 // drafter reads keys out of position order.
 std::shared_ptr<specula::Model> target() {
@@ -244,9 +252,9 @@ TEST(Assistant, CentroidHeadAgreesWithDenseHeadOnTheSameState) {
 class Counting final : public specula::Drafter {
  public:
   explicit Counting(std::shared_ptr<specula::Drafter> d) : d_(std::move(d)) {}
-  std::vector<int32_t> draft(const specula::TargetView& t, int32_t last, int n) override {
-    auto out = d_->draft(t, last, n);
-    EXPECT_EQ(static_cast<int>(out.size()), n);
+  std::vector<specula::DraftStep> draft(const specula::TargetView& t, const specula::DraftRequest& r) override {
+    auto out = d_->draft(t, r);
+    EXPECT_EQ(static_cast<int>(out.size()), r.n);
     proposed += static_cast<int64_t>(out.size());
     ++calls;
     return out;
@@ -264,12 +272,12 @@ class PartlyRight final : public specula::Drafter {
  public:
   PartlyRight(std::shared_ptr<specula::Drafter> d, std::vector<int32_t> truth, int64_t prompt)
       : d_(std::move(d)), truth_(std::move(truth)), prompt_(prompt) {}
-  std::vector<int32_t> draft(const specula::TargetView& t, int32_t last, int n) override {
-    auto out = d_->draft(t, last, n);
+  std::vector<specula::DraftStep> draft(const specula::TargetView& t, const specula::DraftRequest& r) override {
+    auto out = d_->draft(t, r);
     const int64_t generated = t.position() - prompt_ + 1;  // the context holds all but `last`
-    const int m = static_cast<int>(calls++ % n);
+    const int m = static_cast<int>(calls++ % r.n);
     for (int i = 0; i < m && generated + i < static_cast<int64_t>(truth_.size()); ++i) {
-      out[i] = truth_[generated + i];
+      out[i].token = truth_[generated + i];
       ++planted;
     }
     return out;
@@ -489,20 +497,20 @@ TEST(AssistantBadInput, TargetWithoutSlidingLayerOrOtherHeadDims) {
   auto ctx = prompted();
   auto d = drafter("assistant-f32.gguf");
   try {
-    d->draft(Broken(ctx->view(), "no-sliding"), 5, 2);
+    d->draft(Broken(ctx->view(), "no-sliding"), greedy(5, 2));
     ADD_FAILURE() << "a target without a sliding cache must be refused";
   } catch (const specula::Error& e) {
     EXPECT_HAS(std::string(e.what()), "no sliding-attention KV cache");
   }
   try {
-    d->draft(Broken(ctx->view(), "swap"), 5, 2);
+    d->draft(Broken(ctx->view(), "swap"), greedy(5, 2));
     ADD_FAILURE() << "a sliding cache with the full layers' head dim must be refused";
   } catch (const specula::Error& e) {
     const std::string m = e.what();
     EXPECT_HAS(m, "layer 0 (sliding) has query head dim 32");
     EXPECT_HAS(m, "'gemma4.cache.2.k' is [64, 1, 64]");
   }
-  EXPECT_EQ(d->draft(ctx->view(), 5, 2).size(), 2u);  // the real view still works afterwards
+  EXPECT_EQ(d->draft(ctx->view(), greedy(5, 2)).size(), 2u);  // the real view still works afterwards
 }
 
 // ---------------------------------------------------------------------------------- real shapes
@@ -561,10 +569,10 @@ TEST(Assistant, DISABLED_RealShapesDraftTime) {
   SyntheticTarget t(1024);
   for (const char* head : {"centroid", "dense"}) {
     auto d = ga::load_drafter(host().open_model(dir / "assistant-hf"), backend(), info, {{"head", head}});
-    d->draft(t, 818, 4);  // builds the graphs, decodes the weights once
+    d->draft(t, greedy(818, 4));  // builds the graphs, decodes the weights once
     const auto t0 = std::chrono::steady_clock::now();
     const int rounds = 5;
-    for (int i = 0; i < rounds; ++i) ASSERT_EQ(d->draft(t, 818, 4).size(), 4u);
+    for (int i = 0; i < rounds; ++i) ASSERT_EQ(d->draft(t, greedy(818, 4)).size(), 4u);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     std::printf("[gemma4-assistant] real E2B drafter shapes, %s head, 1024 target positions: %.2f ms per draft step\n",
                 head, ms / (rounds * 4));
