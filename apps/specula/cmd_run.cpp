@@ -175,6 +175,8 @@ int run_run(const std::vector<std::string>& args) {
                             {"n_accept", st.accepted_tokens},
                             {"generated", generated},
                             {"prompt", ids},
+                            {"max_tokens", options.max_tokens},
+                            {"draft_tokens", options.draft_auto ? ordered_json("auto") : ordered_json(options.draft_tokens)},
                             {"rounds", st.speculative_steps},
                             {"accepted_by_position", st.accepted_by_position},
                             {"mean_accepted_length", st.mean_accepted_length()},

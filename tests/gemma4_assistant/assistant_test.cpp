@@ -21,6 +21,7 @@
 #include <mutex>
 #include <set>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "assistant.hpp"
@@ -580,8 +581,8 @@ TEST(Assistant, DISABLED_RealShapesDraftTime) {
 }
 
 // ---------------------------------------------------------------------------------- specula bench
-std::string run_cli(const std::string& args, int* status) {
-  const std::string cmd = std::string(SPECULA_CLI) + " " + args + " 2>&1";
+std::string run_cli(const std::string& args, int* status, bool with_stderr = true) {
+  const std::string cmd = std::string(SPECULA_CLI) + " " + args + (with_stderr ? " 2>&1" : "");
   FILE* pipe = popen(cmd.c_str(), "r");
   if (!pipe) throw std::runtime_error("popen failed: " + cmd);
   std::string out;
@@ -816,4 +817,125 @@ TEST(BenchCli, AdaptiveDraftLengthReportsTheLengthsItChose) {
                                   &status);
   EXPECT_NE(status, 0);
   EXPECT_NE(bad.find("key 'drafter.draft_tokens' must be an integer or auto, got 'sometimes'"), std::string::npos) << bad;
+}
+
+// ------------------------------------------------------------------ llama.cpp draft-mtp goldens
+// `specula run --trace-json` in the llamacpp convention against traces llama.cpp itself wrote
+// (tools/llama-mtp-trace: its draft-mtp implementation and speculative-simple's loop, greedy), K = 1..4:
+// the e2b F32 fixture pair (21-token prompt, longer than the sliding window) and the shipped tiny Q8_0
+// pair (real acceptance; llama.cpp ran its assistant rewritten to the upstream schema, so Specula runs
+// the dense head). Rounds, drafts, the target's tokens, acceptance and the output must be identical; the
+// drafter's top-20 log-probabilities agree within tol * max(1, |logprob|): 1e-2 for F32 (measured
+// 1.3e-3: ggml's fp16 GELU table is most of it) and 3e-2 for Q8_0 (measured 1.4e-2: both engines round
+// the activations to 8 bits, at different points). Plain greedy decoding gives the same tokens.
+namespace {
+
+std::vector<json> json_lines(const std::string& text) {
+  std::vector<json> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) out.push_back(json::parse(line));
+  return out;
+}
+
+// Compares two top-20 lists of [id, logprob]; an id only one list holds must lie at the other's edge.
+double compare_top(const json& want, const json& got, double tol, const std::string& what) {
+  double worst = 0;
+  auto bound = [&](double lp) { return tol * std::max(1.0, std::abs(lp)); };
+  auto check = [&](const json& a, const json& b, const char* side) {
+    std::map<int32_t, double> in_b;
+    for (const auto& e : b) in_b[e[0].get<int32_t>()] = e[1].get<double>();
+    const double edge = b.back()[1].get<double>();
+    for (const auto& e : a) {
+      const int32_t id = e[0];
+      const double lp = e[1];
+      if (auto it = in_b.find(id); it != in_b.end()) {
+        worst = std::max(worst, std::abs(lp - it->second) / std::max(1.0, std::abs(lp)));
+        EXPECT_NEAR(it->second, lp, bound(lp)) << what << " token " << id;
+      } else {
+        EXPECT_LE(lp, edge + bound(lp)) << what << ": token " << id << " (" << lp << ") is missing from the " << side
+                                        << " top-20, whose last entry is " << edge;
+      }
+    }
+  };
+  check(want, got, "Specula");
+  check(got, want, "llama.cpp");
+  return worst;
+}
+
+}  // namespace
+
+TEST(LlamaCppTrace, MatchesLlamaCppDraftMtp) {
+  const fs::path golden_dir = fs::path(SPECULA_SOURCE_DIR) / "tests/gemma4_assistant/golden/llamacpp-mtp";
+  const fs::path models = fs::path(SPECULA_SOURCE_DIR) / "models";
+  struct Set {
+    const char* name;
+    fs::path target, drafter;
+    const char* drafter_options;
+    double tol;
+  };
+  const Set sets[] = {
+      {"fixture", fixture_dir() / "model-f32.gguf", fixture_dir() / "assistant-f32.gguf", "{}", 1e-2},
+      {"tiny", models / "specula-tiny-kjv-q8_0.gguf", models / "specula-tiny-kjv-assistant-q8_0.gguf", "{head: dense}",
+       3e-2}};
+  for (const Set& set : sets) {
+    for (int k = 1; k <= 4; ++k) {
+      const std::string name = fmt::format("{}-k{}", set.name, k);
+      SCOPED_TRACE(name);
+      std::ifstream in(golden_dir / (name + ".jsonl"));
+      ASSERT_TRUE(in) << "missing golden " << name;
+      std::stringstream text;
+      text << in.rdbuf();
+      const std::vector<json> want = json_lines(text.str());
+      ASSERT_GE(want.size(), 2u);
+      const json& summary = want.back()["summary"];
+      ASSERT_EQ(summary["draft_tokens"], k);
+      // The fixture names the convention in the YAML, the tiny pair on the command line.
+      const bool in_yaml = std::string(set.name) == "fixture";
+      const fs::path yaml = fs::path(SPECULA_BINARY_DIR) / fmt::format("llamacpp-trace-{}.yaml", name);
+      std::ofstream(yaml) << fmt::format(
+          "backend: {{plugin: onednn, options: {{threads: 1}}}}\ntarget: {{model: {}}}\n"
+          "drafter: {{model: {}, draft_tokens: {}, {}options: {}}}\nsampler: {{temperature: 0, max_tokens: {}}}\n",
+          set.target.string(), set.drafter.string(), k, in_yaml ? "convention: llamacpp, " : "", set.drafter_options,
+          summary["max_tokens"].get<int>());
+      std::string ids;
+      for (const auto& id : summary["prompt"]) ids += (ids.empty() ? "" : ",") + std::to_string(id.get<int>());
+      const std::string args = "run -q --plugin-path " + std::string(SPECULA_PLUGIN_DIR) + " " + yaml.string() +
+                               " --tokens " + ids;
+      int status = 0;
+      const std::string out = run_cli(args + " --trace-json" + (in_yaml ? "" : " --mtp-convention llamacpp"), &status, false);
+      ASSERT_EQ(status, 0) << out;
+      const std::vector<json> got = json_lines(out);
+      ASSERT_EQ(got.size(), want.size()) << out;
+      double worst = 0;
+      for (size_t r = 0; r + 1 < want.size(); ++r) {
+        const json& w = want[r];
+        const json& g = got[r];
+        for (const char* key : {"round", "n_past", "id_last", "draft", "ids", "n_accepted"})
+          EXPECT_EQ(g[key], w[key]) << "round " << r << " " << key;
+        ASSERT_EQ(g["steps"].size(), w["steps"].size()) << "round " << r;
+        for (size_t i = 0; i < w["steps"].size(); ++i) {
+          EXPECT_EQ(g["steps"][i]["token"], w["steps"][i]["token"]) << "round " << r << " step " << i;
+          ASSERT_EQ(g["steps"][i]["top"].size(), 20u);
+          worst = std::max(worst, compare_top(w["steps"][i]["top"], g["steps"][i]["top"], set.tol,
+                                              fmt::format("round {} step {}", r, i)));
+        }
+      }
+      const json& gs = got.back()["summary"];
+      for (const char* key : {"n_predict", "n_drafted", "n_accept", "generated", "rounds", "accepted_by_position"})
+        EXPECT_EQ(gs[key], summary[key]) << "summary " << key;
+      EXPECT_NEAR(gs["mean_accepted_length"].get<double>(), summary["mean_accepted_length"].get<double>(), 1e-8);
+      std::printf("[llamacpp-trace] %s: %zu rounds identical, %lld of %lld drafts accepted, drafter top-20 max "
+                  "|logprob diff| / max(1, |logprob|) %.2e (bound %.0e)\n", name.c_str(), want.size() - 1,
+                  static_cast<long long>(summary["n_accept"].get<int64_t>()),
+                  static_cast<long long>(summary["n_drafted"].get<int64_t>()), worst, set.tol);
+      // Plain greedy decoding, no drafter: the same tokens.
+      if (k == 1) {
+        const std::string plain = run_cli(fmt::format("{} --no-drafter --json --max-tokens {}", args,
+                                                      summary["n_predict"].get<int>()), &status, false);
+        ASSERT_EQ(status, 0) << plain;
+        EXPECT_EQ(json::parse(plain)["tokens"], summary["generated"]) << "plain greedy decoding";
+      }
+    }
+  }
 }

@@ -209,7 +209,9 @@ int main(int argc, char** argv) {
     n_drafted += static_cast<int>(draft.size());
     n_accept += accepted;
     n_predict += static_cast<int>(ids.size());
-    if (static_cast<int>(accepted_by_position.size()) < accepted) accepted_by_position.resize(accepted);
+    // Per draft position, as llama-server's spec_decode_num_accepted_tokens_per_pos_total (sized by the
+    // longest draft, as Specula's statistics are).
+    accepted_by_position.resize(std::max(accepted_by_position.size(), draft.size()));
     for (int i = 0; i < accepted; ++i) ++accepted_by_position[i];
     bool eos = false;
     for (llama_token t : ids) {
@@ -226,8 +228,10 @@ int main(int argc, char** argv) {
     if ((params.n_predict >= 0 && n_predict > params.n_predict) || eos) {
       const int rounds = round + 1;
       std::fprintf(out, "{\"summary\": {\"n_predict\": %d, \"n_drafted\": %d, \"n_accept\": %d, \"generated\": %s, "
-                        "\"prompt\": %s, \"rounds\": %d, \"accepted_by_position\": %s, \"mean_accepted_length\": %.9g}}\n",
-                   n_predict, n_drafted, n_accept, list(generated).c_str(), list(inp).c_str(), rounds, list(accepted_by_position).c_str(),
+                        "\"prompt\": %s, \"max_tokens\": %d, \"draft_tokens\": %d, \"rounds\": %d, "
+                        "\"accepted_by_position\": %s, \"mean_accepted_length\": %.9g}}\n",
+                   n_predict, n_drafted, n_accept, list(generated).c_str(), list(inp).c_str(), params.n_predict,
+                   params.speculative.draft.n_max, rounds, list(accepted_by_position).c_str(),
                    static_cast<double>(n_accept) / rounds);
       break;
     }
