@@ -248,6 +248,53 @@ TEST(Assistant, CentroidHeadAgreesWithDenseHeadOnTheSameState) {
   EXPECT_GE(inside, 4);
 }
 
+// ---------------------------------------------------------------------------------- draft requests
+// What Drafter::draft returns beyond the greedy ids: each step's logits over the vocabulary (the dense
+// head's own, the centroid head's scattered with HF's filler) and, with a pick, the picked token
+// embedded next: the same steps trace() computes with that token sequence forced.
+TEST(Assistant, DraftRequestReturnsLogitsAndEmbedsThePick) {
+  auto ctx = prompted();
+  const int32_t x = golden()["x"];
+  const std::vector<int32_t> picks = {100, 2000, 30000, 7};
+  for (const char* head : {"dense", "centroid"}) {
+    SCOPED_TRACE(head);
+    auto d = drafter("assistant-seed-f32.gguf", {{"head", head}});
+    const auto want = d->trace(ctx->view(), x, 4, picks);
+    // Greedy, no logits: the ids only.
+    const auto plain = d->draft(ctx->view(), greedy(x, 4));
+    ASSERT_EQ(plain.size(), 4u);
+    EXPECT_TRUE(plain[0].logits.empty());
+    EXPECT_EQ(plain[0].token, want[0].token);
+    // Logits asked for, no pick: greedy drafts with their logits; the argmax is the draft.
+    specula::DraftRequest r = greedy(x, 4);
+    r.logits = true;
+    const auto with_logits = d->draft(ctx->view(), r);
+    for (size_t k = 0; k < with_logits.size(); ++k) {
+      EXPECT_EQ(with_logits[k].token, plain[k].token) << "step " << k;
+      ASSERT_EQ(with_logits[k].logits.size(), 262144u);
+      EXPECT_EQ(std::max_element(with_logits[k].logits.begin(), with_logits[k].logits.end()) -
+                    with_logits[k].logits.begin(), with_logits[k].token) << "step " << k;
+    }
+    // A pick: step k + 1 embeds the picked token; the logits are trace()'s with the picks forced.
+    specula::DraftRequest p = greedy(x, 4);
+    int calls = 0;
+    p.pick = [&](int step, std::span<const float> logits) {
+      EXPECT_EQ(step, calls++);
+      EXPECT_EQ(logits.size(), 262144u);
+      return picks[static_cast<size_t>(step)];
+    };
+    const auto picked = d->draft(ctx->view(), p);
+    ASSERT_EQ(picked.size(), 4u);
+    EXPECT_EQ(calls, 4);
+    for (size_t k = 0; k < picked.size(); ++k) {
+      EXPECT_EQ(picked[k].token, picks[k]);
+      const auto full = want[k].ids.empty() ? want[k].logits : ga::scatter_logits(262144, want[k].ids, want[k].logits);
+      ASSERT_EQ(picked[k].logits.size(), full.size());
+      for (size_t i = 0; i < full.size(); i += 101) ASSERT_EQ(picked[k].logits[i], full[i]) << "step " << k << " id " << i;
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------- lossless
 // Wraps a drafter to count its proposals.
 class Counting final : public specula::Drafter {
@@ -258,9 +305,11 @@ class Counting final : public specula::Drafter {
     EXPECT_EQ(static_cast<int>(out.size()), r.n);
     proposed += static_cast<int64_t>(out.size());
     ++calls;
+    sampled = sampled || static_cast<bool>(r.pick);
     return out;
   }
   int64_t proposed = 0, calls = 0;
+  bool sampled = false;
 
  private:
   std::shared_ptr<specula::Drafter> d_;
@@ -324,6 +373,26 @@ TEST(Assistant, GreedySpeculativeDecodingIsLossless) {
                   static_cast<long long>(s.drafted_tokens), 100 * s.acceptance_rate());
     }
   }
+  // llama.cpp's loop: the plain output too (it may run past max_tokens, never off the greedy path).
+  {
+    specula::core::GenerationOptions lo = o;
+    lo.convention = specula::core::DraftConvention::LlamaCpp;
+    lo.max_tokens = 10;  // at most 10 + k + 1 tokens: within the 16 plain ones
+    for (int k : {1, 3}) {
+      auto partly = std::make_shared<PartlyRight>(drafter("assistant-f32.gguf"), want.tokens,
+                                                  static_cast<int64_t>(prompt.size()));
+      specula::core::Generator spec(target(), sampler(), partly);
+      lo.draft_tokens = k;
+      const auto got = spec.generate(prompt, lo, {}, 64);
+      ASSERT_LE(got.tokens.size(), want.tokens.size());
+      EXPECT_GT(got.tokens.size(), 10u);
+      EXPECT_EQ(got.tokens, std::vector<int32_t>(want.tokens.begin(), want.tokens.begin() + got.tokens.size()))
+          << "llamacpp convention, draft_tokens " << k;
+      if (k > 1) {
+        EXPECT_GT(got.stats.accepted_tokens, 0) << "draft_tokens " << k;  // planted drafts
+      }
+    }
+  }
   // Partial acceptance: still the plain output, and at least every planted draft accepted.
   for (int k : {2, 4}) {
     auto partly = std::make_shared<PartlyRight>(drafter("assistant-seed-f32.gguf"), want.tokens,
@@ -381,6 +450,32 @@ std::string load_error(const std::shared_ptr<const specula::ModelFile>& f, const
     return e.what();
   }
   return "";
+}
+
+// Sampled drafting with the real drafter: at temperature > 0 the engine asks for the drafts' logits and
+// picks from the drafter's own distribution; both heads run, accept and reject, and stay reproducible.
+TEST(Assistant, SampledDraftingRunsWithBothHeads) {
+  specula::SamplingParams sp;
+  sp.temperature = 1.0f;
+  sp.top_k = 40;
+  sp.seed = 11;
+  const std::vector<int32_t> prompt = golden()["prompt"].get<std::vector<int32_t>>();
+  for (const char* head : {"dense", "centroid"}) {
+    auto counting = std::make_shared<Counting>(drafter("assistant-seed-f32.gguf", {{"head", head}}));
+    specula::core::GenerationOptions o;
+    o.max_tokens = 8;
+    o.draft_tokens = 3;
+    std::vector<int32_t> first;
+    for (int run = 0; run < (std::string(head) == "dense" ? 2 : 1); ++run) {
+      specula::core::Generator spec(target(), host().make_sampler("standard", sp), counting);
+      const auto got = spec.generate(prompt, o, {}, 64);
+      EXPECT_EQ(got.tokens.size(), 8u) << head;
+      EXPECT_GT(got.stats.speculative_steps, 0) << head;
+      EXPECT_TRUE(counting->sampled) << head << ": the drafts were not sampled through DraftRequest::pick";
+      if (run == 0) first = got.tokens;
+      else EXPECT_EQ(got.tokens, first) << head << ": a seed repeats the run";
+    }
+  }
 }
 
 // ollama's names for the centroid head (masked_embd_centroids.weight, masked_embd_ordering as I32) with
