@@ -712,6 +712,8 @@ TEST(BenchCli, MeasuresPlainAndSpeculativeDecodingOnTheFixtures) {
   // Every speculative step makes at least one token and at most draft + 1.
   EXPECT_GE(spec["tokens_per_step"].get<double>(), 1.0);
   EXPECT_LE(spec["tokens_per_step"].get<double>(), 3.0);
+  EXPECT_DOUBLE_EQ(spec["mean_accepted_length"].get<double>(), spec["tokens_per_step"].get<double>() - 1.0);
+  EXPECT_EQ(spec["accepted_by_position"].size(), 2u);
   // The MTP cost model: K = 1..8, a round costs its verification plus its draft, in decode steps; the
   // break-even acceptance is a rate or null (never pays).
   const json& costs = j["verify_costs"];
