@@ -8,6 +8,7 @@
 #include <optional>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "cli_common.hpp"
@@ -225,9 +226,9 @@ int run_run(const std::vector<std::string>& args) {
                     st.generated_tokens, st.decode_seconds, st.decode_tokens_per_second(),
                     specula::core::stop_reason_name(result.stop_reason));
   if (st.speculative_steps) {
-    specula::log_info("speculative: {} steps, {} drafted, {} accepted ({:.1f}%), {:.2f} tokens per target forward",
-                      st.speculative_steps, st.drafted_tokens, st.accepted_tokens, 100 * st.acceptance_rate(),
-                      st.tokens_per_step());
+    specula::log_info("speculative: {} steps, {} drafted, {} accepted ({:.1f}%; by draft position {}), {:.2f} "
+                      "tokens per target forward", st.speculative_steps, st.drafted_tokens, st.accepted_tokens,
+                      100 * st.acceptance_rate(), fmt::join(st.accepted_by_position, "/"), st.tokens_per_step());
   }
   if (plain) {
     // One line whatever the log level: what `make run` ends with.

@@ -142,6 +142,18 @@ GenerationResult Generator::generate(ModelContext& ctx, std::span<const int32_t>
          start ? fmt::format(" (after {} tokens already in the context)", start) : std::string(), capacity);
   }
 
+  // llamacpp: llama.cpp's draft-mtp loop (GenerationOptions::convention); its rounds complete past max_tokens.
+  const bool llamacpp = drafter_ && options.convention == DraftConvention::LlamaCpp;
+  if (llamacpp && start + static_cast<int64_t>(prompt.size()) < 2)
+    fail("the llamacpp drafting convention drafts from the target's hidden state of the token before the "
+         "prompt's last one: the context needs at least 2 tokens, got {}", start + static_cast<int64_t>(prompt.size()));
+  if (llamacpp && options.draft_auto)
+    fail("the llamacpp drafting convention drafts a fixed number of tokens per round as llama.cpp does; "
+         "draft_tokens: auto is not available with it");
+  // At temperature > 0 Specula's drafts are sampled from the drafter's distribution; otherwise greedy
+  // (a point mass for the acceptance rule).
+  const bool sampled_drafts = sampler_->params().temperature > 0.0f && !llamacpp;
+
   std::unordered_set<int32_t> stops(info.end_tokens.begin(), info.end_tokens.end());
   if (auto cf = model_->chat_format()) {
     for (int32_t t : cf->stop_tokens()) stops.insert(t);
@@ -159,8 +171,8 @@ GenerationResult Generator::generate(ModelContext& ctx, std::span<const int32_t>
       fail("model returned {} logits per position, expected vocab_size {}", row.size(), vocab);
     }
     SamplingState state{history, static_cast<int32_t>(result.tokens.size()), info.end_tokens};
-    float u = sampler_->next_uniform();  // one uniform per sampled token, greedy or not, so speculative
-                                         // and plain decoding consume the same stream
+    float u = sampler_->next_uniform();  // one uniform per plain step, greedy or not, on the host as in
+                                         // the device graph
     int32_t t = sampler_->sample(row, state, u);
     if (t < 0 || t >= vocab) fail("sampler returned token {} outside the vocabulary [0, {})", t, vocab);
     return t;
@@ -189,8 +201,6 @@ GenerationResult Generator::generate(ModelContext& ctx, std::span<const int32_t>
     return s.token;
   };
   bool done = false;
-  // llamacpp: a round that passes max_tokens still completes (checked after each round, below).
-  const bool finish_rounds = drafter_ && options.convention == DraftConvention::LlamaCpp;
   std::string held;  // visible text not handed out yet because it may begin a stop string
   // Hands visible text to the result and the callback; false when it completed a stop string (the text
   // is cut before it). `last_piece`: nothing follows, so nothing is held back.
@@ -230,23 +240,13 @@ GenerationResult Generator::generate(ModelContext& ctx, std::span<const int32_t>
       done = true;
       return false;
     }
-    if (!finish_rounds && static_cast<int64_t>(result.tokens.size()) >= options.max_tokens) {
+    if (!llamacpp && static_cast<int64_t>(result.tokens.size()) >= options.max_tokens) {
       result.stop_reason = StopReason::MaxTokens;
       done = true;
       return false;
     }
     return true;
   };
-
-  const bool llamacpp = drafter_ && options.convention == DraftConvention::LlamaCpp;
-  if (llamacpp && start + static_cast<int64_t>(prompt.size()) < 2)
-    fail("the llamacpp drafting convention drafts from the target's hidden state of the token before the "
-         "prompt's last one: the context needs at least 2 tokens, got {}", start + static_cast<int64_t>(prompt.size()));
-  if (llamacpp && options.draft_auto)
-    fail("the llamacpp drafting convention drafts a fixed number of tokens per round as llama.cpp does; "
-         "draft_tokens: auto is not available with it");
-  const bool sampled = sampler_->params().temperature > 0.0f;
-  const bool sampled_drafts = sampled && !llamacpp;  // else drafts are greedy: a point mass for acceptance
 
   // Prefill. Specula: every prompt token, the last chunk ending in the first sampled token (counted in
   // prefill_seconds). llamacpp: all but the last prompt token, which the first round verifies.
@@ -276,14 +276,17 @@ GenerationResult Generator::generate(ModelContext& ctx, std::span<const int32_t>
   // The sampling state of the token after `drafted` further tokens (drafts, not yet accepted).
   std::vector<int32_t> scratch;
   auto state_after = [&](std::span<const int32_t> drafted) {
+    const int32_t generated = static_cast<int32_t>(result.tokens.size() + drafted.size());
+    if (drafted.empty()) return SamplingState{history, generated, info.end_tokens};
     scratch.assign(history.begin(), history.end());
     scratch.insert(scratch.end(), drafted.begin(), drafted.end());
-    return SamplingState{scratch, static_cast<int32_t>(result.tokens.size() + drafted.size()), info.end_tokens};
+    return SamplingState{scratch, generated, info.end_tokens};
   };
   auto distribution_of = [&](std::span<const float> row, std::span<const int32_t> drafted, const char* whose) {
     if (static_cast<int64_t>(row.size()) != vocab)
       fail("{} returned {} logits per position, expected vocab_size {}", whose, row.size(), vocab);
     Distribution d = sampler_->distribution(row, state_after(drafted));
+    if (d.empty()) fail("the sampler returned an empty distribution for the {}'s logits", whose);
     for (const TokenProbability& c : d)
       if (c.token < 0 || c.token >= vocab)
         fail("sampler's distribution holds token {} outside the vocabulary [0, {})", c.token, vocab);
@@ -387,9 +390,10 @@ GenerationResult Generator::generate(ModelContext& ctx, std::span<const int32_t>
       ++stats.host_sampled_tokens;
       Verdict v;
       if (i < n) {
+        static const Distribution kPointMass;  // an empty q: the draft is certain
+        const Distribution& qi = q.empty() ? kPointMass : q[static_cast<size_t>(i)];
         const float u_accept = sampler_->next_uniform();
-        v = accept_draft(p, q.empty() ? Distribution{} : q[static_cast<size_t>(i)], drafts[static_cast<size_t>(i)],
-                         u_accept, sampler_->next_uniform());
+        v = accept_draft(p, qi, drafts[static_cast<size_t>(i)], u_accept, sampler_->next_uniform());
       } else {
         v = {false, draw(p, sampler_->next_uniform())};
       }
