@@ -107,6 +107,8 @@ void add_model_options(po::options_description& desc, ModelArgs& a) {
   add_key(desc, a, "context-length", "target.context_length", "the same as --ctx-size");
   add_key(desc, a, "draft-max", "drafter.draft_tokens", "tokens drafted per speculative step, 1..64 (default 3)");
   add_key(desc, a, "draft-tokens", "drafter.draft_tokens", "the same as --draft-max");
+  add_key(desc, a, "mtp-convention", "drafter.convention",
+          "speculative loop: specula (default) or llamacpp (llama.cpp's draft-mtp loop; docs/gemma4-assistant.md)");
 }
 
 void add_sampling_options(po::options_description& desc, ModelArgs& a) {

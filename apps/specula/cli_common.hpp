@@ -55,7 +55,7 @@ struct ModelArgs {
   std::vector<std::string> plugin_paths;   // --plugin-path DIR (repeatable): searched first
 };
 // Adds --pipeline, -m/--model, -b/--backend, --drafter, --sampler, --plugin-path, -c/--ctx-size
-// (--context-length), --draft-max (--draft-tokens), -t/--threads. Add the positional yourself
+// (--context-length), --draft-max (--draft-tokens), --mtp-convention, -t/--threads. Add the positional yourself
 // (`pos.add("pipeline", 1)`) if the command takes one.
 void add_model_options(po::options_description& desc, ModelArgs& args);
 

@@ -157,7 +157,10 @@ int run_bench(const std::vector<std::string>& args) {
         ctx->truncate(prompt_tokens);
         if (built.drafter) {
           t0 = Clock::now();
-          built.drafter->draft(ctx->view(), last, k);
+          specula::DraftRequest request;
+          request.last_token = last;
+          request.n = k;
+          built.drafter->draft(ctx->view(), request);
           td.push_back(seconds_since(t0));
         }
       }
@@ -207,6 +210,7 @@ int run_bench(const std::vector<std::string>& args) {
             {"min", s.min},                   {"max", s.max},
             {"generated_tokens", last.generated_tokens},
             {"acceptance_rate", last.acceptance_rate()}, {"tokens_per_step", last.tokens_per_step()},
+            {"mean_accepted_length", last.mean_accepted_length()},
             {"speedup_vs_tg", s.median / tgs.median}};
   }
 

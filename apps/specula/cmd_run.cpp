@@ -1,11 +1,14 @@
 // `specula run`: generate from a prompt (rendered with the model's chat format) or from token ids,
 // streaming the answer, with or without a speculative drafter.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <numeric>
 #include <iostream>
 #include <optional>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "cli_common.hpp"
@@ -17,11 +20,40 @@
 namespace {
 
 namespace cli = specula::cli;
+using ordered_json = nlohmann::ordered_json;
+
+// The `k` highest entries of log_softmax(logits) (natural log, computed in double), highest first,
+// ties by lower id: [[id, logprob], ...].
+ordered_json top_log_probs(const std::vector<float>& logits, size_t k) {
+  ordered_json out = ordered_json::array();
+  if (logits.empty()) return out;
+  const double mx = *std::max_element(logits.begin(), logits.end());
+  double sum = 0;
+  for (float v : logits) sum += std::exp(static_cast<double>(v) - mx);
+  const double lse = mx + std::log(sum);
+  std::vector<int32_t> order(logits.size());
+  std::iota(order.begin(), order.end(), 0);
+  k = std::min(k, order.size());
+  std::partial_sort(order.begin(), order.begin() + static_cast<std::ptrdiff_t>(k), order.end(),
+                    [&](int32_t a, int32_t b) { return logits[a] != logits[b] ? logits[a] > logits[b] : a < b; });
+  for (size_t i = 0; i < k; ++i) out.push_back({order[i], static_cast<double>(logits[order[i]]) - lse});
+  return out;
+}
+
+// One --trace-json line: docs/cli.md, "Traces".
+ordered_json round_json(const specula::core::RoundTrace& r) {
+  ordered_json steps = ordered_json::array();
+  for (size_t i = 0; i < r.draft.size(); ++i)
+    steps.push_back({{"token", r.draft[i]},
+                     {"top", top_log_probs(i < r.draft_logits.size() ? r.draft_logits[i] : std::vector<float>{}, 20)}});
+  return {{"round", r.round}, {"n_past", r.n_past},         {"id_last", r.last_token}, {"draft", r.draft},
+          {"ids", r.target_greedy}, {"n_accepted", r.accepted}, {"steps", steps}};
+}
 
 int run_run(const std::vector<std::string>& args) {
   cli::ModelArgs model;
   std::string prompt, tokens_text, prompt_file;
-  bool as_json = false, show_thoughts = false, raw = false, no_drafter = false, speedup = false;
+  bool as_json = false, show_thoughts = false, raw = false, no_drafter = false, speedup = false, trace_json = false;
   cli::po::options_description desc(
       "usage: specula run PIPELINE.yaml (-p TEXT | -f FILE | --tokens 1,2,3) [options]\n"
       "       specula run MODEL.gguf|MODEL_DIR (-p TEXT | -f FILE | --tokens 1,2,3) [options]\n"
@@ -36,6 +68,9 @@ int run_run(const std::vector<std::string>& args) {
       "tokens", cli::po::value(&tokens_text), "prompt token ids, comma-separated")(
       "raw", cli::po::bool_switch(&raw), "tokenize --prompt as is, without the chat format")(
       "json", cli::po::bool_switch(&as_json), "print one JSON object (tokens, text, statistics) at the end")(
+      "trace-json", cli::po::bool_switch(&trace_json),
+      "print one JSON line per speculative round (draft, the target's tokens, acceptance, the drafter's top-20 "
+      "log-probabilities per step), then a summary line, instead of the text (docs/cli.md)")(
       "show-thoughts", cli::po::bool_switch(&show_thoughts), "also print the model's thought channel")(
       "no-drafter", cli::po::bool_switch(&no_drafter), "ignore the pipeline's drafter (plain decoding)")(
       "speedup", cli::po::bool_switch(&speedup),
@@ -56,7 +91,13 @@ int run_run(const std::vector<std::string>& args) {
   if (prompt.empty() == tokens_text.empty()) specula::fail("give exactly one of --prompt TEXT and --tokens IDS (--file FILE reads the prompt from a file)");
 
   if (speedup && no_drafter) specula::fail("--speedup measures the drafter; it cannot be combined with --no-drafter");
+  if (trace_json && (no_drafter || as_json || speedup))
+    specula::fail("--trace-json prints the drafter's rounds and a summary instead of the text; it cannot be combined "
+                  "with {}", no_drafter ? "--no-drafter" : as_json ? "--json" : "--speedup");
   cli::Session s = cli::open_session(model, !no_drafter);
+  if (trace_json && !s.built.drafter)
+    specula::fail("--trace-json traces speculative rounds, and this pipeline has no drafter (add a drafter: section "
+                  "or --drafter FILE)");
   if (speedup && !s.built.drafter)
     specula::fail("--speedup compares the pipeline with and without its drafter, and this pipeline has no drafter "
                   "(add a drafter: section or --drafter FILE)");
@@ -90,6 +131,7 @@ int run_run(const std::vector<std::string>& args) {
   specula::core::apply_drafting(s.pipeline, options);
   options.stop_strings = s.pipeline.sampler.stop;
   options.interrupt = cli::interrupt_flag();
+  if (trace_json) options.on_round = [](const specula::core::RoundTrace& r) { fmt::print("{}\n", round_json(r).dump()); };
   cli::install_interrupt_handler();
   specula::core::Generator generator(target, s.built.sampler, s.built.drafter);
   specula::core::Generator baseline(target, s.built.sampler, nullptr);
@@ -104,7 +146,7 @@ int run_run(const std::vector<std::string>& args) {
   auto result = generator.generate(
       ids, options,
       [&](int32_t, std::string_view text) {
-        if (as_json || text.empty()) return;
+        if (as_json || trace_json || text.empty()) return;
         std::fwrite(text.data(), 1, text.size(), stdout);
         std::fflush(stdout);
       },
@@ -121,6 +163,28 @@ int run_run(const std::vector<std::string>& args) {
           : 0;
 
   const auto& st = result.stats;
+  const nlohmann::json by_position = {{"accepted_by_position", st.accepted_by_position},
+                                      {"drafted_by_position", st.drafted_by_position},
+                                      {"mean_accepted_length", st.mean_accepted_length()},
+                                      {"tokens_per_step", st.tokens_per_step()}};
+  if (trace_json) {
+    // Every token the rounds produced, the end token that stopped them included (as llama.cpp counts).
+    std::vector<int32_t> generated = result.tokens;
+    if (result.stop_token >= 0) generated.push_back(result.stop_token);
+    ordered_json summary = {{"n_predict", generated.size()},
+                            {"n_drafted", st.drafted_tokens},
+                            {"n_accept", st.accepted_tokens},
+                            {"generated", generated},
+                            {"prompt", ids},
+                            {"max_tokens", options.max_tokens},
+                            {"draft_tokens", options.draft_auto ? ordered_json("auto") : ordered_json(options.draft_tokens)},
+                            {"rounds", st.speculative_steps},
+                            {"accepted_by_position", st.accepted_by_position},
+                            {"mean_accepted_length", st.mean_accepted_length()},
+                            {"stop_reason", std::string(specula::core::stop_reason_name(result.stop_reason))}};
+    fmt::print("{}\n", ordered_json{{"summary", summary}}.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+    return 0;
+  }
   if (as_json) {
     nlohmann::json j;
     j["prompt_tokens"] = ids;
@@ -144,6 +208,7 @@ int run_run(const std::vector<std::string>& args) {
                   {"device_sampled_tokens", st.device_sampled_tokens},
                   {"host_sampled_tokens", st.host_sampled_tokens}};
     if (!st.host_sampling_reason.empty()) j["stats"]["host_sampling_reason"] = st.host_sampling_reason;
+    j["stats"].update(by_position);
     if (plain) {
       j["baseline"] = {{"generated_tokens", plain->stats.generated_tokens},
                        {"decode_seconds", plain->stats.decode_seconds},
@@ -161,9 +226,9 @@ int run_run(const std::vector<std::string>& args) {
                     st.generated_tokens, st.decode_seconds, st.decode_tokens_per_second(),
                     specula::core::stop_reason_name(result.stop_reason));
   if (st.speculative_steps) {
-    specula::log_info("speculative: {} steps, {} drafted, {} accepted ({:.1f}%), {:.2f} tokens per target forward",
-                      st.speculative_steps, st.drafted_tokens, st.accepted_tokens, 100 * st.acceptance_rate(),
-                      st.tokens_per_step());
+    specula::log_info("speculative: {} steps, {} drafted, {} accepted ({:.1f}%; by draft position {}), {:.2f} "
+                      "tokens per target forward", st.speculative_steps, st.drafted_tokens, st.accepted_tokens,
+                      100 * st.acceptance_rate(), fmt::join(st.accepted_by_position, "/"), st.tokens_per_step());
   }
   if (plain) {
     // One line whatever the log level: what `make run` ends with.

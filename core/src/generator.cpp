@@ -6,6 +6,7 @@
 #include <unordered_set>
 
 #include "specula/core/draft_length.hpp"
+#include "specula/core/speculative.hpp"
 #include "specula/error.hpp"
 #include "specula/log.hpp"
 
@@ -141,6 +142,18 @@ GenerationResult Generator::generate(ModelContext& ctx, std::span<const int32_t>
          start ? fmt::format(" (after {} tokens already in the context)", start) : std::string(), capacity);
   }
 
+  // llamacpp: llama.cpp's draft-mtp loop (GenerationOptions::convention); its rounds complete past max_tokens.
+  const bool llamacpp = drafter_ && options.convention == DraftConvention::LlamaCpp;
+  if (llamacpp && start + static_cast<int64_t>(prompt.size()) < 2)
+    fail("the llamacpp drafting convention drafts from the target's hidden state of the token before the "
+         "prompt's last one: the context needs at least 2 tokens, got {}", start + static_cast<int64_t>(prompt.size()));
+  if (llamacpp && options.draft_auto)
+    fail("the llamacpp drafting convention drafts a fixed number of tokens per round as llama.cpp does; "
+         "draft_tokens: auto is not available with it");
+  // At temperature > 0 Specula's drafts are sampled from the drafter's distribution; otherwise greedy
+  // (a point mass for the acceptance rule).
+  const bool sampled_drafts = sampler_->params().temperature > 0.0f && !llamacpp;
+
   std::unordered_set<int32_t> stops(info.end_tokens.begin(), info.end_tokens.end());
   if (auto cf = model_->chat_format()) {
     for (int32_t t : cf->stop_tokens()) stops.insert(t);
@@ -158,8 +171,8 @@ GenerationResult Generator::generate(ModelContext& ctx, std::span<const int32_t>
       fail("model returned {} logits per position, expected vocab_size {}", row.size(), vocab);
     }
     SamplingState state{history, static_cast<int32_t>(result.tokens.size()), info.end_tokens};
-    float u = sampler_->next_uniform();  // one uniform per sampled token, greedy or not, so speculative
-                                         // and plain decoding consume the same stream
+    float u = sampler_->next_uniform();  // one uniform per plain step, greedy or not, on the host as in
+                                         // the device graph
     int32_t t = sampler_->sample(row, state, u);
     if (t < 0 || t >= vocab) fail("sampler returned token {} outside the vocabulary [0, {})", t, vocab);
     return t;
@@ -227,7 +240,7 @@ GenerationResult Generator::generate(ModelContext& ctx, std::span<const int32_t>
       done = true;
       return false;
     }
-    if (static_cast<int64_t>(result.tokens.size()) >= options.max_tokens) {
+    if (!llamacpp && static_cast<int64_t>(result.tokens.size()) >= options.max_tokens) {
       result.stop_reason = StopReason::MaxTokens;
       done = true;
       return false;
@@ -235,29 +248,51 @@ GenerationResult Generator::generate(ModelContext& ctx, std::span<const int32_t>
     return true;
   };
 
-  // Prefill; its last chunk ends in the first sampled token (counted in prefill_seconds).
+  // Prefill. Specula: every prompt token, the last chunk ending in the first sampled token (counted in
+  // prefill_seconds). llamacpp: all but the last prompt token, which the first round verifies.
   auto t0 = Clock::now();
   std::vector<float> logits;
   int32_t last = -1;
   {
-    const int64_t n = static_cast<int64_t>(prompt.size());
-    const int64_t chunk = options.prefill_chunk > 0 ? options.prefill_chunk : n;
+    const int64_t n = static_cast<int64_t>(prompt.size()) - (llamacpp ? 1 : 0);
+    const int64_t chunk = options.prefill_chunk > 0 ? options.prefill_chunk : std::max<int64_t>(n, 1);
     for (int64_t at = 0; at < n; at += chunk) {
       const int64_t len = std::min(chunk, n - at);
-      if (at + len < n) ctx.forward(prompt.subspan(at, len), 1);
+      if (at + len < n || llamacpp) ctx.forward(prompt.subspan(at, len), 1);
       else last = forward_sample(prompt.subspan(at, len));
     }
+    if (llamacpp) last = prompt.back();
   }
   stats.prefill_seconds = seconds_since(t0);
 
   auto t1 = Clock::now();
-  emit(last);
+  if (!llamacpp) emit(last);
   std::optional<DraftLength> policy;
   if (drafter_ && options.draft_auto) policy.emplace(options.draft_max, options.draft_tokens);
   auto count_step = [&](int64_t n) {
     if (static_cast<int64_t>(stats.steps_by_draft_length.size()) <= n) stats.steps_by_draft_length.resize(n + 1);
     ++stats.steps_by_draft_length[n];
   };
+  // The sampling state of the token after `drafted` further tokens (drafts, not yet accepted).
+  std::vector<int32_t> scratch;
+  auto state_after = [&](std::span<const int32_t> drafted) {
+    const int32_t generated = static_cast<int32_t>(result.tokens.size() + drafted.size());
+    if (drafted.empty()) return SamplingState{history, generated, info.end_tokens};
+    scratch.assign(history.begin(), history.end());
+    scratch.insert(scratch.end(), drafted.begin(), drafted.end());
+    return SamplingState{scratch, generated, info.end_tokens};
+  };
+  auto distribution_of = [&](std::span<const float> row, std::span<const int32_t> drafted, const char* whose) {
+    if (static_cast<int64_t>(row.size()) != vocab)
+      fail("{} returned {} logits per position, expected vocab_size {}", whose, row.size(), vocab);
+    Distribution d = sampler_->distribution(row, state_after(drafted));
+    if (d.empty()) fail("the sampler returned an empty distribution for the {}'s logits", whose);
+    for (const TokenProbability& c : d)
+      if (c.token < 0 || c.token >= vocab)
+        fail("sampler's distribution holds token {} outside the vocabulary [0, {})", c.token, vocab);
+    return d;
+  };
+  int64_t rounds = 0;
   while (!done) {
     if (options.interrupt && options.interrupt->load()) {
       result.stop_reason = StopReason::Interrupted;
@@ -269,20 +304,49 @@ GenerationResult Generator::generate(ModelContext& ctx, std::span<const int32_t>
       log_warn("generation stopped: the context of {} tokens is full", capacity);
       break;
     }
-    const int64_t remaining = options.max_tokens - static_cast<int64_t>(result.tokens.size());
+    const int64_t produced = static_cast<int64_t>(result.tokens.size());
     const int64_t want = policy ? policy->next() : options.draft_tokens;
-    int64_t n = drafter_ ? std::min<int64_t>({want, room - 1, remaining - 1}) : 0;
+    int64_t n = 0;
+    if (llamacpp) {
+      // llama.cpp caps the draft only by a positive limit (common_speculative_draft); the context
+      // bound is kept whatever it says, where llama.cpp would overflow its context.
+      const int64_t limit = std::min(room - 2, options.max_tokens - produced - 1);
+      n = std::min(limit > 0 ? std::min(want, limit) : want, room - 1);
+    } else if (drafter_) {
+      n = std::min<int64_t>({want, room - 1, options.max_tokens - produced - 1});
+    }
+    std::vector<DraftStep> steps;
     std::vector<int32_t> drafts;
+    std::vector<Distribution> q;  // the drafter's distribution per sampled draft
     double draft_seconds = 0;
     if (n > 0) {
+      DraftRequest request;
+      request.last_token = last;
+      request.n = static_cast<int>(n);
+      request.logits = static_cast<bool>(options.on_round);
+      if (sampled_drafts) {
+        request.pick = [&](int step, std::span<const float> row) {
+          if (step != static_cast<int>(drafts.size()))
+            fail("drafter asked for draft step {} after {} steps; steps are picked in order", step, drafts.size());
+          q.push_back(distribution_of(row, drafts, "drafter"));
+          const int32_t t = draw(q.back(), sampler_->next_uniform());
+          drafts.push_back(t);
+          return t;
+        };
+      }
       auto td = Clock::now();
-      drafts = drafter_->draft(ctx.view(), last, static_cast<int>(n));
+      steps = drafter_->draft(ctx.view(), request);
       draft_seconds = seconds_since(td);
       stats.draft_seconds += draft_seconds;
-      if (static_cast<int64_t>(drafts.size()) > n) drafts.resize(n);
-      for (int32_t d : drafts) {
-        if (d < 0 || d >= vocab) fail("drafter proposed token {} outside the vocabulary [0, {})", d, vocab);
+      if (static_cast<int64_t>(steps.size()) > n) steps.resize(static_cast<size_t>(n));
+      drafts.clear();
+      for (const DraftStep& st : steps) {
+        if (st.token < 0 || st.token >= vocab) fail("drafter proposed token {} outside the vocabulary [0, {})", st.token, vocab);
+        drafts.push_back(st.token);
       }
+      // A drafter that did not use `pick` (it has no distribution) proposed a point mass.
+      if (q.size() < drafts.size()) q.clear();
+      q.resize(std::min(q.size(), drafts.size()));
     }
     if (drafts.empty()) {
       const auto tp = Clock::now();
@@ -300,6 +364,14 @@ GenerationResult Generator::generate(ModelContext& ctx, std::span<const int32_t>
     input.push_back(last);
     input.insert(input.end(), drafts.begin(), drafts.end());
     const int64_t base = ctx.position();
+    RoundTrace trace;
+    if (options.on_round) {
+      trace.round = rounds;
+      trace.n_past = base;
+      trace.last_token = last;
+      trace.draft = drafts;
+      for (DraftStep& st : steps) trace.draft_logits.push_back(std::move(st.logits));
+    }
     const auto tv = Clock::now();
     logits = ctx.forward(input, n + 1);
     const double verify_seconds = seconds_since(tv);
@@ -307,18 +379,28 @@ GenerationResult Generator::generate(ModelContext& ctx, std::span<const int32_t>
       fail("model returned {} logits for a verification of {} positions, expected {}", logits.size(), n + 1,
            (n + 1) * vocab);
     }
-    // The drafter's proposal is a point mass, so the standard rejection rule (accept d with probability
-    // min(1, p(d)/q(d)), else sample from norm(max(0, p - q))) is exactly: sample x ~ p with the sampler;
-    // accept when x == d, else x is the correction. Greedy is the special case p = one-hot.
+    auto row = [&](int64_t i) { return std::span<const float>(logits).subspan(i * vocab, vocab); };
+    // Each draft in turn by the speculative sampling rule (speculative.hpp): accepted ones are emitted, the
+    // first rejected one is replaced and ends the step; when all are accepted the last row gives a bonus.
     int64_t accepted = 0;
     for (int64_t i = 0; i <= n && !done; ++i) {
-      int32_t t = sample_row(std::span<const float>(logits).subspan(i * vocab, vocab));
+      // The accepted drafts are in the history already: p is the target's distribution as plain decoding
+      // would see it there.
+      const Distribution p = distribution_of(row(i), {}, "model");
       ++stats.host_sampled_tokens;
-      last = t;
-      bool agrees = i < n && t == drafts[i];
-      if (agrees) ++accepted;
-      emit(t);
-      if (!agrees) break;
+      Verdict v;
+      if (i < n) {
+        static const Distribution kPointMass;  // an empty q: the draft is certain
+        const Distribution& qi = q.empty() ? kPointMass : q[static_cast<size_t>(i)];
+        const float u_accept = sampler_->next_uniform();
+        v = accept_draft(p, qi, drafts[static_cast<size_t>(i)], u_accept, sampler_->next_uniform());
+      } else {
+        v = {false, draw(p, sampler_->next_uniform())};
+      }
+      last = v.token;
+      if (v.accepted) ++accepted;
+      emit(v.token);
+      if (!v.accepted) break;
     }
     // Keep `last` of the step and the accepted drafts; forget the rejected ones.
     ctx.truncate(base + 1 + accepted);
@@ -335,7 +417,23 @@ GenerationResult Generator::generate(ModelContext& ctx, std::span<const int32_t>
       if (i < accepted) ++stats.accepted_by_position[i];
     }
     if (policy) policy->observe_step(static_cast<int>(n), static_cast<int>(accepted), draft_seconds, verify_seconds);
+    if (options.on_round) {
+      for (int64_t i = 0; i <= n; ++i) {
+        const auto r = row(i);
+        trace.target_greedy.push_back(static_cast<int32_t>(std::max_element(r.begin(), r.end()) - r.begin()));
+      }
+      trace.accepted = accepted;
+      options.on_round(trace);
+    }
+    ++rounds;
+    // llamacpp: the round completes, then generation stops once more than max_tokens were produced.
+    if (llamacpp && !done && static_cast<int64_t>(result.tokens.size()) > options.max_tokens) {
+      result.stop_reason = StopReason::MaxTokens;
+      done = true;
+    }
   }
+  // llamacpp, stopped before its first round: the last prompt token is still to be processed.
+  if (llamacpp && rounds == 0 && result.tokens.empty()) ctx.forward(prompt.last(1), 1);
   // One invariant whatever ended generation: the context holds the prompt and every generated token but
   // the last (the plain loop may have processed that one too, a speculative step an accepted end token).
   const int64_t keep = start + static_cast<int64_t>(prompt.size()) +

@@ -398,7 +398,8 @@ Pipeline read_pipeline(YAML::Node root, const fs::path& source, const Reader& r)
   }
   if (auto s = root["drafter"]; s && !s.IsNull()) {
     r.check_section(s, "drafter", {{"model", Kind::Path, true}, {"format", Kind::String}, {"plugin", Kind::String},
-                                   {"draft_tokens", Kind::IntOrAuto}, {"draft_max", Kind::Int}, {"options", Kind::Map}});
+                                   {"draft_tokens", Kind::IntOrAuto}, {"draft_max", Kind::Int},
+                                   {"convention", Kind::String}, {"options", Kind::Map}});
     DrafterConfig d;
     d.model = r.path(s["model"], "drafter.model");
     if (auto n = s["format"]) d.format = r.string(n, "drafter.format");
@@ -409,6 +410,14 @@ Pipeline read_pipeline(YAML::Node root, const fs::path& source, const Reader& r)
       if (k) d.draft_tokens = static_cast<int>(*k);
     }
     if (auto n = s["draft_max"]) d.draft_max = static_cast<int>(r.integer(n, "drafter.draft_max", 1, DraftLength::kMax));
+    if (auto n = s["convention"]) {
+      if (r.choice(n, "drafter.convention", {"specula", "llamacpp"}) == "llamacpp") {
+        d.convention = DraftConvention::LlamaCpp;
+        if (d.draft_auto)
+          fail("{}: drafter.convention llamacpp drafts a fixed number of tokens per round, as llama.cpp does; give "
+               "drafter.draft_tokens a number, not auto", r.where(n, "drafter.convention"));
+      }
+    }
     if (auto o = s["options"]) d.options = r.json(o, "drafter.options", d.options_at);
     p.drafter = d;
   }
@@ -569,6 +578,7 @@ void apply_drafting(const Pipeline& p, GenerationOptions& o) {
   o.draft_tokens = p.drafter->draft_tokens;  // with draft_auto: the first length (DraftLength clamps it)
   o.draft_auto = p.drafter->draft_auto;
   o.draft_max = p.drafter->draft_max;
+  o.convention = p.drafter->convention;
 }
 
 }  // namespace specula::core

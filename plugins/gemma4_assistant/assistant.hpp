@@ -1,6 +1,8 @@
 // The Gemma 4 "assistant" MTP drafter (gemma4-assistant-spec.md §2, §3): a 4-layer Q-only decoder that
 // reads the target's KV caches, its final-normed last hidden state and its token embedding through
-// TargetView, and proposes K tokens greedily, one graph run per draft step.
+// TargetView, and proposes K tokens, one graph run per draft step: greedily (only the ids leave the
+// backend), or with each step's logits read back (scattered to the vocabulary for the centroid head)
+// so that the engine samples the draft (DraftRequest::pick) or traces it.
 //
 // Checkpoints: GGUF in the upstream llama.cpp layout (nextn.pre_projection / nextn.post_projection,
 // dense head), GGUF in the fork layout of shared/seeds/gemma4-assistant.md (assist_pre_proj,

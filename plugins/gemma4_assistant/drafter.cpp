@@ -1,8 +1,10 @@
-// The gemma4-assistant drafter: weights (three layouts), one graph per draft step, the greedy K-step
-// loop (gemma4-assistant-spec.md §2-§3).
+// The gemma4-assistant drafter: weights (three layouts), one graph per draft step, the K-step loop
+// (gemma4-assistant-spec.md §2-§3): greedy on the backend, or each step's logits read back and the
+// engine's pick embedded next (sampled drafting, traces).
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 
 #include "assistant.hpp"
 #include "specula/error.hpp"
@@ -224,17 +226,36 @@ class Drafter final : public AssistantDrafter {
              c.layout, opt_.query_offset ? "p-1" : "p");
   }
 
-  std::vector<int32_t> draft(const TargetView& target, int32_t last, int n) override {
-    std::vector<int32_t> out;
-    run(target, last, n, {}, nullptr, &out);
+  std::vector<DraftStep> draft(const TargetView& target, const DraftRequest& request) override {
+    std::vector<DraftStep> out;
+    const bool logits = request.logits || static_cast<bool>(request.pick);
+    run(target, request.last_token, request.n, [&](int k, const Built& b, int32_t token) {
+      DraftStep st{token, {}};
+      if (logits) {
+        const StepLogits l = step_logits(b);
+        st.logits = centroid_ ? scatter_logits(cfg_.vocab, l.ids, l.logits) : l.logits;
+      }
+      if (request.pick) st.token = request.pick(k, st.logits);
+      out.push_back(std::move(st));
+      return out.back().token;
+    });
     return out;
   }
 
   std::vector<StepTrace> trace(const TargetView& target, int32_t last, int n,
                                std::span<const int32_t> forced) override {
     std::vector<StepTrace> steps;
-    std::vector<int32_t> out;
-    run(target, last, n, forced, &steps, &out);
+    run(target, last, n, [&](int k, const Built& b, int32_t token) {
+      StepTrace st;
+      st.token = token;
+      StepLogits l = step_logits(b);
+      st.ids = std::move(l.ids);
+      st.logits = std::move(l.logits);
+      st.h_next.resize(static_cast<size_t>(cfg_.backbone));
+      backend_->read(*h_, std::as_writable_bytes(std::span(st.h_next)));
+      steps.push_back(std::move(st));
+      return k < static_cast<int>(forced.size()) ? forced[static_cast<size_t>(k)] : token;
+    });
     return steps;
   }
 
@@ -347,8 +368,33 @@ class Drafter final : public AssistantDrafter {
     g.mark_output(b.token);
   }
 
-  void run(const TargetView& target, int32_t last, int n, std::span<const int32_t> forced,
-           std::vector<StepTrace>* steps, std::vector<int32_t>* out) {
+  // One step's logits as the head computed them: dense, [vocab] (ids empty); centroid, the candidates'
+  // vocab ids and logits.
+  struct StepLogits {
+    std::vector<int32_t> ids;
+    std::vector<float> logits;
+  };
+  StepLogits step_logits(const Built& b) const {
+    const Config& c = cfg_;
+    StepLogits out;
+    const int64_t S = centroid_ ? c.vocab / c.centroids : 0, K = c.centroid_top_k;
+    out.logits.resize(static_cast<size_t>(centroid_ ? K * S : c.vocab));
+    backend_->read(b.graph, b.logits, std::as_writable_bytes(std::span(out.logits)));
+    if (centroid_)
+      for (int32_t cl : read_top(b))
+        for (int64_t j = 0; j < S; ++j) out.ids.push_back(ordering_[static_cast<size_t>(cl * S + j)]);
+    return out;
+  }
+  std::vector<int32_t> read_top(const Built& b) const {
+    std::vector<int32_t> top(static_cast<size_t>(cfg_.centroid_top_k));
+    backend_->read(b.graph, b.top, std::as_writable_bytes(std::span(top)));
+    return top;
+  }
+
+  // Runs up to `n` steps from x = `last`. After step k's graph has run, `next(k, graph, token)` sees it
+  // with its greedy token (a vocab id) and returns the token step k + 1 embeds.
+  void run(const TargetView& target, int32_t last, int n,
+           const std::function<int32_t(int, const Built&, int32_t)>& next) {
     if (n <= 0) return;
     const Config& c = cfg_;
     // Bind (and check) the target once per set of target tensors; the checks then cost nothing.
@@ -371,7 +417,7 @@ class Drafter final : public AssistantDrafter {
     const int32_t qpos = static_cast<int32_t>(std::max<int64_t>(0, target.position() - opt_.query_offset));
     const int32_t zero = 0;
     int32_t x = last;
-    const int64_t S = centroid_ ? c.vocab / c.centroids : 0, K = c.centroid_top_k;
+    const int64_t S = centroid_ ? c.vocab / c.centroids : 0;
     for (int k = 0; k < n; ++k) {
       if (x < 0 || x >= vocab_t)
         fail("gemma4-assistant: token {} is outside the target's embedding table [0, {})", x, vocab_t);
@@ -383,27 +429,11 @@ class Drafter final : public AssistantDrafter {
       int32_t am = 0;
       backend_->read(b.graph, b.token, std::as_writable_bytes(std::span(&am, 1)));
       int32_t token = am;
-      std::vector<int32_t> top;
       if (centroid_) {
-        top.resize(static_cast<size_t>(K));
-        backend_->read(b.graph, b.top, std::as_writable_bytes(std::span(top)));
-        const int32_t cluster = top[static_cast<size_t>(am / S)];
+        const int32_t cluster = read_top(b)[static_cast<size_t>(am / S)];
         token = ordering_[static_cast<size_t>(cluster * S + am % S)];
       }
-      out->push_back(token);
-      if (steps) {
-        StepTrace st;
-        st.token = token;
-        st.logits.resize(static_cast<size_t>(centroid_ ? K * S : c.vocab));
-        backend_->read(b.graph, b.logits, std::as_writable_bytes(std::span(st.logits)));
-        if (centroid_)
-          for (int32_t cl : top)
-            for (int64_t j = 0; j < S; ++j) st.ids.push_back(ordering_[static_cast<size_t>(cl * S + j)]);
-        st.h_next.resize(static_cast<size_t>(c.backbone));
-        backend_->read(*h_, std::as_writable_bytes(std::span(st.h_next)));
-        steps->push_back(std::move(st));
-      }
-      x = k < static_cast<int>(forced.size()) ? forced[static_cast<size_t>(k)] : token;
+      x = next(k, b, token);
     }
   }
 

@@ -48,19 +48,24 @@ std::vector<float> StandardSampler::adjusted_logits(std::span<const float> logit
   return x;
 }
 
-int32_t StandardSampler::sample(std::span<const float> logits, const SamplingState& state, float uniform) const {
+StandardSampler::Candidates StandardSampler::candidates(std::span<const float> logits, const SamplingState& state) const {
   if (logits.empty()) fail("sampler 'standard': empty logits");
   const std::vector<float> x = adjusted_logits(logits, state);
+  Candidates c;
   if (params_.temperature == 0.0f) {
     int32_t best = 0;
     for (int32_t i = 1; i < static_cast<int32_t>(x.size()); ++i)
       if (x[i] > x[best]) best = i;
-    return best;
+    c.order = {best};
+    c.prob = {1.0};
+    c.keep = 1;
+    return c;
   }
 
   const auto vocab = static_cast<int64_t>(x.size());
   const int64_t k = params_.top_k > 0 ? std::min<int64_t>(params_.top_k, vocab) : vocab;
-  std::vector<int32_t> order(static_cast<size_t>(vocab));
+  std::vector<int32_t>& order = c.order;
+  order.resize(static_cast<size_t>(vocab));
   std::iota(order.begin(), order.end(), 0);
   auto higher = [&](int32_t a, int32_t b) { return x[a] != x[b] ? x[a] > x[b] : a < b; };
   std::partial_sort(order.begin(), order.begin() + k, order.end(), higher);
@@ -69,7 +74,8 @@ int32_t StandardSampler::sample(std::span<const float> logits, const SamplingSta
   // Softmax over the top-K of logits / temperature (descending, so probabilities are too).
   const double inv_t = 1.0 / params_.temperature;
   const double top = static_cast<double>(x[order[0]]) * inv_t;
-  std::vector<double> prob(order.size());
+  std::vector<double>& prob = c.prob;
+  prob.resize(order.size());
   double sum = 0.0;
   for (size_t i = 0; i < order.size(); ++i) sum += prob[i] = std::exp(static_cast<double>(x[order[i]]) * inv_t - top);
   for (double& q : prob) q /= sum;
@@ -79,32 +85,51 @@ int32_t StandardSampler::sample(std::span<const float> logits, const SamplingSta
     size_t n = 1;
     while (n < prob.size() && prob[n] >= floor) ++n;
     prob.resize(n);
+    order.resize(n);
     double kept = 0.0;
     for (double q : prob) kept += q;
     for (double& q : prob) q /= kept;
   }
 
   // Shortest prefix reaching top_p.
-  size_t keep = prob.size();
+  c.keep = prob.size();
   if (params_.top_p < 1.0f) {
     double cum = 0.0;
     for (size_t i = 0; i < prob.size(); ++i) {
       cum += prob[i];
       if (cum >= static_cast<double>(params_.top_p)) {
-        keep = i + 1;
+        c.keep = i + 1;
         break;
       }
     }
   }
+  return c;
+}
+
+int32_t StandardSampler::sample(std::span<const float> logits, const SamplingState& state, float uniform) const {
+  const Candidates c = candidates(logits, state);
+  // The draw the device form's TopPDraw repeats: u * (mass kept), not a renormalised prefix.
   double mass = 0.0;
-  for (size_t i = 0; i < keep; ++i) mass += prob[i];
+  for (size_t i = 0; i < c.keep; ++i) mass += c.prob[i];
   const double target = static_cast<double>(std::clamp(uniform, 0.0f, 1.0f)) * mass;
   double cum = 0.0;
-  for (size_t i = 0; i < keep; ++i) {
-    cum += prob[i];
-    if (cum > target) return order[i];
+  for (size_t i = 0; i < c.keep; ++i) {
+    cum += c.prob[i];
+    if (cum > target) return c.order[i];
   }
-  return order[keep - 1];
+  return c.order[c.keep - 1];
+}
+
+std::vector<TokenProbability> StandardSampler::distribution(std::span<const float> logits,
+                                                            const SamplingState& state) const {
+  const Candidates c = candidates(logits, state);
+  double mass = 0.0;
+  for (size_t i = 0; i < c.keep; ++i) mass += c.prob[i];
+  std::vector<TokenProbability> out;
+  out.reserve(c.keep);
+  for (size_t i = 0; i < c.keep; ++i)
+    if (c.prob[i] > 0.0) out.push_back({c.order[i], c.prob[i] / mass});
+  return out;
 }
 
 bool StandardSampler::penalty_active(const SamplingState& state) const {

@@ -29,6 +29,8 @@ class StandardSampler final : public Sampler {
   const SamplingParams& params() const override { return params_; }
   int32_t sample(std::span<const float> logits, const SamplingState& state, float uniform) const override;
   float next_uniform() override;
+  // What sample() draws from: the kept candidates (top-K, min-p, top-P), renormalised.
+  std::vector<TokenProbability> distribution(std::span<const float> logits, const SamplingState& state) const override;
   // Device form: the same rules as graph ops (Scatter, Clamp, Div, TopK, TopPDraw; docs/sampling.md),
   // equal to sample() token for token on the CPU backend.
   Value sample_in_graph(Graph& graph, Value logits, Value ids, Value uniform, const SamplingState& state,
@@ -42,6 +44,14 @@ class StandardSampler final : public Sampler {
   std::vector<float> adjusted_logits(std::span<const float> logits, const SamplingState& state) const;
 
  private:
+  // Steps 1-4 up to the draw: candidates by probability (then index), their probabilities (after
+  // min-p, before top-P) and how many top-P keeps. Greedy: the one best candidate.
+  struct Candidates {
+    std::vector<int32_t> order;
+    std::vector<double> prob;
+    size_t keep = 0;
+  };
+  Candidates candidates(std::span<const float> logits, const SamplingState& state) const;
   // Windows up to this many ids keep one graph shape while the history is shorter than the window.
   static constexpr int64_t kPaddedWindow = 1024;
   bool penalty_active(const SamplingState& state) const;

@@ -85,6 +85,51 @@ TEST(Cli, RunGeneratesFromTokensWithAndWithoutTheDrafter) {
     EXPECT_EQ(j["stats"]["speculative_steps"].get<int>() > 0, flags.empty());
     toy::Tokenizer tok(64);
     EXPECT_EQ(j["text"], tok.decode(expect, true));
+    // Acceptance by draft position (llama-server's per-position totals) and the mean accepted length.
+    const auto& st = j["stats"];
+    const auto by_pos = st["accepted_by_position"].get<std::vector<int64_t>>();
+    const auto drafted_pos = st["drafted_by_position"].get<std::vector<int64_t>>();
+    ASSERT_EQ(by_pos.size(), drafted_pos.size());
+    int64_t sum = 0;
+    for (size_t i = 0; i < by_pos.size(); ++i) {
+      sum += by_pos[i];
+      EXPECT_LE(by_pos[i], drafted_pos[i]);
+      if (i > 0) {
+        EXPECT_LE(by_pos[i], by_pos[i - 1]) << "an accepted draft follows accepted ones";
+      }
+    }
+    EXPECT_EQ(sum, st["accepted_tokens"].get<int64_t>());
+    const int64_t steps = st["speculative_steps"];
+    EXPECT_DOUBLE_EQ(st["mean_accepted_length"].get<double>(), steps ? double(sum) / steps : 0.0);
+  }
+  // --trace-json: one line per speculative round and a summary that adds up to the same tokens.
+  {
+    auto r = test::run_command(test::cli() + " run " + s.pipeline.string() + " --tokens 7,8,9 --trace-json", false);
+    ASSERT_EQ(r.status, 0) << r.output;
+    std::istringstream lines(r.output);
+    std::vector<nlohmann::json> trace;
+    for (std::string line; std::getline(lines, line);) trace.push_back(nlohmann::json::parse(line));
+    ASSERT_GE(trace.size(), 2u);
+    const auto& sum = trace.back()["summary"];
+    EXPECT_EQ(sum["generated"].get<std::vector<int32_t>>(), expect);
+    EXPECT_EQ(sum["n_predict"], 16);
+    EXPECT_EQ(static_cast<size_t>(sum["rounds"].get<int>()), trace.size() - 1);
+    int64_t drafted = 0, accepted = 0;
+    for (size_t i = 0; i + 1 < trace.size(); ++i) {
+      const auto& t = trace[i];
+      EXPECT_EQ(t["round"], static_cast<int>(i));
+      EXPECT_EQ(t["ids"].size(), t["draft"].size() + 1);
+      EXPECT_EQ(t["steps"].size(), t["draft"].size());
+      for (const auto& st : t["steps"]) EXPECT_TRUE(st["top"].empty()) << "the toy drafter has no distribution";
+      drafted += static_cast<int64_t>(t["draft"].size());
+      accepted += t["n_accepted"].get<int64_t>();
+    }
+    EXPECT_EQ(sum["n_drafted"], drafted);
+    EXPECT_EQ(sum["n_accept"], accepted);
+    auto both = test::run_command(test::cli() + " run " + s.pipeline.string() + " --tokens 7,8 --trace-json --json");
+    EXPECT_EQ(both.status, 1);
+    EXPECT_CONTAINS(both.output, "--trace-json prints the drafter's rounds and a summary instead of the text; it "
+                                 "cannot be combined with --json");
   }
   // --model instead of a pipeline; flags override.
   auto r = test::run_command(test::cli() + " run --model " + (s.dir / "models/t.toy").string() +
@@ -108,8 +153,10 @@ TEST(Cli, RunRendersThePromptWithTheChatFormatAndStreams) {
   auto sampled = test::run_command(test::cli() + " run " + s.pipeline.string() +
                                    " --tokens 3,4 --temperature 0.8 --seed 5 --json", false);
   auto again = test::run_command(test::cli() + " run " + s.pipeline.string() +
-                                 " --tokens 3,4 --temperature 0.8 --seed 5 --json --no-drafter", false);
+                                 " --tokens 3,4 --temperature 0.8 --seed 5 --json", false);
   ASSERT_EQ(sampled.status, 0) << sampled.output;
+  // A seed repeats a sampled speculative run (drafting changes which tokens a seed gives, not their
+  // distribution: tests/speculative).
   EXPECT_EQ(nlohmann::json::parse(sampled.output)["tokens"], nlohmann::json::parse(again.output)["tokens"]);
   EXPECT_NE(nlohmann::json::parse(sampled.output)["tokens"].get<std::vector<int32_t>>(), reference_greedy({3, 4}, 16));
 }

@@ -1,6 +1,7 @@
 // The generation engine against the toy target (logits a deterministic function of the prefix): plain
 // decoding against an independently computed reference, and speculative decoding against plain decoding
-// token for token (greedy and sampled), with rollback, stop conditions, limits and statistics.
+// token for token (greedy; sampled: seeded and rejecting), with rollback, stop conditions, limits and
+// statistics.
 #include <gtest/gtest.h>
 
 #include "specula/core/generator.hpp"
@@ -98,28 +99,86 @@ TEST(Generator, SpeculativeGreedyEqualsPlainGreedy) {
   }
 }
 
-TEST(Generator, SpeculativeSamplingEqualsPlainSampling) {
-  // With a point-mass proposal the rejection rule is "sample from the target, accept on a match", and
-  // each emitted token consumes one uniform, so the seeded output is identical to plain sampling.
+// llama.cpp's draft-mtp loop: the last prompt token is verified by the first round, rounds draft
+// min(K, max - produced - 1) tokens (K when that is not positive) and the round that passes max_tokens
+// completes. Greedy output is still plain greedy decoding, and the trace adds up.
+TEST(Generator, LlamaCppConventionFollowsItsLoopAndStaysLossless) {
+  auto c = no_end_config();
+  const int max = 30;
+  const auto plain = reference_greedy(c, kPrompt, max + 12);
+  for (int k : {1, 2, 3, 5}) {
+    for (int error_every : {0, 3}) {
+      SCOPED_TRACE(testing::Message() << "draft_tokens=" << k << " error_every=" << error_every);
+      auto model = std::make_shared<toy::Model>(c);
+      auto drafter = std::make_shared<toy::Drafter>(c, error_every);
+      Generator gen(model, std::make_shared<toy::Sampler>(specula::SamplingParams{}), drafter);
+      GenerationOptions o;
+      o.max_tokens = max;
+      o.draft_tokens = k;
+      o.convention = specula::core::DraftConvention::LlamaCpp;
+      std::vector<specula::core::RoundTrace> rounds;
+      o.on_round = [&](const specula::core::RoundTrace& r) { rounds.push_back(r); };
+      auto ctx = model->new_context({});
+      const auto r = gen.generate(*ctx, kPrompt, o);
+      const int64_t n = static_cast<int64_t>(r.tokens.size());
+      EXPECT_EQ(r.tokens, std::vector<int32_t>(plain.begin(), plain.begin() + n));
+      EXPECT_GT(n, max);
+      EXPECT_LE(n, max + k + 1);
+      EXPECT_EQ(r.stop_reason, StopReason::MaxTokens);
+      EXPECT_EQ(ctx->position(), static_cast<int64_t>(kPrompt.size()) + n - 1);
+      ASSERT_EQ(static_cast<int64_t>(rounds.size()), r.stats.speculative_steps);
+      EXPECT_EQ(drafter->calls, r.stats.speculative_steps) << "no plain steps";
+      int64_t produced = 0, n_past = static_cast<int64_t>(kPrompt.size()) - 1;
+      int32_t last = kPrompt.back();
+      for (size_t i = 0; i < rounds.size(); ++i) {
+        const auto& t = rounds[i];
+        EXPECT_EQ(t.round, static_cast<int64_t>(i));
+        EXPECT_EQ(t.n_past, n_past);
+        EXPECT_EQ(t.last_token, last);
+        const int64_t limit = max - produced - 1;
+        EXPECT_EQ(static_cast<int64_t>(t.draft.size()), limit > 0 ? std::min<int64_t>(k, limit) : k) << "round " << i;
+        ASSERT_EQ(t.target_greedy.size(), t.draft.size() + 1);
+        int64_t agree = 0;
+        while (agree < static_cast<int64_t>(t.draft.size()) && t.draft[agree] == t.target_greedy[agree]) ++agree;
+        EXPECT_EQ(t.accepted, agree);
+        EXPECT_EQ(std::vector<int32_t>(t.target_greedy.begin(), t.target_greedy.begin() + agree + 1),
+                  std::vector<int32_t>(r.tokens.begin() + produced, r.tokens.begin() + produced + agree + 1));
+        produced += agree + 1;
+        n_past += agree + 1;
+        last = r.tokens[produced - 1];
+        EXPECT_EQ(produced > max, i + 1 == rounds.size()) << "stops after the round that passes max_tokens";
+      }
+      EXPECT_EQ(produced, n);
+    }
+  }
+}
+
+TEST(Generator, SpeculativeSamplingIsSeededAndRejects) {
+  // The toy drafter has no distribution, so its proposals are point masses: accepted with the target's
+  // probability of them, else replaced by a draw from the rest of p. Tokens differ from plain sampling
+  // (the uniforms are used differently); that the distribution is p's is tests/speculative's chi-square.
   auto c = no_end_config();
   c.sharpness = 3.0f;  // a flat distribution: drafts are often rejected
+  int64_t drafted = 0, accepted = 0;
   for (uint64_t seed : {1u, 2u, 3u}) {
     specula::SamplingParams sp;
     sp.temperature = 0.9f;
     sp.seed = seed;
     sp.repetition_penalty = 1.3f;
-    const Outcome plain = run(c, sp, 50, 0, 0);
-    const auto greedy = run(c, {}, 50, 0, 0);
-    EXPECT_NE(plain.result.tokens, greedy.result.tokens) << "sampling must differ from greedy here";
+    const auto greedy = run(c, {}, 50, 4, 3);
     for (int n : {1, 4}) {
       SCOPED_TRACE(testing::Message() << "seed=" << seed << " draft_tokens=" << n);
       Outcome s = run(c, sp, 50, n, 3);
-      EXPECT_EQ(s.result.tokens, plain.result.tokens);
-      EXPECT_EQ(s.final_position, plain.final_position);
-      EXPECT_GT(s.result.stats.accepted_tokens, 0);
-      EXPECT_LT(s.result.stats.accepted_tokens, s.result.stats.drafted_tokens);
+      EXPECT_EQ(run(c, sp, 50, n, 3).result.tokens, s.result.tokens) << "a seed repeats a sampled run";
+      EXPECT_NE(s.result.tokens, greedy.result.tokens) << "sampling must differ from greedy here";
+      EXPECT_EQ(s.result.tokens.size(), 50u);
+      EXPECT_EQ(s.final_position, static_cast<int64_t>(kPrompt.size()) + 49);
+      drafted += s.result.stats.drafted_tokens;
+      accepted += s.result.stats.accepted_tokens;
     }
   }
+  EXPECT_GT(accepted, 0);
+  EXPECT_LT(accepted, drafted);
 }
 
 TEST(Generator, EndTokenStopsAndIsNotEmitted) {

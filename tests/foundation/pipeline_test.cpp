@@ -41,6 +41,7 @@ target:
 drafter:
   model: ../d.gguf
   draft_tokens: 4
+  convention: llamacpp
 sampler:
   plugin: standard
   temperature: 0.7
@@ -71,6 +72,7 @@ chat:
   ASSERT_TRUE(p.drafter.has_value());
   EXPECT_EQ(p.drafter->model, "/base/d.gguf");
   EXPECT_EQ(p.drafter->draft_tokens, 4);
+  EXPECT_EQ(p.drafter->convention, specula::core::DraftConvention::LlamaCpp);
   EXPECT_FLOAT_EQ(p.sampler.params.temperature, 0.7f);
   EXPECT_EQ(p.sampler.params.top_k, 40);
   EXPECT_FLOAT_EQ(p.sampler.params.top_p, 0.9f);
@@ -274,6 +276,15 @@ TEST(Pipeline, CommandLineOverridesPassTheSameChecksAndNameTheFlag) {
   EXPECT_EQ(error_with(yaml, {{"drafter.model", "/d.gguf", "command line (--drafter)"},
                               {"drafter.draft_tokens", "0", "command line (--draft-max)"}}),
             "command line (--draft-max): key 'drafter.draft_tokens' must be between 1 and 64, got 0");
+
+  EXPECT_EQ(error_with(yaml, {{"drafter.model", "/d.gguf", "command line (--drafter)"},
+                              {"drafter.convention", "vllm", "command line (--mtp-convention)"}}),
+            "command line (--mtp-convention): key 'drafter.convention' must be one of specula, llamacpp, got 'vllm'");
+  EXPECT_EQ(error_with(yaml, {{"drafter.model", "/d.gguf", "command line (--drafter)"},
+                              {"drafter.draft_tokens", "auto", "command line (--draft-max)"},
+                              {"drafter.convention", "llamacpp", "command line (--mtp-convention)"}}),
+            "command line (--mtp-convention): drafter.convention llamacpp drafts a fixed number of tokens per round, "
+            "as llama.cpp does; give drafter.draft_tokens a number, not auto");
 
   auto p = parse_pipeline(yaml, "p.yaml", "/base",
                           {{"sampler.temperature", "0.9", "command line (--temp)"},

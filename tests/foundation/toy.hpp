@@ -5,6 +5,7 @@
 // into the test plugin libspecula-toy.so (CLI tests).
 #pragma once
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -217,22 +218,23 @@ class Model final : public specula::Model {
 };
 
 // Proposes the target's greedy continuation, except that every `error_every`-th proposal (by absolute
-// position) is deliberately wrong, so acceptance is partial and rollback is exercised.
+// position) is deliberately wrong, so acceptance is partial and rollback is exercised. It has no
+// distribution (a point-mass proposal at any temperature).
 class Drafter final : public specula::Drafter {
  public:
   Drafter(Config target, int error_every) : target_(std::move(target)), error_every_(error_every) {}
-  std::vector<int32_t> draft(const specula::TargetView& view, int32_t last, int n) override {
+  std::vector<specula::DraftStep> draft(const specula::TargetView& view, const specula::DraftRequest& r) override {
     const auto* v = dynamic_cast<const View*>(&view);
     if (!v) specula::fail("toy drafter needs a toy target");
     std::vector<int32_t> prefix = v->tokens();
-    prefix.push_back(last);
-    std::vector<int32_t> out;
-    for (int i = 0; i < n; ++i) {
+    prefix.push_back(r.last_token);
+    std::vector<specula::DraftStep> out;
+    for (int i = 0; i < r.n; ++i) {
       int32_t t = argmax(logits_after(prefix, target_.vocab, target_.seed, target_.sharpness));
       if (error_every_ > 0 && static_cast<int64_t>(prefix.size()) % error_every_ == 0) {
         t = static_cast<int32_t>((t + 1) % target_.vocab);
       }
-      out.push_back(t);
+      out.push_back({t, {}});  // no distribution: a point mass
       prefix.push_back(t);
     }
     ++calls;
@@ -252,6 +254,39 @@ class Sampler final : public specula::Sampler {
   explicit Sampler(specula::SamplingParams p) : params_(p), state_(p.seed) {}
   const specula::SamplingParams& params() const override { return params_; }
   int32_t sample(std::span<const float> logits, const specula::SamplingState& s, float u) const override {
+    std::vector<float> x = adjusted(logits, s);
+    if (params_.temperature <= 0) return argmax(x);
+    std::vector<double> p = weights(x);
+    double total = 0;
+    for (double w : p) total += w;
+    double target = u * total, acc = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      acc += p[i];
+      if (target < acc) return static_cast<int32_t>(i);
+    }
+    return static_cast<int32_t>(x.size() - 1);
+  }
+  std::vector<specula::TokenProbability> distribution(std::span<const float> logits,
+                                                      const specula::SamplingState& s) const override {
+    std::vector<float> x = adjusted(logits, s);
+    if (params_.temperature <= 0) return {{argmax(x), 1.0}};
+    std::vector<double> p = weights(x);
+    double total = 0;
+    for (double w : p) total += w;
+    std::vector<specula::TokenProbability> out;
+    for (size_t i = 0; i < p.size(); ++i)
+      if (p[i] > 0) out.push_back({static_cast<int32_t>(i), p[i] / total});
+    std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.probability > b.probability; });
+    return out;
+  }
+  float next_uniform() override {
+    state_ = mix(state_);
+    return static_cast<float>(state_ >> 40) / static_cast<float>(1ull << 24);
+  }
+
+ private:
+  // Penalty and end-token suppression applied to a copy.
+  std::vector<float> adjusted(std::span<const float> logits, const specula::SamplingState& s) const {
     std::vector<float> x(logits.begin(), logits.end());
     if (params_.repetition_penalty != 1.0f) {
       size_t from = s.history.size() > static_cast<size_t>(params_.penalty_window)
@@ -267,24 +302,16 @@ class Sampler final : public specula::Sampler {
     if (s.generated < params_.min_length) {
       for (int32_t e : s.end_tokens) x[e] = -INFINITY;
     }
-    if (params_.temperature <= 0) return argmax(x);
-    float mx = x[argmax(x)];
-    double total = 0;
-    std::vector<double> p(x.size());
-    for (size_t i = 0; i < x.size(); ++i) total += p[i] = std::exp((x[i] - mx) / params_.temperature);
-    double target = u * total, acc = 0;
-    for (size_t i = 0; i < x.size(); ++i) {
-      acc += p[i];
-      if (target < acc) return static_cast<int32_t>(i);
-    }
-    return static_cast<int32_t>(x.size() - 1);
+    return x;
   }
-  float next_uniform() override {
-    state_ = mix(state_);
-    return static_cast<float>(state_ >> 40) / static_cast<float>(1ull << 24);
+  // exp((x - max) / T), unnormalised.
+  std::vector<double> weights(const std::vector<float>& x) const {
+    float mx = x[argmax(x)];
+    std::vector<double> p(x.size());
+    for (size_t i = 0; i < x.size(); ++i) p[i] = std::exp((x[i] - mx) / params_.temperature);
+    return p;
   }
 
- private:
   specula::SamplingParams params_;
   uint64_t state_;
 };

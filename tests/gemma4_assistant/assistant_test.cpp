@@ -21,6 +21,7 @@
 #include <mutex>
 #include <set>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "assistant.hpp"
@@ -67,6 +68,14 @@ const json& golden() {
 
 using specula_test::backend;
 using specula_test::host;
+
+// A greedy draft request: n tokens after `last`.
+specula::DraftRequest greedy(int32_t last, int n) {
+  specula::DraftRequest r;
+  r.last_token = last;
+  r.n = n;
+  return r;
+}
 
 // The e2b target; prefill_chunk 4 makes its sliding cache a ring (window - 1 + 4 = 11 slots), so the
 // drafter reads keys out of position order.
@@ -239,19 +248,68 @@ TEST(Assistant, CentroidHeadAgreesWithDenseHeadOnTheSameState) {
   EXPECT_GE(inside, 4);
 }
 
+// ---------------------------------------------------------------------------------- draft requests
+// What Drafter::draft returns beyond the greedy ids: each step's logits over the vocabulary (the dense
+// head's own, the centroid head's scattered with HF's filler) and, with a pick, the picked token
+// embedded next: the same steps trace() computes with that token sequence forced.
+TEST(Assistant, DraftRequestReturnsLogitsAndEmbedsThePick) {
+  auto ctx = prompted();
+  const int32_t x = golden()["x"];
+  const std::vector<int32_t> picks = {100, 2000, 30000, 7};
+  for (const char* head : {"dense", "centroid"}) {
+    SCOPED_TRACE(head);
+    auto d = drafter("assistant-seed-f32.gguf", {{"head", head}});
+    const auto want = d->trace(ctx->view(), x, 4, picks);
+    // Greedy, no logits: the ids only.
+    const auto plain = d->draft(ctx->view(), greedy(x, 4));
+    ASSERT_EQ(plain.size(), 4u);
+    EXPECT_TRUE(plain[0].logits.empty());
+    EXPECT_EQ(plain[0].token, want[0].token);
+    // Logits asked for, no pick: greedy drafts with their logits; the argmax is the draft.
+    specula::DraftRequest r = greedy(x, 4);
+    r.logits = true;
+    const auto with_logits = d->draft(ctx->view(), r);
+    for (size_t k = 0; k < with_logits.size(); ++k) {
+      EXPECT_EQ(with_logits[k].token, plain[k].token) << "step " << k;
+      ASSERT_EQ(with_logits[k].logits.size(), 262144u);
+      EXPECT_EQ(std::max_element(with_logits[k].logits.begin(), with_logits[k].logits.end()) -
+                    with_logits[k].logits.begin(), with_logits[k].token) << "step " << k;
+    }
+    // A pick: step k + 1 embeds the picked token; the logits are trace()'s with the picks forced.
+    specula::DraftRequest p = greedy(x, 4);
+    int calls = 0;
+    p.pick = [&](int step, std::span<const float> logits) {
+      EXPECT_EQ(step, calls++);
+      EXPECT_EQ(logits.size(), 262144u);
+      return picks[static_cast<size_t>(step)];
+    };
+    const auto picked = d->draft(ctx->view(), p);
+    ASSERT_EQ(picked.size(), 4u);
+    EXPECT_EQ(calls, 4);
+    for (size_t k = 0; k < picked.size(); ++k) {
+      EXPECT_EQ(picked[k].token, picks[k]);
+      const auto full = want[k].ids.empty() ? want[k].logits : ga::scatter_logits(262144, want[k].ids, want[k].logits);
+      ASSERT_EQ(picked[k].logits.size(), full.size());
+      for (size_t i = 0; i < full.size(); i += 101) ASSERT_EQ(picked[k].logits[i], full[i]) << "step " << k << " id " << i;
+    }
+  }
+}
+
 // ---------------------------------------------------------------------------------- lossless
 // Wraps a drafter to count its proposals.
 class Counting final : public specula::Drafter {
  public:
   explicit Counting(std::shared_ptr<specula::Drafter> d) : d_(std::move(d)) {}
-  std::vector<int32_t> draft(const specula::TargetView& t, int32_t last, int n) override {
-    auto out = d_->draft(t, last, n);
-    EXPECT_EQ(static_cast<int>(out.size()), n);
+  std::vector<specula::DraftStep> draft(const specula::TargetView& t, const specula::DraftRequest& r) override {
+    auto out = d_->draft(t, r);
+    EXPECT_EQ(static_cast<int>(out.size()), r.n);
     proposed += static_cast<int64_t>(out.size());
     ++calls;
+    sampled = sampled || static_cast<bool>(r.pick);
     return out;
   }
   int64_t proposed = 0, calls = 0;
+  bool sampled = false;
 
  private:
   std::shared_ptr<specula::Drafter> d_;
@@ -264,12 +322,12 @@ class PartlyRight final : public specula::Drafter {
  public:
   PartlyRight(std::shared_ptr<specula::Drafter> d, std::vector<int32_t> truth, int64_t prompt)
       : d_(std::move(d)), truth_(std::move(truth)), prompt_(prompt) {}
-  std::vector<int32_t> draft(const specula::TargetView& t, int32_t last, int n) override {
-    auto out = d_->draft(t, last, n);
+  std::vector<specula::DraftStep> draft(const specula::TargetView& t, const specula::DraftRequest& r) override {
+    auto out = d_->draft(t, r);
     const int64_t generated = t.position() - prompt_ + 1;  // the context holds all but `last`
-    const int m = static_cast<int>(calls++ % n);
+    const int m = static_cast<int>(calls++ % r.n);
     for (int i = 0; i < m && generated + i < static_cast<int64_t>(truth_.size()); ++i) {
-      out[i] = truth_[generated + i];
+      out[i].token = truth_[generated + i];
       ++planted;
     }
     return out;
@@ -313,6 +371,26 @@ TEST(Assistant, GreedySpeculativeDecodingIsLossless) {
       std::printf("[gemma4-assistant] %s head, draft_tokens %d: %lld steps, %lld/%lld drafts accepted (%.0f%%)\n", head,
                   k, static_cast<long long>(s.speculative_steps), static_cast<long long>(s.accepted_tokens),
                   static_cast<long long>(s.drafted_tokens), 100 * s.acceptance_rate());
+    }
+  }
+  // llama.cpp's loop: the plain output too (it may run past max_tokens, never off the greedy path).
+  {
+    specula::core::GenerationOptions lo = o;
+    lo.convention = specula::core::DraftConvention::LlamaCpp;
+    lo.max_tokens = 10;  // at most 10 + k + 1 tokens: within the 16 plain ones
+    for (int k : {1, 3}) {
+      auto partly = std::make_shared<PartlyRight>(drafter("assistant-f32.gguf"), want.tokens,
+                                                  static_cast<int64_t>(prompt.size()));
+      specula::core::Generator spec(target(), sampler(), partly);
+      lo.draft_tokens = k;
+      const auto got = spec.generate(prompt, lo, {}, 64);
+      ASSERT_LE(got.tokens.size(), want.tokens.size());
+      EXPECT_GT(got.tokens.size(), 10u);
+      EXPECT_EQ(got.tokens, std::vector<int32_t>(want.tokens.begin(), want.tokens.begin() + got.tokens.size()))
+          << "llamacpp convention, draft_tokens " << k;
+      if (k > 1) {
+        EXPECT_GT(got.stats.accepted_tokens, 0) << "draft_tokens " << k;  // planted drafts
+      }
     }
   }
   // Partial acceptance: still the plain output, and at least every planted draft accepted.
@@ -372,6 +450,32 @@ std::string load_error(const std::shared_ptr<const specula::ModelFile>& f, const
     return e.what();
   }
   return "";
+}
+
+// Sampled drafting with the real drafter: at temperature > 0 the engine asks for the drafts' logits and
+// picks from the drafter's own distribution; both heads run, accept and reject, and stay reproducible.
+TEST(Assistant, SampledDraftingRunsWithBothHeads) {
+  specula::SamplingParams sp;
+  sp.temperature = 1.0f;
+  sp.top_k = 40;
+  sp.seed = 11;
+  const std::vector<int32_t> prompt = golden()["prompt"].get<std::vector<int32_t>>();
+  for (const char* head : {"dense", "centroid"}) {
+    auto counting = std::make_shared<Counting>(drafter("assistant-seed-f32.gguf", {{"head", head}}));
+    specula::core::GenerationOptions o;
+    o.max_tokens = 8;
+    o.draft_tokens = 3;
+    std::vector<int32_t> first;
+    for (int run = 0; run < (std::string(head) == "dense" ? 2 : 1); ++run) {
+      specula::core::Generator spec(target(), host().make_sampler("standard", sp), counting);
+      const auto got = spec.generate(prompt, o, {}, 64);
+      EXPECT_EQ(got.tokens.size(), 8u) << head;
+      EXPECT_GT(got.stats.speculative_steps, 0) << head;
+      EXPECT_TRUE(counting->sampled) << head << ": the drafts were not sampled through DraftRequest::pick";
+      if (run == 0) first = got.tokens;
+      else EXPECT_EQ(got.tokens, first) << head << ": a seed repeats the run";
+    }
+  }
 }
 
 // ollama's names for the centroid head (masked_embd_centroids.weight, masked_embd_ordering as I32) with
@@ -489,20 +593,20 @@ TEST(AssistantBadInput, TargetWithoutSlidingLayerOrOtherHeadDims) {
   auto ctx = prompted();
   auto d = drafter("assistant-f32.gguf");
   try {
-    d->draft(Broken(ctx->view(), "no-sliding"), 5, 2);
+    d->draft(Broken(ctx->view(), "no-sliding"), greedy(5, 2));
     ADD_FAILURE() << "a target without a sliding cache must be refused";
   } catch (const specula::Error& e) {
     EXPECT_HAS(std::string(e.what()), "no sliding-attention KV cache");
   }
   try {
-    d->draft(Broken(ctx->view(), "swap"), 5, 2);
+    d->draft(Broken(ctx->view(), "swap"), greedy(5, 2));
     ADD_FAILURE() << "a sliding cache with the full layers' head dim must be refused";
   } catch (const specula::Error& e) {
     const std::string m = e.what();
     EXPECT_HAS(m, "layer 0 (sliding) has query head dim 32");
     EXPECT_HAS(m, "'gemma4.cache.2.k' is [64, 1, 64]");
   }
-  EXPECT_EQ(d->draft(ctx->view(), 5, 2).size(), 2u);  // the real view still works afterwards
+  EXPECT_EQ(d->draft(ctx->view(), greedy(5, 2)).size(), 2u);  // the real view still works afterwards
 }
 
 // ---------------------------------------------------------------------------------- real shapes
@@ -561,10 +665,10 @@ TEST(Assistant, DISABLED_RealShapesDraftTime) {
   SyntheticTarget t(1024);
   for (const char* head : {"centroid", "dense"}) {
     auto d = ga::load_drafter(host().open_model(dir / "assistant-hf"), backend(), info, {{"head", head}});
-    d->draft(t, 818, 4);  // builds the graphs, decodes the weights once
+    d->draft(t, greedy(818, 4));  // builds the graphs, decodes the weights once
     const auto t0 = std::chrono::steady_clock::now();
     const int rounds = 5;
-    for (int i = 0; i < rounds; ++i) ASSERT_EQ(d->draft(t, 818, 4).size(), 4u);
+    for (int i = 0; i < rounds; ++i) ASSERT_EQ(d->draft(t, greedy(818, 4)).size(), 4u);
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     std::printf("[gemma4-assistant] real E2B drafter shapes, %s head, 1024 target positions: %.2f ms per draft step\n",
                 head, ms / (rounds * 4));
@@ -572,8 +676,8 @@ TEST(Assistant, DISABLED_RealShapesDraftTime) {
 }
 
 // ---------------------------------------------------------------------------------- specula bench
-std::string run_cli(const std::string& args, int* status) {
-  const std::string cmd = std::string(SPECULA_CLI) + " " + args + " 2>&1";
+std::string run_cli(const std::string& args, int* status, bool with_stderr = true) {
+  const std::string cmd = std::string(SPECULA_CLI) + " " + args + (with_stderr ? " 2>&1" : "");
   FILE* pipe = popen(cmd.c_str(), "r");
   if (!pipe) throw std::runtime_error("popen failed: " + cmd);
   std::string out;
@@ -608,6 +712,8 @@ TEST(BenchCli, MeasuresPlainAndSpeculativeDecodingOnTheFixtures) {
   // Every speculative step makes at least one token and at most draft + 1.
   EXPECT_GE(spec["tokens_per_step"].get<double>(), 1.0);
   EXPECT_LE(spec["tokens_per_step"].get<double>(), 3.0);
+  EXPECT_DOUBLE_EQ(spec["mean_accepted_length"].get<double>(), spec["tokens_per_step"].get<double>() - 1.0);
+  EXPECT_EQ(spec["accepted_by_position"].size(), 2u);
   // The MTP cost model: K = 1..8, a round costs its verification plus its draft, in decode steps; the
   // break-even acceptance is a rate or null (never pays).
   const json& costs = j["verify_costs"];
@@ -808,4 +914,125 @@ TEST(BenchCli, AdaptiveDraftLengthReportsTheLengthsItChose) {
                                   &status);
   EXPECT_NE(status, 0);
   EXPECT_NE(bad.find("key 'drafter.draft_tokens' must be an integer or auto, got 'sometimes'"), std::string::npos) << bad;
+}
+
+// ------------------------------------------------------------------ llama.cpp draft-mtp goldens
+// `specula run --trace-json` in the llamacpp convention against traces llama.cpp itself wrote
+// (tools/llama-mtp-trace: its draft-mtp implementation and speculative-simple's loop, greedy), K = 1..4:
+// the e2b F32 fixture pair (21-token prompt, longer than the sliding window) and the shipped tiny Q8_0
+// pair (real acceptance; llama.cpp ran its assistant rewritten to the upstream schema, so Specula runs
+// the dense head). Rounds, drafts, the target's tokens, acceptance and the output must be identical; the
+// drafter's top-20 log-probabilities agree within tol * max(1, |logprob|): 1e-2 for F32 (measured
+// 1.3e-3: ggml's fp16 GELU table is most of it) and 3e-2 for Q8_0 (measured 1.4e-2: both engines round
+// the activations to 8 bits, at different points). Plain greedy decoding gives the same tokens.
+namespace {
+
+std::vector<json> json_lines(const std::string& text) {
+  std::vector<json> out;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) out.push_back(json::parse(line));
+  return out;
+}
+
+// Compares two top-20 lists of [id, logprob]; an id only one list holds must lie at the other's edge.
+double compare_top(const json& want, const json& got, double tol, const std::string& what) {
+  double worst = 0;
+  auto bound = [&](double lp) { return tol * std::max(1.0, std::abs(lp)); };
+  auto check = [&](const json& a, const json& b, const char* side) {
+    std::map<int32_t, double> in_b;
+    for (const auto& e : b) in_b[e[0].get<int32_t>()] = e[1].get<double>();
+    const double edge = b.back()[1].get<double>();
+    for (const auto& e : a) {
+      const int32_t id = e[0];
+      const double lp = e[1];
+      if (auto it = in_b.find(id); it != in_b.end()) {
+        worst = std::max(worst, std::abs(lp - it->second) / std::max(1.0, std::abs(lp)));
+        EXPECT_NEAR(it->second, lp, bound(lp)) << what << " token " << id;
+      } else {
+        EXPECT_LE(lp, edge + bound(lp)) << what << ": token " << id << " (" << lp << ") is missing from the " << side
+                                        << " top-20, whose last entry is " << edge;
+      }
+    }
+  };
+  check(want, got, "Specula");
+  check(got, want, "llama.cpp");
+  return worst;
+}
+
+}  // namespace
+
+TEST(LlamaCppTrace, MatchesLlamaCppDraftMtp) {
+  const fs::path golden_dir = fs::path(SPECULA_SOURCE_DIR) / "tests/gemma4_assistant/golden/llamacpp-mtp";
+  const fs::path models = fs::path(SPECULA_SOURCE_DIR) / "models";
+  struct Set {
+    const char* name;
+    fs::path target, drafter;
+    const char* drafter_options;
+    double tol;
+  };
+  const Set sets[] = {
+      {"fixture", fixture_dir() / "model-f32.gguf", fixture_dir() / "assistant-f32.gguf", "{}", 1e-2},
+      {"tiny", models / "specula-tiny-kjv-q8_0.gguf", models / "specula-tiny-kjv-assistant-q8_0.gguf", "{head: dense}",
+       3e-2}};
+  for (const Set& set : sets) {
+    for (int k = 1; k <= 4; ++k) {
+      const std::string name = fmt::format("{}-k{}", set.name, k);
+      SCOPED_TRACE(name);
+      std::ifstream in(golden_dir / (name + ".jsonl"));
+      ASSERT_TRUE(in) << "missing golden " << name;
+      std::stringstream text;
+      text << in.rdbuf();
+      const std::vector<json> want = json_lines(text.str());
+      ASSERT_GE(want.size(), 2u);
+      const json& summary = want.back()["summary"];
+      ASSERT_EQ(summary["draft_tokens"], k);
+      // The fixture names the convention in the YAML, the tiny pair on the command line.
+      const bool in_yaml = std::string(set.name) == "fixture";
+      const fs::path yaml = fs::path(SPECULA_BINARY_DIR) / fmt::format("llamacpp-trace-{}.yaml", name);
+      std::ofstream(yaml) << fmt::format(
+          "backend: {{plugin: onednn, options: {{threads: 1}}}}\ntarget: {{model: {}}}\n"
+          "drafter: {{model: {}, draft_tokens: {}, {}options: {}}}\nsampler: {{temperature: 0, max_tokens: {}}}\n",
+          set.target.string(), set.drafter.string(), k, in_yaml ? "convention: llamacpp, " : "", set.drafter_options,
+          summary["max_tokens"].get<int>());
+      std::string ids;
+      for (const auto& id : summary["prompt"]) ids += (ids.empty() ? "" : ",") + std::to_string(id.get<int>());
+      const std::string args = "run -q --plugin-path " + std::string(SPECULA_PLUGIN_DIR) + " " + yaml.string() +
+                               " --tokens " + ids;
+      int status = 0;
+      const std::string out = run_cli(args + " --trace-json" + (in_yaml ? "" : " --mtp-convention llamacpp"), &status, false);
+      ASSERT_EQ(status, 0) << out;
+      const std::vector<json> got = json_lines(out);
+      ASSERT_EQ(got.size(), want.size()) << out;
+      double worst = 0;
+      for (size_t r = 0; r + 1 < want.size(); ++r) {
+        const json& w = want[r];
+        const json& g = got[r];
+        for (const char* key : {"round", "n_past", "id_last", "draft", "ids", "n_accepted"})
+          EXPECT_EQ(g[key], w[key]) << "round " << r << " " << key;
+        ASSERT_EQ(g["steps"].size(), w["steps"].size()) << "round " << r;
+        for (size_t i = 0; i < w["steps"].size(); ++i) {
+          EXPECT_EQ(g["steps"][i]["token"], w["steps"][i]["token"]) << "round " << r << " step " << i;
+          ASSERT_EQ(g["steps"][i]["top"].size(), 20u);
+          worst = std::max(worst, compare_top(w["steps"][i]["top"], g["steps"][i]["top"], set.tol,
+                                              fmt::format("round {} step {}", r, i)));
+        }
+      }
+      const json& gs = got.back()["summary"];
+      for (const char* key : {"n_predict", "n_drafted", "n_accept", "generated", "rounds", "accepted_by_position"})
+        EXPECT_EQ(gs[key], summary[key]) << "summary " << key;
+      EXPECT_NEAR(gs["mean_accepted_length"].get<double>(), summary["mean_accepted_length"].get<double>(), 1e-8);
+      std::printf("[llamacpp-trace] %s: %zu rounds identical, %lld of %lld drafts accepted, drafter top-20 max "
+                  "|logprob diff| / max(1, |logprob|) %.2e (bound %.0e)\n", name.c_str(), want.size() - 1,
+                  static_cast<long long>(summary["n_accept"].get<int64_t>()),
+                  static_cast<long long>(summary["n_drafted"].get<int64_t>()), worst, set.tol);
+      // Plain greedy decoding, no drafter: the same tokens.
+      if (k == 1) {
+        const std::string plain = run_cli(fmt::format("{} --no-drafter --json --max-tokens {}", args,
+                                                      summary["n_predict"].get<int>()), &status, false);
+        ASSERT_EQ(status, 0) << plain;
+        EXPECT_EQ(json::parse(plain)["tokens"], summary["generated"]) << "plain greedy decoding";
+      }
+    }
+  }
 }

@@ -220,6 +220,15 @@ TEST(TinyKjv, SpeculativeGreedyIsLosslessWithRealAcceptance) {
     EXPECT_EQ(got.tokens, want.tokens) << text;
     drafted += got.stats.drafted_tokens;
     accepted += got.stats.accepted_tokens;
+    // llama.cpp's loop: its first 40 tokens are the plain ones as well (it may stop a little later).
+    o.convention = specula::core::DraftConvention::LlamaCpp;
+    const auto lcpp = specula::core::Generator(target, sampler(), d).generate(ids, o);
+    if (lcpp.stop_reason == specula::core::StopReason::MaxTokens) {
+      ASSERT_GT(lcpp.tokens.size(), want.tokens.size()) << text;
+      EXPECT_EQ(std::vector<int32_t>(lcpp.tokens.begin(), lcpp.tokens.begin() + want.tokens.size()), want.tokens) << text;
+    } else {
+      EXPECT_EQ(lcpp.tokens, want.tokens) << text;
+    }
   }
   const double rate = drafted ? double(accepted) / drafted : 0;
   std::printf("[tiny-kjv] held-out prompts, greedy, K = 3: %lld of %lld drafts accepted (%.1f %%)\n",

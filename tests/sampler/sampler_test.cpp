@@ -118,6 +118,47 @@ TEST(StandardSampler, MatchesReferenceOverUniformSweeps) {
   EXPECT_EQ(compared, 7 * 4 * 2 * 129);
 }
 
+// distribution() is what sample() draws from: over a fine sweep of uniforms, each token's share of the
+// draws is its probability (to the sweep's resolution), and the candidates come most likely first.
+TEST(StandardSampler, DistributionIsWhatSampleDrawsFrom) {
+  const std::vector<SamplingParams> configs = {
+      {.temperature = 0.0f, .repetition_penalty = 1.3f},
+      {.temperature = 1.0f},
+      {.temperature = 0.7f, .top_k = 20, .top_p = 0.9f, .repetition_penalty = 1.1f},
+      {.temperature = 1.3f, .top_p = 0.5f},
+      {.temperature = 1.0f, .min_p = 0.05f},
+      {.temperature = 0.9f, .top_k = 40, .min_length = 4},
+  };
+  constexpr int N = 1 << 16;
+  for (size_t c = 0; c < configs.size(); ++c) {
+    const StandardSampler sampler(configs[c]);
+    const auto logits = random_logits(200, 7 + static_cast<uint32_t>(c), 2.0f);
+    std::vector<int32_t> history{3, 5, 8, 13};
+    const std::vector<int32_t> ends{1};
+    const SamplingState state = state_of(history, 0, ends);
+    const auto dist = sampler.distribution(logits, state);
+    ASSERT_FALSE(dist.empty());
+    std::map<int32_t, double> want;
+    double total = 0;
+    for (size_t i = 0; i < dist.size(); ++i) {
+      want[dist[i].token] = dist[i].probability;
+      total += dist[i].probability;
+      if (i > 0) {
+        EXPECT_GE(dist[i - 1].probability, dist[i].probability) << "config " << c;
+      }
+    }
+    EXPECT_NEAR(total, 1.0, 1e-12) << "config " << c;
+    std::map<int32_t, double> got;
+    for (int i = 0; i < N; ++i) got[sampler.sample(logits, state, static_cast<float>(i) / N)] += 1.0 / N;
+    for (auto [t, share] : got) EXPECT_TRUE(want.count(t)) << "config " << c << ": sample() drew " << t;
+    for (auto [t, p] : want) EXPECT_NEAR(got[t], p, 2.0 / N) << "config " << c << " token " << t;
+    if (configs[c].temperature == 0.0f) {
+      ASSERT_EQ(dist.size(), 1u);
+      EXPECT_EQ(dist[0].token, sampler.sample(logits, state, 0.5f));
+    }
+  }
+}
+
 TEST(StandardSampler, GreedyTakesLowestIndexAmongEqualMaxima) {
   const StandardSampler s({.temperature = 0.0f});
   const std::vector<float> x{1.0f, 3.0f, -2.0f, 3.0f, 3.0f};

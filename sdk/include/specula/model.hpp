@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -128,13 +129,33 @@ class ModelLoader {
                                       const nlohmann::json& options) const = 0;
 };
 
+// What the engine asks of Drafter::draft.
+struct DraftRequest {
+  int32_t last_token = -1;  // accepted by the target but not yet processed by it
+  int n = 0;                // draft steps (tokens) to run
+  // Return each step's logits (DraftStep::logits): for a trace, or to sample. Off on the common greedy
+  // path, where only the drafted ids need to leave the backend.
+  bool logits = false;
+  // Sampled drafting: picks step k's token from its logits (F32 [vocab]; implies `logits`); step k + 1
+  // then embeds the picked token. Unset: the drafter's own greedy choice (argmax).
+  std::function<int32_t(int step, std::span<const float> logits)> pick;
+};
+
+// One draft step: the drafted token and, when asked, the distribution it came from as logits over the
+// whole vocabulary (log_softmax(logits) is the drafter's log-probability of each token). A drafter
+// without a distribution returns no logits; the engine then takes the draft as certain (q = 1).
+struct DraftStep {
+  int32_t token = -1;
+  std::vector<float> logits;
+};
+
 // A drafter proposes the next tokens of a target from the target's own state.
 class Drafter {
  public:
   virtual ~Drafter() = default;
-  // Proposes up to `n` tokens following `last_token`, which the target has accepted but not yet
-  // processed; reads the target's state through `target` only.
-  virtual std::vector<int32_t> draft(const TargetView& target, int32_t last_token, int n) = 0;
+  // Runs up to `request.n` steps following `request.last_token`; reads the target's state through
+  // `target` only.
+  virtual std::vector<DraftStep> draft(const TargetView& target, const DraftRequest& request) = 0;
 };
 
 // Plugin kind "drafter".

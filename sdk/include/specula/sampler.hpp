@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "specula/compute.hpp"
+#include "specula/error.hpp"
 
 namespace specula {
 
@@ -30,6 +31,12 @@ struct SamplingParams {
   SamplingDevice device = SamplingDevice::Auto;  // engine setting; the rules ignore it
 };
 
+// One candidate of a sampling distribution.
+struct TokenProbability {
+  int32_t token = -1;
+  double probability = 0;
+};
+
 struct SamplingState {
   std::span<const int32_t> history;     // ids so far (prompt and generated), oldest first
   int32_t generated = 0;                // tokens generated so far
@@ -45,6 +52,16 @@ class Sampler {
   virtual int32_t sample(std::span<const float> logits, const SamplingState& state, float uniform) const = 0;
   // Next uniform of the seeded generator.
   virtual float next_uniform() = 0;
+  // The distribution sample() draws from for these logits and state: every token with a nonzero
+  // probability, most likely first (ties: lower id), the probabilities summing to 1; greedy: the token
+  // sample() picks, with probability 1. Speculative sampling needs it (the engine accepts a draft d
+  // with min(1, p(d) / q(d)), p from the target's logits, q from the drafter's, and otherwise samples
+  // from norm(max(0, p - q))). The default serves greedy samplers only.
+  virtual std::vector<TokenProbability> distribution(std::span<const float> logits, const SamplingState& state) const {
+    if (params().temperature == 0.0f) return {{sample(logits, state, 0.0f), 1.0}};
+    fail("this sampler plugin reports no distribution (Sampler::distribution), which speculative decoding at "
+         "temperature {} needs; use temperature 0 or the standard sampler", params().temperature);
+  }
   // Device form: appends the same rules to `graph` after `logits` (F32 [vocab]) and returns the token
   // as I32 [1], so that only the id leaves the backend. The graph reads two inputs the caller creates
   // and fills before each run: `ids`, I32 [n] holding device_ids(state) (Value{} when that is empty),

@@ -17,6 +17,31 @@
 
 namespace specula::core {
 
+// How the speculative loop runs; docs/gemma4-assistant.md, "Conventions", lists every difference.
+enum class DraftConvention {
+  // The whole prompt is prefilled and its last row gives the first token; a round drafts at most what
+  // max_tokens leaves (minus its correction/bonus token) and may be a plain step; at temperature > 0
+  // the drafter samples its drafts from its own distribution q.
+  Specula,
+  // llama.cpp's draft-mtp loop (examples/speculative-simple with common/speculative.cpp): every prompt
+  // id but the last is prefilled and the first round verifies [last prompt id, drafts]; the draft is
+  // min(K, max_tokens - produced - 1, context room - 2) tokens, or K when that limit is not positive;
+  // generation stops after the round in which more than max_tokens tokens were produced; drafts are
+  // greedy (llama.cpp's draft sampler takes the top candidate) at any temperature.
+  LlamaCpp,
+};
+
+// One speculative round as it ran, for traces (GenerationOptions::on_round).
+struct RoundTrace {
+  int64_t round = 0;                   // speculative rounds before this one
+  int64_t n_past = 0;                  // position of last_token: the tokens the target held while drafting
+  int32_t last_token = -1;             // the token the round verifies first (committed, not yet processed)
+  std::vector<int32_t> draft;
+  std::vector<int32_t> target_greedy;  // the target's argmax at each of the draft.size() + 1 verified rows
+  int64_t accepted = 0;                // drafts accepted (a prefix of `draft`)
+  std::vector<std::vector<float>> draft_logits;  // the drafter's logits at each step ([vocab]; empty if none)
+};
+
 struct GenerationOptions {
   int max_tokens = 256;                 // tokens generated at most (stop/end tokens not counted)
   std::vector<int32_t> stop_tokens;     // extra stop tokens besides the model's end tokens and the chat
@@ -31,6 +56,9 @@ struct GenerationOptions {
                                          // off, and text that may start one is held back while streaming)
   const std::atomic<bool>* interrupt = nullptr;  // when it turns true, generation ends after the current
                                                  // step (Ctrl+C), with stop reason "interrupted"
+  DraftConvention convention = DraftConvention::Specula;  // with a drafter: how the speculative loop runs
+  // Called after every speculative round; makes the drafter return its logits (the trace's top-K).
+  std::function<void(const RoundTrace&)> on_round;
 };
 
 struct GenerationStats {
@@ -44,7 +72,8 @@ struct GenerationStats {
   int64_t accepted_tokens = 0;          // proposals the target agreed with
   double draft_seconds = 0;             // time spent inside Drafter::draft
   std::vector<int64_t> drafted_by_position;   // [i]: steps that drafted an (i + 1)-th token
-  std::vector<int64_t> accepted_by_position;  // [i]: steps whose (i + 1)-th draft was accepted
+  std::vector<int64_t> accepted_by_position;  // [i]: steps whose (i + 1)-th draft was accepted (llama-server's
+                                              // spec_decode_num_accepted_tokens_per_pos_total)
   std::vector<int64_t> steps_by_draft_length; // [n]: steps (plain ones at 0) that drafted n tokens
   // Where tokens were sampled (sampler.device): in the model's graph, or on the host from logits.
   int64_t device_sampled_tokens = 0;
@@ -61,6 +90,8 @@ struct GenerationStats {
     return decode_seconds > 0 && generated_tokens > 1 ? (generated_tokens - 1) / decode_seconds : 0;
   }
   double acceptance_rate() const { return drafted_tokens ? double(accepted_tokens) / drafted_tokens : 0; }
+  // Drafts accepted per speculative step.
+  double mean_accepted_length() const { return speculative_steps ? double(accepted_tokens) / speculative_steps : 0; }
   // Target forwards saved: tokens emitted per speculative step.
   double tokens_per_step() const {
     return speculative_steps ? double(accepted_tokens + speculative_steps) / speculative_steps : 0;

@@ -52,6 +52,7 @@ struct DrafterConfig {
   int draft_tokens = 3;                // tokens proposed per speculative step (the first, with draft_auto)
   bool draft_auto = false;             // draft_tokens: auto: the length per step from measured costs
   int draft_max = 8;                   // the longest draft_auto may choose
+  DraftConvention convention = DraftConvention::Specula;  // convention: specula | llamacpp
   nlohmann::json options = nlohmann::json::object();
   OptionLocations options_at;
 };
