@@ -21,7 +21,11 @@ namespace {
 
 using json = nlohmann::json;
 
-std::string shape_str(const std::vector<int64_t>& s) { return json(s).dump(); }
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string out = "[";
+  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
+  return out + "]";
+}
 
 class AssistantConverter final : public Converter {
  public:
