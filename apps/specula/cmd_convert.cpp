@@ -92,7 +92,7 @@ int run_convert(const std::vector<std::string>& args) {
   std::string types;
   for (const auto& [t, n] : by_type) types += fmt::format("{}{} {}", types.empty() ? "" : ", ", n, t);
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  fmt::print(stderr, "converted {} ({} {}) to {}: {} tensors ({}), {:.1f} MiB of tensor data, in {:.1f} s\n", src,
+  fmt::print("converted {} ({} {}) to {}: {} tensors ({}), {:.1f} MiB of tensor data, in {:.1f} s\n", src,
              file->format(), converter->architecture(), out_path.string(), tensors.size(), types,
              static_cast<double>(bytes) / (1024.0 * 1024.0), seconds);
   return 0;

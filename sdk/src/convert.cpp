@@ -2,12 +2,16 @@
 // and the streaming writer that runs a converter plugin's plan.
 #include "specula/convert.hpp"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <fstream>
 #include <map>
-#include <regex>
+#include <cctype>
 #include <set>
 #include <sstream>
+#include <unordered_map>
 
 #include "specula/error.hpp"
 #include "specula/quant.hpp"
@@ -100,6 +104,7 @@ int64_t add_hf_tokenizer(const ModelFile& file, gguf::Writer& out, const std::st
   const fs::path tj_path = md["tokenizer_json_path"].get<std::string>();
   const std::string where = tj_path.string();
   const json tj = read_json(tj_path);
+  static const json no_merges = json::array();
   const json config = md.value("tokenizer_config", json::object());
   const json model_config = md.value("config", json::object());
 
@@ -107,7 +112,7 @@ int64_t add_hf_tokenizer(const ModelFile& file, gguf::Writer& out, const std::st
   if (mit == tj.end() || !mit->is_object() || mit->value("type", "") != "BPE" || !mit->value("byte_fallback", false))
     fail("{}: model is not a BPE with byte_fallback; llama.cpp's converter reads only that (Llama/Gemma-style) "
          "tokenizer", where);
-  const json& vocab = (*mit)["vocab"];
+  const json& vocab = mit->contains("vocab") ? (*mit)["vocab"] : no_merges;
   if (!vocab.is_object() || vocab.empty()) fail("{}: model.vocab is missing or empty", where);
   const json added = tj.value("added_tokens", json::array());
   if (!added.is_array()) fail("{}: added_tokens is not an array", where);
@@ -144,24 +149,39 @@ int64_t add_hf_tokenizer(const ModelFile& file, gguf::Writer& out, const std::st
     tokens.push_back(e.first);
     ++next;
   }
-  // The special tokens tokenizer_config.json names count as special too (transformers' all_special_ids).
+  // SpecialVocab resolves the named ids through added_tokens only.
   auto added_id = [&](const std::string& content) -> std::optional<int64_t> {
     for (const json& a : added)
       if (a["content"] == content) return a["id"].get<int64_t>();
     return std::nullopt;
   };
-  for (auto it = config.begin(); it != config.end(); ++it)
+  // The tokens tokenizer_config.json names are special too (transformers' all_special_ids), wherever
+  // they are in the vocabulary.
+  std::unordered_map<std::string, int64_t> id_of;
+  for (size_t i = tokens.size(); i-- > 0;) id_of[tokens[i]] = static_cast<int64_t>(i);
+  auto mark = [&](const std::string& text) {
+    if (auto it = id_of.find(text); it != id_of.end()) special_ids.insert(it->second);
+  };
+  for (auto it = config.begin(); it != config.end(); ++it) {
     if (it.key().size() > 6 && it.key().ends_with("_token"))
-      if (auto text = named_token(config, it.key()))
-        if (auto id = added_id(*text)) special_ids.insert(*id);
+      if (auto text = named_token(config, it.key())) mark(*text);
+    if ((it.key() == "additional_special_tokens" || it.key() == "extra_special_tokens") && it->is_array())
+      for (const json& e : *it) {
+        const json& text = e.is_object() ? e.value("content", json()) : e;
+        if (text.is_string()) mark(text.get<std::string>());
+      }
+  }
 
   const std::set<std::string> visible(user_defined.begin(), user_defined.end());
-  static const std::regex byte_token("<0x[0-9A-Fa-f]{2}>");
+  auto byte_token = [](const std::string& t) {  // <0xNN>
+    return t.size() == 6 && t.starts_with("<0x") && t[5] == '>' && std::isxdigit(static_cast<unsigned char>(t[3])) &&
+           std::isxdigit(static_cast<unsigned char>(t[4]));
+  };
   json tokens_json = json::array(), scores = json::array(), types = json::array();
   for (size_t i = 0; i < tokens.size(); ++i) {
     int32_t type = kNormal;
     if (static_cast<int64_t>(i) >= base) type = extra[static_cast<int64_t>(i)].second ? kControl : kUserDefined;
-    else if (std::regex_match(tokens[i], byte_token)) type = kByte;
+    else if (byte_token(tokens[i])) type = kByte;
     else if (special_ids.count(static_cast<int64_t>(i))) type = kControl;
     if (visible.count(tokens[i])) type = kUserDefined;
     tokens_json.push_back(tokens[i]);
@@ -174,7 +194,7 @@ int64_t add_hf_tokenizer(const ModelFile& file, gguf::Writer& out, const std::st
   out.set_array("tokenizer.ggml.token_type", gguf::ValueType::INT32, std::move(types));
 
   // SpecialVocab: merges, special ids, add_* flags, chat template, in this order.
-  const json merges = mit->value("merges", json::array());
+  const json& merges = mit->contains("merges") ? (*mit)["merges"] : no_merges;
   json merges_json = json::array();
   for (size_t r = 0; r < merges.size(); ++r) {
     const json& m = merges[r];
@@ -268,6 +288,29 @@ int64_t add_hf_tokenizer(const ModelFile& file, gguf::Writer& out, const std::st
 
 namespace {
 
+// Drops the whole pages of `bytes` from this process's memory map once they have been converted: the
+// checkpoint stays in the page cache, but the process's resident set no longer grows with the model.
+void release(std::span<const std::byte> bytes) {
+  static const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+  const auto begin = reinterpret_cast<uintptr_t>(bytes.data()), end = begin + bytes.size();
+  const uintptr_t first = (begin + page - 1) / page * page, last = end / page * page;
+  if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_DONTNEED);
+}
+
+// Releases the stored bytes of rows [r0, r1) of `t` (for MLX: its packed codes, scales and biases).
+void release_rows(const TensorInfo& t, int64_t r0, int64_t r1) {
+  const int64_t rows = t.shape.size() < 2 ? 1 : t.elements() / t.shape.back();
+  auto part = [&](std::span<const std::byte> all) {
+    const size_t row = all.size() / static_cast<size_t>(rows);
+    release(all.subspan(static_cast<size_t>(r0) * row, static_cast<size_t>(r1 - r0) * row));
+  };
+  part(t.data);
+  if (t.type == DType::MLX_AFFINE) {
+    part(t.quant.scales);
+    part(t.quant.biases);
+  }
+}
+
 // Output rows of one tensor, read from its sources: the row of source `s` that output row r is.
 struct RowSource {
   const TensorInfo* tensor;
@@ -339,6 +382,7 @@ class RowMap {
       const int64_t n = std::min(r1 - r, per_outer_[s] - within);
       const int64_t src_row = o * per_outer_[s] + within;
       dequantize_rows(*t_.sources[s], src_row, src_row + n, dst + (r - r0) * cols_);
+      release_rows(*t_.sources[s], src_row, src_row + n);
       r += n;
     }
   }

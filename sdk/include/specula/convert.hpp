@@ -77,9 +77,11 @@ std::string default_model_name(const ModelFile& file, const ConvertOptions& opti
 // Tokenizer keys from a checkpoint's tokenizer.json, tokenizer_config.json and config.json, as llama.cpp's
 // LlamaHfVocab + SpecialVocab write them: tokenizer.ggml.model = `model`, tokens (by id, added tokens
 // beyond the vocabulary appended), scores (all -1000), token_type (BYTE for <0xNN>, USER_DEFINED for
-// `user_defined`, CONTROL for special added tokens and the tokens tokenizer_config.json names, else
-// NORMAL), merges ("left right"), the bos/eos/unk/sep/pad/mask ids, add_bos/add_eos flags and
-// tokenizer.chat_template. Returns the number of tokens.
+// `user_defined`, CONTROL for special added tokens and the tokens tokenizer_config.json names (*_token,
+// additional/extra_special_tokens; transformers' all_special_ids), else NORMAL), merges ("left right"),
+// the bos/eos/unk/sep/pad/mask ids (tokenizer_config.json through added_tokens, then config.json),
+// add_bos/add_eos (post-processor, tokenizer_config.json) and tokenizer.chat_template
+// (tokenizer_config.json, chat_template.jinja or chat_template.json). Returns the number of tokens.
 int64_t add_hf_tokenizer(const ModelFile& file, gguf::Writer& out, const std::string& model,
                          const std::vector<std::string>& user_defined);
 
