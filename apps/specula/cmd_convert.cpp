@@ -28,20 +28,21 @@ std::string join(const std::vector<std::string>& v) {
 
 int run_convert(const std::vector<std::string>& args) {
   namespace cli = specula::cli;
-  std::string src, out, outtype_name = "f16", schema, name;
+  std::string src, out, outtype_name = "auto", schema, name;
   std::vector<std::string> plugin_paths;
   cli::po::options_description desc(
-      "usage: specula convert SRC --out FILE.gguf [--outtype f32|f16|bf16|q8_0] [--schema NAME] [--name NAME]\n\n"
+      "usage: specula convert SRC --out FILE.gguf [--outtype f32|f16|bf16|q8_0|auto] [--schema NAME] [--name NAME]\n\n"
       "Converts a Hugging Face safetensors directory (one file or shards with model.safetensors.index.json)\n"
       "or an MLX directory (quantized weights are dequantized) to GGUF in llama.cpp's layout. The converter\n"
       "comes from the model plugin that knows SRC's architecture (config.json): gemma4 for Gemma 4 targets,\n"
       "gemma4-assistant for their MTP drafters (--schema seed, the default, or upstream).\n"
       "--outtype follows llama.cpp's converter: 1-D tensors, norms and the MoE router stay F32; Q8_0 rows\n"
-      "that are not whole 32-value blocks are written as F16. The file appears only once complete.\n\n"
+      "that are not whole 32-value blocks are written as F16; auto (the default) keeps the checkpoint's\n"
+      "16-bit type (BF16 or F16). The file appears only once complete.\n\n"
       "options");
   desc.add_options()("help,h", "show this help")("src", cli::po::value(&src), "checkpoint directory (or .safetensors file)")(
       "out,o", cli::po::value(&out), "the GGUF file to write")(
-      "outtype", cli::po::value(&outtype_name), "tensor type: f32, f16 (default), bf16 or q8_0")(
+      "outtype", cli::po::value(&outtype_name), "tensor type: f32, f16, bf16, q8_0 or auto (default: the checkpoint's BF16/F16)")(
       "schema", cli::po::value(&schema), "GGUF layout, where the converter offers several (gemma4-assistant: seed, upstream)")(
       "name", cli::po::value(&name), "general.name (default: the checkpoint directory's name)")(
       "plugin-path", cli::po::value(&plugin_paths)->composing(), "directory searched first for plugins (repeatable)");
@@ -52,8 +53,9 @@ int run_convert(const std::vector<std::string>& args) {
   if (!cli::parse_args(args, desc, pos, vm)) return 0;
   if (src.empty()) specula::fail("convert: give the checkpoint directory to convert (see --help)");
   if (out.empty()) specula::fail("convert: give the output file with --out FILE.gguf (see --help)");
-  const auto outtype = specula::convert_outtype(outtype_name);
-  if (!outtype) specula::fail("convert: --outtype '{}' is not one of f32, f16, bf16, q8_0", outtype_name);
+  auto outtype = specula::convert_outtype(outtype_name);
+  if (!outtype && outtype_name != "auto")
+    specula::fail("convert: --outtype '{}' is not one of f32, f16, bf16, q8_0, auto", outtype_name);
   const fs::path out_path = fs::absolute(out);
   std::error_code ec;
   if (!fs::is_directory(out_path.parent_path(), ec))
@@ -70,6 +72,7 @@ int run_convert(const std::vector<std::string>& args) {
     specula::fail("convert: {} has no config.json; a Hugging Face or MLX checkpoint names its architecture there",
                   src);
   const auto converter = host.find_converter(*file);
+  if (!outtype) outtype = specula::auto_outtype(*file);
   const auto schemas = converter->schemas();
   if (!schema.empty() && std::find(schemas.begin(), schemas.end(), schema) == schemas.end())
     specula::fail("convert: --schema '{}' is not a layout of the {} converter ({})", schema, converter->architecture(),

@@ -64,6 +64,15 @@ std::optional<DType> convert_outtype(std::string_view name) {
   return std::nullopt;
 }
 
+DType auto_outtype(const ModelFile& file) {
+  for (const TensorInfo& t : file.tensors()) {
+    if (t.shape.size() < 2) continue;
+    const DType stored = t.type == DType::MLX_AFFINE ? t.quant.scale_type : t.type;
+    return stored == DType::BF16 ? DType::BF16 : DType::F16;
+  }
+  return DType::F16;
+}
+
 uint32_t llama_file_type(DType outtype) {
   switch (outtype) {
     case DType::F32: return 0;

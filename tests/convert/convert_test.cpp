@@ -182,8 +182,9 @@ TEST(Convert, TargetQ8_0EqualsTheFixtureWritersGgufButQuantizesThePerLayerProjec
 TEST(Convert, ShardedCheckpointGivesTheSameFile) {
   const fs::path dir = fixture("e2b");
   test::TempDir tmp;
-  const Gguf one = read(converted(tmp, dir / "hf-tok", "one.gguf", "--outtype bf16"));
-  const Gguf two = read(converted(tmp, dir / "hf-sharded", "two.gguf", "--outtype bf16"));
+  // No --outtype: auto, the checkpoint's BF16, as llama.cpp's default.
+  const Gguf one = read(converted(tmp, dir / "hf-tok", "one.gguf", ""));
+  const Gguf two = read(converted(tmp, dir / "hf-sharded", "two.gguf", ""));
   EXPECT_EQ(joined(differences(one, two, {})), "value of key general.name differs\n");  // the directory's name
   EXPECT_EQ(one.file.metadata["general.name"], "hf-tok");
   EXPECT_EQ(two.file.metadata["general.file_type"], 32);
@@ -341,7 +342,7 @@ TEST(Convert, BadInputIsNamedAndLeavesNoFile) {
   test::TempDir tmp;
   const fs::path out = tmp / "out.gguf";
 
-  expect_failure(dir / "hf-tok", out, "--outtype q4_k", {"--outtype 'q4_k' is not one of f32, f16, bf16, q8_0"});
+  expect_failure(dir / "hf-tok", out, "--outtype q4_k", {"--outtype 'q4_k' is not one of f32, f16, bf16, q8_0, auto"});
   expect_failure(dir / "hf-tok", tmp / "no-such-dir" / "x.gguf", "", {"output directory", "no-such-dir", "does not exist"});
   expect_failure(dir / "hf-tok", out, "--schema upstream", {"--schema 'upstream' is not a layout of the gemma4 converter"});
   expect_failure(dir / "assistant-hf-tok", out, "--schema fork", {"--schema 'fork'", "expected seed, upstream"});

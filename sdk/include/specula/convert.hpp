@@ -23,6 +23,9 @@ namespace specula {
 
 // --outtype: "f32", "f16", "bf16", "q8_0" (llama.cpp convert_hf_to_gguf's types); nullopt otherwise.
 std::optional<DType> convert_outtype(std::string_view name);
+// --outtype auto (llama.cpp's default): BF16 or F16 as the checkpoint's first tensor of two or more
+// dimensions is stored (an MLX tensor: its scales' type), else F16.
+DType auto_outtype(const ModelFile& file);
 // general.file_type (llama.cpp's LlamaFileType) of a file converted to `outtype`: 0, 1, 32 or 7.
 uint32_t llama_file_type(DType outtype);
 
