@@ -14,6 +14,8 @@ Writes one drafter in the layouts real downloads use (docs: shared/reference/gem
                        centroid keys, tensors assist_pre_proj / assist_post_proj, and the centroid
                        head kept: assist_embed_centroids [C, hidden] and assist_token_ordering (F32
                        holding the integer ordering).
+  assistant-hf-tok/    (format hf-tok) the same with tokenizer.json / tokenizer_config.json from the vocab
+                       GGUF, for specula convert
   assistant-hf/        Gemma4AssistantForCausalLM checkpoint (§5.5): config.json (model_type
                        gemma4_assistant, backbone_hidden_size, use_ordered_embeddings, num_centroids,
                        centroid_intermediate_top_k, nested text_config) + model.safetensors (BF16;
@@ -63,7 +65,7 @@ SMALL = dict(name="e2b-small", hidden=32, backbone=g4.VARIANTS["e2b"]["hidden"],
 REAL = dict(name="e2b-real", hidden=256, backbone=1536, layers=[S, S, S, F], heads=4, kv=1,
             hd_s=g4.REAL_HEAD_DIM, hd_f=g4.REAL_GLOBAL_HEAD_DIM, ffn=2048, window=512, context=131072,
             centroids=2048, top_k=32, seed=107)
-ALL_FORMATS = ["gguf-f32", "gguf-seed", "hf"]
+ALL_FORMATS = ["gguf-f32", "gguf-seed", "hf", "hf-tok"]
 
 
 class Spec:
@@ -213,16 +215,16 @@ def write_gguf(path, spec, w, vocab_path, ordering=None, seed=False, tokenizer_k
            kv(A + "attention.key_length_swa", T.T_U32, spec.hd_s),
            kv(A + "attention.value_length_swa", T.T_U32, spec.hd_s),
            kv(A + "rope.dimension_count", T.T_U32, spec.hd_f),
-           kv(A + "rope.dimension_count_swa", T.T_U32, spec.hd_s),
-           kv(A + "nextn_predict_layers", T.T_U32, spec.L),
-           kv("general.quantization_version", T.T_U32, 2)]
+           kv(A + "rope.dimension_count_swa", T.T_U32, spec.hd_s)]
     if seed:
-        kvs += [kv(A + "backbone_hidden_size", T.T_U32, spec.backbone),
+        kvs += [kv(A + "nextn_predict_layers", T.T_U32, spec.L), kv("general.quantization_version", T.T_U32, 2),
+                kv(A + "backbone_hidden_size", T.T_U32, spec.backbone),
                 kv(A + "assistant.num_centroids", T.T_U32, spec.centroids),
                 kv(A + "assistant.centroid_intermediate_top_k", T.T_U32, spec.top_k),
                 kv(A + "assistant.use_ordered_embeddings", T.T_BOOL, True)]
-    else:
-        kvs.append(kv(A + "embedding_length_out", T.T_U32, spec.backbone))
+    else:  # llama.cpp's Gemma4AssistantModel order
+        kvs += [kv(A + "embedding_length_out", T.T_U32, spec.backbone), kv(A + "nextn_predict_layers", T.T_U32, spec.L),
+                kv("general.quantization_version", T.T_U32, 2)]
     kvs += tokenizer_kvs if tokenizer_kvs is not None else g4.read_tokenizer_kvs(vocab_path)
 
     g4.write_tensors(path, kvs, [(n, a, quantizable(n, a)) for n, a in gguf_tensor_plan(spec, w, ordering, seed)], wtype)
@@ -253,6 +255,9 @@ def generate(spec, out, formats, vocab):
             write_gguf(os.path.join(out, "assistant-seed-f32.gguf"), spec, w, vocab, ordering, seed=True)
         if "hf" in formats:
             write_hf(os.path.join(out, "assistant-hf"), spec, w, ordering)
+        if "hf-tok" in formats:  # for specula convert: with the vocab GGUF's tokenizer as tokenizer.json
+            write_hf(os.path.join(out, "assistant-hf-tok"), spec, w, ordering)
+            g4.write_tokenizer_files(os.path.join(out, "assistant-hf-tok"), vocab)
         with open(stamp, "w") as fh:
             fh.write(digest)
 

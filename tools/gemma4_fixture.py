@@ -7,6 +7,10 @@ Writes one model in the layouts real downloads use:
   mlx4/, mlx8/   mlx-vlm layout (language_model.model.*, affine 4/8-bit, router at 8 bit)
   mlx4-ref-f32.gguf, mlx8-ref-f32.gguf   the MLX weights dequantized, as F32 GGUF: the llama.cpp
                  reference for the MLX files (so MLX is checked exactly, not "within quantization")
+  hf-tok/, hf-sharded/, mlx4-tok/   for `specula convert`: hf and mlx4 with tokenizer.json and
+                 tokenizer_config.json made from the vocab GGUF's tokenizer keys (which llama.cpp's
+                 converter wrote from the real Gemma 4 tokenizer.json), hf-sharded in two shards with
+                 model.safetensors.index.json
 
 Every weight is rounded to bfloat16 first, so F32 GGUF, F16 GGUF and BF16 safetensors hold the very
 same numbers. The tokenizer metadata (full 262144-token Gemma 4 vocab) is copied from the vocab GGUF
@@ -19,7 +23,8 @@ the variant seed and the tensor name, in row chunks at write time: the GGUF writ
 little memory (the HF and MLX writers still hold a whole file in memory).
 A stamp file lets repeated calls return at once.
 
-usage: gemma4_fixture.py --variant e2b --out DIR [--formats f32,f16,q8_0,hf,mlx4,mlx8,mlx4-ref,mlx8-ref] [--vocab GGUF]
+usage: gemma4_fixture.py --variant e2b --out DIR [--formats f32,f16,q8_0,hf,mlx4,mlx8,mlx4-ref,mlx8-ref,hf-tok,
+                         hf-sharded,mlx4-tok] [--vocab GGUF]
        gemma4_fixture.py --list
 """
 import argparse
@@ -384,8 +389,12 @@ def write_gguf(path, spec, w, wtype, vocab_path, tensors=None, tokenizer_kvs=Non
     else:
         kvs.append(gguf_kv(A + "attention.head_count_kv", T_U32, spec.kv))
     kvs += [gguf_kv(A + "rope.freq_base", T_F32, ROPE_THETA), gguf_kv(A + "rope.freq_base_swa", T_F32, ROPE_THETA_SWA),
-            gguf_kv(A + "attention.layer_norm_rms_epsilon", T_F32, EPS),
-            gguf_kv(A + "attention.key_length", T_U32, spec.hd_f), gguf_kv(A + "attention.value_length", T_U32, spec.hd_f),
+            gguf_kv(A + "attention.layer_norm_rms_epsilon", T_F32, EPS)]
+    # Key order as llama.cpp's converter writes it (a real 26B-A4B file agrees).
+    if spec.moe:
+        kvs += [gguf_kv(A + "expert_count", T_U32, spec.moe["experts"]),
+                gguf_kv(A + "expert_used_count", T_U32, spec.moe["top_k"])]
+    kvs += [gguf_kv(A + "attention.key_length", T_U32, spec.hd_f), gguf_kv(A + "attention.value_length", T_U32, spec.hd_f),
             gguf_kv("general.file_type", T_U32, {G_F32: 0, G_F16: 1, G_Q8_0: 7}[wtype]),
             gguf_kv(A + "final_logit_softcapping", T_F32, SOFTCAP),
             gguf_kv(A + "attention.sliding_window", T_U32, spec.window),
@@ -393,13 +402,11 @@ def write_gguf(path, spec, w, wtype, vocab_path, tensors=None, tokenizer_kvs=Non
             gguf_kv(A + "embedding_length_per_layer_input", T_U32, spec.ple),
             gguf_kv(A + "attention.sliding_window_pattern", T_ARR, (T_BOOL, [t == S for t in spec.layers])),
             gguf_kv(A + "attention.key_length_swa", T_U32, spec.hd_s),
-            gguf_kv(A + "attention.value_length_swa", T_U32, spec.hd_s),
-            gguf_kv(A + "rope.dimension_count", T_U32, spec.hd_f),
-            gguf_kv(A + "rope.dimension_count_swa", T_U32, spec.hd_s)]
+            gguf_kv(A + "attention.value_length_swa", T_U32, spec.hd_s)]
     if spec.moe:
-        kvs += [gguf_kv(A + "expert_count", T_U32, spec.moe["experts"]),
-                gguf_kv(A + "expert_used_count", T_U32, spec.moe["top_k"]),
-                gguf_kv(A + "expert_feed_forward_length", T_U32, spec.moe["ffn"])]
+        kvs.append(gguf_kv(A + "expert_feed_forward_length", T_U32, spec.moe["ffn"]))
+    kvs += [gguf_kv(A + "rope.dimension_count", T_U32, spec.hd_f),
+            gguf_kv(A + "rope.dimension_count_swa", T_U32, spec.hd_s)]
     kvs.append(gguf_kv("general.quantization_version", T_U32, 2))
     kvs += tokenizer_kvs if tokenizer_kvs is not None else read_tokenizer_kvs(vocab_path)
     write_tensors(path, kvs, tensors if tensors is not None else gguf_tensor_plan(spec, w), wtype)
@@ -469,14 +476,91 @@ def write_safetensors(path, tensors, metadata, pad_header=True):
     os.replace(tmp, path)
 
 
-def write_hf(outdir, spec, w, decoys=True, config=None, generation=None):
-    """config / generation: config.json and generation_config.json instead of the fixture's."""
+def read_tokenizer_values(path):
+    """The tokenizer.* keys of a GGUF file as Python values (strings, numbers, lists)."""
+    with open(path, "rb") as fh:
+        data = fh.read()
+    if data[:4] != b"GGUF":
+        sys.exit(f"{path}: not a GGUF file")
+    _, _, n_kv = struct.unpack_from("<IQQ", data, 4)
+    fmt = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+
+    def value(t, o):
+        if t == T_STR:
+            (n,) = struct.unpack_from("<Q", data, o)
+            return data[o + 8: o + 8 + n].decode("utf-8"), o + 8 + n
+        if t == T_ARR:
+            et, n = struct.unpack_from("<IQ", data, o)
+            o += 12
+            out = []
+            for _ in range(n):
+                v, o = value(et, o)
+                out.append(v)
+            return out, o
+        return struct.unpack_from(fmt[t], data, o)[0], o + struct.calcsize(fmt[t])
+
+    off, out = 24, {}
+    for _ in range(n_kv):
+        (klen,) = struct.unpack_from("<Q", data, off)
+        key = data[off + 8: off + 8 + klen].decode()
+        (t,) = struct.unpack_from("<I", data, off + 8 + klen)
+        v, off = value(t, off + 12 + klen)
+        if key.startswith("tokenizer."):
+            out[key] = v
+    return out
+
+
+def write_tokenizer_files(outdir, vocab_path):
+    """tokenizer.json and tokenizer_config.json holding the vocab GGUF's tokenizer: the inverse of
+    llama.cpp's converter (CONTROL and USER_DEFINED tokens are special added tokens, merges are pairs),
+    so converting them back must give the GGUF's tokenizer keys."""
+    v = read_tokenizer_values(vocab_path)
+    tokens, types = v["tokenizer.ggml.tokens"], v["tokenizer.ggml.token_type"]
+    if len(set(tokens)) != len(tokens):
+        sys.exit(f"{vocab_path}: duplicate tokens cannot be written as a tokenizer.json vocab")
+    added = [{"id": i, "content": t, "single_word": False, "lstrip": False, "rstrip": False, "normalized": False,
+              "special": True} for i, (t, k) in enumerate(zip(tokens, types)) if k in (3, 4)]
+    tj = {"version": "1.0", "truncation": None, "padding": None, "added_tokens": added,
+          "normalizer": {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"},
+          "pre_tokenizer": None, "post_processor": None,
+          "decoder": {"type": "Sequence", "decoders": [
+              {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+              {"type": "ByteFallback"}, {"type": "Fuse"}]},
+          "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>", "continuing_subword_prefix": None,
+                    "end_of_word_suffix": None, "fuse_unk": True, "byte_fallback": True, "ignore_merges": False,
+                    "vocab": {t: i for i, t in enumerate(tokens)},
+                    "merges": [m.split(" ", 1) for m in v["tokenizer.ggml.merges"]]}}
+    with open(os.path.join(outdir, "tokenizer.json"), "w") as fh:
+        json.dump(tj, fh, ensure_ascii=False)
+    named = {"bos_token": "bos_token_id", "eos_token": "eos_token_id", "unk_token": "unknown_token_id",
+             "pad_token": "padding_token_id", "mask_token": "mask_token_id"}
+    cfg = {k: tokens[v["tokenizer.ggml." + key]] for k, key in named.items() if "tokenizer.ggml." + key in v}
+    cfg.update(chat_template=v["tokenizer.chat_template"], tokenizer_class="GemmaTokenizer")
+    with open(os.path.join(outdir, "tokenizer_config.json"), "w") as fh:
+        json.dump(cfg, fh, indent=1, ensure_ascii=False)
+
+
+def write_hf(outdir, spec, w, decoys=True, config=None, generation=None, shards=1):
+    """config / generation: config.json and generation_config.json instead of the fixture's; shards > 1:
+    model-0000i-of-0000N.safetensors and model.safetensors.index.json."""
     os.makedirs(outdir, exist_ok=True)
     tensors = [(f"model.language_model.{k}", "BF16", bf16_bytes(a), a.shape) for k, a in sorted(w.items())]
     if decoys:  # vision-tower decoys a text loader must skip
         decoy = np.ones((4, 4), dtype=np.float32)
         tensors.append(("model.vision_tower.encoder.layers.0.mlp.fc1.weight", "BF16", bf16_bytes(decoy), decoy.shape))
-    write_safetensors(os.path.join(outdir, "model.safetensors"), tensors, {"format": "pt"})
+    if shards == 1:
+        write_safetensors(os.path.join(outdir, "model.safetensors"), tensors, {"format": "pt"})
+    else:
+        per = -(-len(tensors) // shards)
+        weight_map = {}
+        for i in range(shards):
+            part = tensors[i * per: (i + 1) * per]
+            name = f"model-{i + 1:05d}-of-{shards:05d}.safetensors"
+            write_safetensors(os.path.join(outdir, name), part, {"format": "pt"})
+            weight_map.update({t[0]: name for t in part})
+        with open(os.path.join(outdir, "model.safetensors.index.json"), "w") as fh:
+            json.dump({"metadata": {"total_size": sum(len(t[2]) for t in tensors)}, "weight_map": weight_map}, fh,
+                      indent=2)
     with open(os.path.join(outdir, "config.json"), "w") as fh:
         json.dump(config or hf_config(spec), fh, indent=2)
     with open(os.path.join(outdir, "generation_config.json"), "w") as fh:
@@ -571,7 +655,7 @@ def write_mlx(outdir, spec, w, bits, gs=32):
 
 
 # ------------------------------------------------------------------------------------------- main
-ALL_FORMATS = ["f32", "f16", "q8_0", "hf", "mlx4", "mlx8", "mlx4-ref", "mlx8-ref"]
+ALL_FORMATS = ["f32", "f16", "q8_0", "hf", "mlx4", "mlx8", "mlx4-ref", "mlx8-ref", "hf-tok", "hf-sharded", "mlx4-tok"]
 
 
 def generate(variant, out, formats, vocab):
@@ -596,6 +680,12 @@ def _generate(spec, out, formats, vocab, stamp, digest):
             write_gguf(os.path.join(out, f"model-{f}.gguf"), spec, w, gtypes[f], vocab)
         elif f == "hf":
             write_hf(os.path.join(out, "hf"), spec, w)
+        elif f in ("hf-tok", "hf-sharded"):
+            write_hf(os.path.join(out, f), spec, w, shards=2 if f == "hf-sharded" else 1)
+            write_tokenizer_files(os.path.join(out, f), vocab)
+        elif f == "mlx4-tok":
+            write_mlx(os.path.join(out, f), spec, w, 4)
+            write_tokenizer_files(os.path.join(out, f), vocab)
         elif f in ("mlx4", "mlx8"):
             write_mlx(os.path.join(out, f), spec, w, int(f[3:]))
         elif f in ("mlx4-ref", "mlx8-ref"):  # only for llama.cpp goldens

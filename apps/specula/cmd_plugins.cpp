@@ -1,4 +1,6 @@
 // `specula plugins`: every plugin found (kind, name, version, file) and every candidate rejected.
+#include <algorithm>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -21,7 +23,7 @@ int print_options(const specula::core::PluginHost& host, const std::string& name
   }
   nlohmann::json j = nlohmann::json::object();
   for (const auto& kind : info->kinds) {
-    if (kind == "format") continue;  // a pipeline has no format options
+    if (kind == "format" || kind == "converter") continue;  // a pipeline has no options for these
     const specula::OptionSchema* schema = host.option_schema(name, kind);
     if (as_json) {
       if (!schema) {
@@ -100,11 +102,16 @@ int run_plugins(const std::vector<std::string>& args) {
   fmt::print("plugin ABI {} ({})\nsearch path:\n", specula::core::plugin_abi_version(), specula::core::abi_fingerprint());
   for (const auto& d : search) fmt::print("  {}\n", d.string());
   fmt::print("\nplugins ({}):\n", host.plugins().size());
-  for (const auto& pl : host.plugins()) {
+  auto kinds_of = [](const specula::core::PluginInfo& pl) {
     std::string kinds;
     for (const auto& k : pl.kinds) kinds += (kinds.empty() ? "" : ",") + k;
-    fmt::print("  {:<10} {:<20} {:<8} {}\n", kinds, pl.name, pl.version, pl.file.string());
-    if (!pl.description.empty()) fmt::print("  {:<10} {}\n", "", pl.description);
+    return kinds;
+  };
+  size_t width = 10;
+  for (const auto& pl : host.plugins()) width = std::max(width, kinds_of(pl).size());
+  for (const auto& pl : host.plugins()) {
+    fmt::print("  {:<{}} {:<20} {:<8} {}\n", kinds_of(pl), width, pl.name, pl.version, pl.file.string());
+    if (!pl.description.empty()) fmt::print("  {:<{}} {}\n", "", width, pl.description);
   }
   if (!host.rejected().empty()) {
     fmt::print("\nrejected ({}):\n", host.rejected().size());

@@ -33,7 +33,7 @@ struct PluginHost::Entry {
 
 namespace {
 
-const std::vector<std::string_view> kKnownKinds = {"format", "backend", "model", "drafter", "sampler"};
+const std::vector<std::string_view> kKnownKinds = {"format", "backend", "model", "drafter", "sampler", "converter"};
 
 // Accepted libraries stay loaded for the life of the process even when every object and host is gone:
 // plugins may leave thread-locals, atexit handlers or objects created by plugin code (contexts,
@@ -255,7 +255,7 @@ bool PluginHost::add_library(const fs::path& file) {
   for (const auto& k : info.kinds) {
     if (std::find(kKnownKinds.begin(), kKnownKinds.end(), k) == kKnownKinds.end()) {
       return reject(fmt::format("{}: plugin '{}' declares unknown kind '{}' (expected one of format, backend, "
-                                "model, drafter, sampler)", where, info.name, k));
+                                "model, drafter, sampler, converter)", where, info.name, k));
     }
   }
   if (const PluginInfo* first = find(info.name)) {
@@ -275,6 +275,7 @@ bool PluginHost::add_library(const fs::path& file) {
     if (kind == "backend") return factories->backend != nullptr;
     if (kind == "model") return factories->model != nullptr;
     if (kind == "drafter") return factories->drafter != nullptr;
+    if (kind == "converter") return factories->converter != nullptr;
     return factories->sampler != nullptr;
   };
   for (const auto& k : info.kinds) {
@@ -449,6 +450,25 @@ std::shared_ptr<ModelLoader> PluginHost::find_model_loader(const ModelFile& file
   std::string arch = declared_architecture(file);
   fail("no model plugin accepts {} (its architecture: '{}'; model plugins tried: {})", file.path().string(),
        arch.empty() ? "not declared" : arch, tried.empty() ? std::string("none was found") : join(tried, ", "));
+}
+
+std::shared_ptr<Converter> PluginHost::find_converter(const ModelFile& file) const {
+  std::vector<std::string> tried;
+  for (const auto& e : entries_) {
+    if (!e.info.has_kind("converter")) continue;
+    auto converter = pinned(std::shared_ptr<Converter>(e.factories->converter()), e.library);
+    if (!converter) fail("converter plugin '{}' returned no object", e.info.name);
+    tried.push_back(fmt::format("{} ({})", e.info.name, converter->architecture()));
+    if (converter->accepts(file)) return converter;
+  }
+  std::string declared = declared_architecture(file);
+  const auto& md = file.metadata();
+  if (auto c = md.find("config"); c != md.end() && c->is_object() && c->contains("architectures"))
+    declared = fmt::format("architectures {}, model_type '{}'", (*c)["architectures"].dump(), declared);
+  else
+    declared = declared.empty() ? "not declared" : fmt::format("'{}'", declared);
+  fail("no converter plugin accepts {} (its architecture: {}; converter plugins tried: {})", file.path().string(),
+       declared, tried.empty() ? std::string("none was found") : join(tried, ", "));
 }
 
 std::shared_ptr<DrafterLoader> PluginHost::find_drafter_loader(const ModelFile& file, const nlohmann::json& options,

@@ -1,4 +1,5 @@
 // Plugin entry: the gemma4 model loader.
+#include "converter.hpp"
 #include "model.hpp"
 #include "specula/plugin.hpp"
 
@@ -26,6 +27,7 @@ const specula::PluginFactories* factories() {
       return std::make_unique<Gemma4Loader>();
     };
     x.model_options = &specula::gemma4::option_schema();
+    x.converter = [] { return specula::gemma4::make_converter(); };
     return x;
   }();
   return &f;
@@ -33,5 +35,6 @@ const specula::PluginFactories* factories() {
 
 }  // namespace
 
-SPECULA_PLUGIN("gemma4", "model", "0.1.0", "Gemma 4 text models from GGUF, Hugging Face safetensors and MLX",
+SPECULA_PLUGIN("gemma4", "model,converter", "0.1.0",
+               "Gemma 4 text models from GGUF, Hugging Face safetensors and MLX; converts HF/MLX to GGUF",
                factories)

@@ -1,7 +1,6 @@
 #include "weights.hpp"
 
-#include <map>
-
+#include "names.hpp"
 #include "specula/error.hpp"
 #include "specula/log.hpp"
 
@@ -14,65 +13,12 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return out + "]";
 }
 
-// GGUF per-layer names and their Hugging Face names (MLX uses the HF names too, except the experts,
-// which mlx-vlm splits into switch_glu.{gate,up,down}_proj).
-const std::map<std::string, std::vector<std::string>>& layer_names() {
-  static const std::map<std::string, std::vector<std::string>> m = {
-      {"attn_norm.weight", {"input_layernorm.weight"}},
-      {"attn_q.weight", {"self_attn.q_proj.weight"}},
-      {"attn_k.weight", {"self_attn.k_proj.weight"}},
-      {"attn_v.weight", {"self_attn.v_proj.weight"}},
-      {"attn_output.weight", {"self_attn.o_proj.weight"}},
-      {"attn_q_norm.weight", {"self_attn.q_norm.weight"}},
-      {"attn_k_norm.weight", {"self_attn.k_norm.weight"}},
-      {"post_attention_norm.weight", {"post_attention_layernorm.weight"}},
-      {"ffn_norm.weight", {"pre_feedforward_layernorm.weight"}},
-      {"ffn_gate.weight", {"mlp.gate_proj.weight"}},
-      {"ffn_up.weight", {"mlp.up_proj.weight"}},
-      {"ffn_down.weight", {"mlp.down_proj.weight"}},
-      {"post_ffw_norm.weight", {"post_feedforward_layernorm.weight"}},
-      {"layer_output_scale.weight", {"layer_scalar"}},
-      {"inp_gate.weight", {"per_layer_input_gate.weight"}},
-      {"proj.weight", {"per_layer_projection.weight"}},
-      {"post_norm.weight", {"post_per_layer_input_norm.weight"}},
-      {"ffn_gate_inp.weight", {"router.proj.weight"}},
-      {"ffn_gate_inp.scale", {"router.scale"}},
-      {"ffn_down_exps.scale", {"router.per_expert_scale"}},
-      {"ffn_gate_up_exps.weight", {"experts.gate_up_proj"}},
-      {"ffn_gate_exps.weight", {"experts.switch_glu.gate_proj.weight", "experts.gate_proj"}},
-      {"ffn_up_exps.weight", {"experts.switch_glu.up_proj.weight", "experts.up_proj"}},
-      {"ffn_down_exps.weight", {"experts.down_proj", "experts.switch_glu.down_proj.weight"}},
-      {"pre_ffw_norm_2.weight", {"pre_feedforward_layernorm_2.weight"}},
-      {"post_ffw_norm_1.weight", {"post_feedforward_layernorm_1.weight"}},
-      {"post_ffw_norm_2.weight", {"post_feedforward_layernorm_2.weight"}},
-  };
-  return m;
-}
-
-const std::map<std::string, std::string>& global_names() {
-  static const std::map<std::string, std::string> m = {
-      {"token_embd.weight", "embed_tokens.weight"},
-      {"output_norm.weight", "norm.weight"},
-      {"per_layer_token_embd.weight", "embed_tokens_per_layer.weight"},
-      {"per_layer_model_proj.weight", "per_layer_model_projection.weight"},
-      {"per_layer_proj_norm.weight", "per_layer_projection_norm.weight"},
-  };
-  return m;
-}
-
 class Loader {
  public:
   // Without a backend (check_weights) every tensor is looked up and shape-checked, none loaded.
   Loader(const ModelFile& file, ComputeBackend* backend) : file_(file), backend_(backend) {
     gguf_ = file.format() == "gguf";
-    if (!gguf_) {
-      // The text tower's prefix: multimodal HF, MLX (mlx-lm / mlx-vlm) or text-only exports.
-      for (const char* p : {"model.language_model.", "language_model.model.", "model.", ""})
-        if (file.find(std::string(p) + "embed_tokens.weight")) {
-          prefix_ = p;
-          break;
-        }
-    }
+    if (!gguf_) prefix_ = text_prefix(file);
   }
 
   // The file's tensor for a GGUF-style name, or nullptr; `shown` receives the name as the file spells it.

@@ -7,6 +7,7 @@
 #include <functional>
 
 #include "assistant.hpp"
+#include "names.hpp"
 #include "specula/error.hpp"
 #include "specula/log.hpp"
 
@@ -55,18 +56,13 @@ class Tensors {
     if (what == "post") return both("post_projection.weight");
     if (what == "centroids") return both("masked_embedding.centroids.weight");
     if (what == "ordering") return both("masked_embedding.token_ordering");
-    // blk.N.suffix -> model.layers.N.<hf suffix>
-    static const std::vector<std::pair<std::string, std::string>> layer = {
-        {"attn_norm.weight", "input_layernorm.weight"}, {"attn_q.weight", "self_attn.q_proj.weight"},
-        {"attn_q_norm.weight", "self_attn.q_norm.weight"}, {"attn_output.weight", "self_attn.o_proj.weight"},
-        {"post_attention_norm.weight", "post_attention_layernorm.weight"},
-        {"ffn_norm.weight", "pre_feedforward_layernorm.weight"}, {"ffn_gate.weight", "mlp.gate_proj.weight"},
-        {"ffn_up.weight", "mlp.up_proj.weight"}, {"ffn_down.weight", "mlp.down_proj.weight"},
-        {"post_ffw_norm.weight", "post_feedforward_layernorm.weight"}, {"layer_output_scale.weight", "layer_scalar"}};
+    // blk.N.suffix -> model.layers.N.<hf suffix>, by the Gemma 4 name table the target plugin uses.
     const size_t d1 = what.find('.'), d2 = what.find('.', d1 + 1);
     const std::string idx = what.substr(d1 + 1, d2 - d1 - 1), suffix = what.substr(d2 + 1);
-    for (const auto& [g, h] : layer)
-      if (g == suffix) return {"model.layers." + idx + "." + h, "layers." + idx + "." + h};
+    if (auto it = gemma4::layer_names().find(suffix); it != gemma4::layer_names().end()) {
+      const std::string& h = it->second.front();
+      return {"model.layers." + idx + "." + h, "layers." + idx + "." + h};
+    }
     return {what};
   }
 

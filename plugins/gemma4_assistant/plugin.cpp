@@ -1,5 +1,6 @@
 // Plugin entry: the gemma4-assistant drafter loader.
 #include "assistant.hpp"
+#include "converter.hpp"
 #include "specula/plugin.hpp"
 
 namespace {
@@ -27,11 +28,14 @@ std::unique_ptr<specula::DrafterLoader> make_loader(const nlohmann::json& option
 }
 
 const specula::PluginFactories* factories() {
-  static const specula::PluginFactories f{.drafter = &make_loader, .drafter_options = &ga::option_schema()};
+  static const specula::PluginFactories f{.drafter = &make_loader,
+                                          .converter = [] { return ga::make_converter(); },
+                                          .drafter_options = &ga::option_schema()};
   return &f;
 }
 
 }  // namespace
 
-SPECULA_PLUGIN("gemma4-assistant", "drafter", "0.1.0",
-               "Gemma 4 assistant MTP drafter (GGUF upstream/fork layouts, Hugging Face safetensors)", factories)
+SPECULA_PLUGIN("gemma4-assistant", "drafter,converter", "0.1.0",
+               "Gemma 4 assistant MTP drafter (GGUF upstream/fork layouts, Hugging Face safetensors); converts HF to "
+               "GGUF", factories)

@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "specula/compute.hpp"
+#include "specula/convert.hpp"
 #include "specula/log.hpp"
 #include "specula/model.hpp"
 #include "specula/model_file.hpp"
@@ -18,7 +19,8 @@
 
 // Bumped whenever an interface in sdk/include/specula changes incompatibly.
 // 3: option schemas in PluginFactories, ModelLoader::check and DrafterLoader::check
-// 4: Drafter::draft(target, DraftRequest) returns DraftSteps (token + logits); Sampler::distribution
+// 4: Drafter::draft(target, DraftRequest) returns DraftSteps (token + logits); Sampler::distribution;
+//    TopPDraw's min_p; plugin kind "converter" (specula/convert.hpp) and PluginFactories::converter
 #define SPECULA_PLUGIN_ABI_VERSION 4u
 #define SPECULA_PLUGIN_ENTRY_SYMBOL "specula_plugin_entry"
 
@@ -58,6 +60,7 @@ struct PluginFactories {
   std::unique_ptr<ModelLoader> (*model)(const nlohmann::json& options) = nullptr;
   std::unique_ptr<DrafterLoader> (*drafter)(const nlohmann::json& options) = nullptr;
   std::unique_ptr<Sampler> (*sampler)(const SamplingParams& params, const nlohmann::json& options) = nullptr;
+  std::unique_ptr<Converter> (*converter)() = nullptr;  // checkpoint -> GGUF (specula convert)
   // The options each kind takes (specula/options.hpp). The host checks a pipeline's options section
   // against them before calling the factory; null = no schema: the options reach the factory unchecked
   // and the plugin must refuse unknown keys itself.
@@ -75,7 +78,7 @@ struct SpeculaPluginDescriptor {
   uint32_t abi_version;        // SPECULA_PLUGIN_ABI_VERSION the plugin was built with
   const char* fingerprint;     // SPECULA_ABI_FINGERPRINT the plugin was built with
   const char* name;            // unique plugin name, e.g. "gguf"
-  const char* kinds;           // comma-separated: "format", "backend", "model", "drafter", "sampler"
+  const char* kinds;           // comma-separated: "format", "backend", "model", "drafter", "sampler", "converter"
   const char* version;         // semantic version of the plugin, "1.2.0"
   const char* description;     // one line for `specula plugins`
   // Only called after the checks pass.

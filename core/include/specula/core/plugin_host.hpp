@@ -25,7 +25,7 @@ namespace specula::core {
 // One plugin that passed every check.
 struct PluginInfo {
   std::string name;
-  std::vector<std::string> kinds;   // "format", "backend", "model", "drafter", "sampler"
+  std::vector<std::string> kinds;   // "format", "backend", "model", "drafter", "sampler", "converter"
   std::string version;
   std::string description;
   std::filesystem::path file;
@@ -90,6 +90,9 @@ class PluginHost {
                                                  const OptionLocations& where = {}) const;
   std::shared_ptr<DrafterLoader> find_drafter_loader(const ModelFile& file, const nlohmann::json& options = {},
                                                      const OptionLocations& where = {}) const;
+  // The first converter plugin that accepts `file` (specula convert); throws naming the architecture the
+  // file declares (config.json architectures and model_type) and the converters tried.
+  std::shared_ptr<Converter> find_converter(const ModelFile& file) const;
 
  private:
   struct Library;
