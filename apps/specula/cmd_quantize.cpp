@@ -37,8 +37,8 @@ void print_plan(const std::string& input, const core::QuantFileType& type, bool 
   for (const auto& p : core::plan_quantization(file.metadata, file.tensors, type, pure, input)) {
     std::string shape;
     for (const int64_t d : p.shape) shape += (shape.empty() ? "" : " x ") + std::to_string(d);
-    fmt::print("{:<40} {:<18} {:>6} -> {:<6}{}\n", p.name, shape, dtype_name(p.from), dtype_name(p.to),
-               p.fallback ? "  (rows not whole blocks: fallback)" : "");
+    fmt::print("{:<40} {:<18} {:>6} -> {}{}\n", p.name, shape, dtype_name(p.from), dtype_name(p.to),
+               p.fallback ? "  (fallback: rows are not whole blocks)" : "");
   }
 }
 

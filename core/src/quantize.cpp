@@ -12,6 +12,8 @@
 #include <cmath>
 #include <exception>
 #include <numeric>
+#include <optional>
+#include <span>
 #include <thread>
 
 #include <fmt/format.h>

@@ -289,9 +289,10 @@ TEST(Quantize, RequantizesQ8_0AndThreadCountDoesNotChangeBytes) {
   ASSERT_EQ(q4.type, DType::Q4_0);
   const std::vector<float> x = to_f32(q8);
   std::vector<std::byte> want(q4.data.size());
-  const int64_t cols = q8.shape.back();
-  for (int64_t r = 0; r < q8.elements() / cols; ++r)
-    specula::quantize_row(DType::Q4_0, x.data() + r * cols, want.data() + r * (want.size() / (x.size() / cols)), cols);
+  const int64_t cols = q8.shape.back(), rows = q8.elements() / cols;
+  const size_t row_bytes = want.size() / static_cast<size_t>(rows);
+  for (int64_t r = 0; r < rows; ++r)
+    specula::quantize_row(DType::Q4_0, x.data() + r * cols, want.data() + r * row_bytes, cols);
   EXPECT_TRUE(std::equal(want.begin(), want.end(), q4.data.begin()));
 }
 
@@ -389,6 +390,17 @@ TEST(QuantizeCli, WritesAndSummarises) {
   EXPECT_EQ(o.tensor("blk.0.attn_norm.weight").type, DType::F32);
   EXPECT_EQ(o.file.metadata.at("general.file_type"), 7);
   EXPECT_EQ(o.file.metadata.at("general.quantization_version"), 2);
+}
+
+TEST(QuantizeCli, DryRunPrintsThePlanAndWritesNothing) {
+  const fs::path in = tiny_gguf("tiny-plan.gguf");
+  const Result r = cli(q(in) + " Q4_K_M --dry-run");
+  ASSERT_EQ(r.status, 0) << r.out;
+  // 64-wide rows: the tied embedding takes Q8_0, attn_q falls back from Q4_K to Q5_0, the norm stays.
+  EXPECT_NE(r.out.find("token_embd.weight"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("F32 -> Q8_0"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("F32 -> Q5_0  (fallback: rows are not whole blocks)"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("F32 -> F32"), std::string::npos) << r.out;
 }
 
 TEST(QuantizeCli, HelpListsTheFileTypes) {
