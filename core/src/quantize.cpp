@@ -166,7 +166,7 @@ class MixRules {
       if (n_expert_ == 8) t = DType::Q8_0;
     } else if (role == Role::AttnOutput) {
       if (n_expert_ == 8 && (f == ftype::kQ4_K_S || f == ftype::kQ4_K_M || iq4)) t = DType::Q5_K;
-    } else if (role == Role::FfnDown) {
+    } else if (role == Role::FfnDown && (iq4 || f == ftype::kQ4_K_S || f == ftype::kQ4_K_M || f == ftype::kQ5_K_M)) {
       const int n = n_layers(name);
       // Experts of one layer are not consecutive in every file: MoE models take the layer from the name.
       int i = i_ffn_down_;

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <cmath>
@@ -48,10 +49,18 @@ json read_json(const fs::path& p) {
 
 fs::path golden(const std::string& name) { return fs::path(SPECULA_SOURCE_DIR) / "tests/quantize/golden" / name; }
 
+// This process's outputs (ctest runs the tests of this file in parallel processes), removed at exit.
 fs::path work_dir() {
-  const fs::path d = fs::path(SPECULA_BINARY_DIR) / "quantize-tests";
-  fs::create_directories(d);
-  return d;
+  struct Dir {
+    fs::path path = fs::path(SPECULA_BINARY_DIR) / "quantize-tests" / std::to_string(getpid());
+    Dir() { fs::create_directories(path); }
+    ~Dir() {
+      std::error_code ec;
+      fs::remove_all(path, ec);
+    }
+  };
+  static const Dir dir;
+  return dir.path;
 }
 
 // The "quant" fixture (generated once, cached in the build dir); format "f16" or "q8_0".
