@@ -55,6 +55,11 @@ VARIANTS = {
     "26b": dict(hidden=64, layers=[S, S, F, S, S, F], heads=4, kv=2, kv_global=1, k_eq_v=True,
                 ffn=48, double_wide=False, shared=0, ple=0, window=16,
                 moe=dict(experts=8, top_k=2, ffn=32), seed=26),
+    # The quantizer tests' fixture (tests/quantize): ffn_down and attn_output rows of 256/512 take
+    # K-quant blocks, the 64-wide rows elsewhere make llama.cpp's fallbacks fire, kv=2 of 8 heads is the
+    # GQA of 4 that the IQ4 mixes look at, 8 layers give the _M mixes' layer pattern.
+    "quant": dict(hidden=64, layers=[S, S, S, F] * 2, heads=8, kv=2, kv_global=None, k_eq_v=False,
+                  ffn=256, double_wide=False, shared=2, ple=16, window=8, moe=None, seed=10),
     # Real shapes for benchmarks, never used by tests: 4.6G weights for E2B (8.7 GiB as F16), 7.5G for
     # E4B (14 GiB), 25G for 26B-A4B (47 GiB). Their weights are generated while being written
     # (LazyTensor), so memory stays small whatever the size.
