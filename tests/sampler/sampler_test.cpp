@@ -129,7 +129,7 @@ TEST(StandardSampler, DistributionIsWhatSampleDrawsFrom) {
       {.temperature = 1.0f, .min_p = 0.05f},
       {.temperature = 0.9f, .top_k = 40, .min_length = 4},
   };
-  constexpr int N = 1 << 16;
+  constexpr int N = 1 << 13;
   for (size_t c = 0; c < configs.size(); ++c) {
     const StandardSampler sampler(configs[c]);
     const auto logits = random_logits(200, 7 + static_cast<uint32_t>(c), 2.0f);
