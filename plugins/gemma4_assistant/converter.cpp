@@ -21,12 +21,6 @@ namespace {
 
 using json = nlohmann::json;
 
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 class AssistantConverter final : public Converter {
  public:
   std::string architecture() const override { return "gemma4-assistant"; }
