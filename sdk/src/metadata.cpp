@@ -31,6 +31,14 @@ int64_t GgufKeys::optional_int(const std::string& key, int64_t fallback) const {
   return v ? integer(*v, key) : fallback;
 }
 
+int64_t GgufKeys::required_int(const std::string& key, int64_t lo, int64_t hi) const {
+  return require_range(required_int(key), lo, hi, fmt::format("metadata key '{}.{}'", arch_, key), file_);
+}
+
+int64_t GgufKeys::optional_int(const std::string& key, int64_t fallback, int64_t lo, int64_t hi) const {
+  return require_range(optional_int(key, fallback), lo, hi, fmt::format("metadata key '{}.{}'", arch_, key), file_);
+}
+
 float GgufKeys::optional_float(const std::string& key, float fallback) const {
   const json* v = find(key);
   if (!v) return fallback;
@@ -78,6 +86,13 @@ int64_t rope_freqs_rotated_pairs(const ModelFile& file, int64_t dims, int64_t fa
     if (rotate) ++rotated;
   }
   return rotated;
+}
+
+int64_t require_range(int64_t value, int64_t lo, int64_t hi, const std::string& what, const std::string& where) {
+  if (value < lo || value > hi)
+    fail("{}: {} is {}, outside [{}, {}], the range models of this architecture use; the file is damaged or "
+         "describes another model", where, what, value, lo, hi);
+  return value;
 }
 
 int64_t require_positive(int64_t value, const std::string& what, const std::string& where) {

@@ -18,7 +18,8 @@
 
 // Bumped whenever an interface in sdk/include/specula changes incompatibly.
 // 3: option schemas in PluginFactories, ModelLoader::check and DrafterLoader::check
-#define SPECULA_PLUGIN_ABI_VERSION 3u
+// 4: metadata.hpp: limits::*, require_range, range-checked GgufKeys / JsonFields integer reads
+#define SPECULA_PLUGIN_ABI_VERSION 4u
 #define SPECULA_PLUGIN_ENTRY_SYMBOL "specula_plugin_entry"
 
 // Compiler, standard library and language standard: C++ objects cross the boundary only between
