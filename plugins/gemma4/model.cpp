@@ -571,7 +571,10 @@ bool is_gemma4(const ModelFile& file) {
   }
   auto cfg = md.find("config");
   if (cfg == md.end() || !cfg->is_object()) return false;
-  auto type_of = [](const nlohmann::json& j) { return j.is_object() ? j.value("model_type", std::string()) : ""; };
+  auto type_of = [](const nlohmann::json& j) {
+    auto t = j.is_object() ? j.find("model_type") : j.end();
+    return t != j.end() && t->is_string() ? t->get<std::string>() : std::string();
+  };
   const std::string t = type_of(*cfg), tt = type_of(cfg->value("text_config", nlohmann::json()));
   return t == "gemma4" || t == "gemma4_text" || t == "gemma4_unified" || t == "gemma4_unified_text" ||
          tt == "gemma4_text" || tt == "gemma4_unified_text";

@@ -212,7 +212,9 @@ bool is_assistant(const ModelFile& file) {
     return it != md.end() && it->is_string() && *it == kArch;
   }
   auto cfg = md.find("config");
-  return cfg != md.end() && cfg->is_object() && cfg->value("model_type", std::string()) == "gemma4_assistant";
+  if (cfg == md.end() || !cfg->is_object()) return false;
+  auto type = cfg->find("model_type");
+  return type != cfg->end() && *type == "gemma4_assistant";  // false for a model_type that is no string
 }
 
 Config read_config(const ModelFile& file) {
@@ -235,16 +237,16 @@ json Config::to_json() const {
 Options parse_options(const json& options) {
   Options o;
   if (options.is_null()) return o;
-  if (!options.is_object()) fail("gemma4-assistant: drafter options must be a mapping, got {}", options.dump());
+  if (!options.is_object()) fail("gemma4-assistant: drafter options must be a mapping, got {}", json_text(options));
   for (const auto& [key, v] : options.items()) {
     if (key == "head") {
       if (!v.is_string() || (v != "auto" && v != "dense" && v != "centroid"))
-        fail("gemma4-assistant: option head = {}; expected auto, dense or centroid", v.dump());
+        fail("gemma4-assistant: option head = {}; expected auto, dense or centroid", json_text(v));
       o.head = v.get<std::string>();
     } else if (key == "query_position") {
       if (!v.is_string() || (v != "p" && v != "p-1"))
         fail("gemma4-assistant: option query_position = {}; expected \"p\" (HF, llama.cpp) or \"p-1\" (vLLM, sglang)",
-             v.dump());
+             json_text(v));
       o.query_offset = v == "p" ? 0 : 1;
     } else {
       fail("gemma4-assistant: unknown option '{}' (known: head, query_position)", key);

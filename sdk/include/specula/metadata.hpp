@@ -28,6 +28,10 @@ inline constexpr int64_t kExperts = 1024;
 inline constexpr int64_t kTokens = 2147483647;       // vocabularies, contexts, windows: ids and positions are int32
 }  // namespace limits
 
+// A JSON value as an error message shows it: at most `max` characters, invalid UTF-8 (from a GGUF string,
+// a YAML scalar) replaced rather than thrown about as nlohmann::json::dump() would.
+std::string json_text(const nlohmann::json& value, size_t max = 80);
+
 // `value` when lo <= value <= hi; otherwise an error "{where}: {what} is {value}, outside [lo, hi] ...".
 int64_t require_range(int64_t value, int64_t lo, int64_t hi, const std::string& what, const std::string& where);
 
@@ -73,7 +77,7 @@ class JsonFields {
     try {
       return it->template get<T>();
     } catch (const nlohmann::json::exception&) {
-      fail("{}: {}{} is {}, which is not the expected type", where_, prefix_, key, it->dump());
+      fail("{}: {}{} is {}, which is not the expected type", where_, prefix_, key, json_text(*it));
     }
   }
   // An integer field (or `fallback`) checked to lie in [lo, hi] (require_range, naming the field).
