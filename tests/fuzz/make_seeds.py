@@ -199,8 +199,13 @@ def compact(obj):
 def tokenizer_seeds(vocab_path):
     tok = cut_vocab(vocab_path)
     tj = compact(small_tokenizer_json(tok))
+    # The base tokenizer the fuzz body falls back to for an empty tokenizer.json (texts alone).
+    os.makedirs(os.path.join(HERE, "data"), exist_ok=True)
+    with open(os.path.join(HERE, "data", "gemma4-cut-tokenizer.json"), "w", encoding="utf-8") as fh:
+        fh.write(tj)
     config = compact({"bos_token": "<bos>", "eos_token": {"content": "<eos>"}, "add_bos_token": True})
-    seeds = {f"text-{i}": nul(tj, config, t) for i, t in enumerate(test_texts(vocab_path, 6))}
+    seeds = {f"text-{i}": nul("", "", t) for i, t in enumerate(test_texts(vocab_path, 40))}
+    seeds["full"] = nul(tj, config, test_texts(vocab_path, 1)[0])
     seeds["specials"] = nul(tj, config, "<bos><|turn>user\nHi<turn|>\n<|turn>model\n")
     seeds["no-config"] = nul(tj, "", "Hello world")
     # Merges as [left, right] pairs (newer tokenizers) and an added token that is not special.
