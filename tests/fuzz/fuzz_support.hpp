@@ -43,14 +43,19 @@ inline void quiet_logs() {
   (void)once;
 }
 
-// A directory of this process (fuzzers and the replay test may run side by side).
+// A directory of this process (fuzzers and the replay test may run side by side), removed at exit.
+struct ScratchDir {
+  std::filesystem::path path =
+      std::filesystem::temp_directory_path() / ("specula-fuzz-" + std::to_string(getpid()));
+  ScratchDir() { std::filesystem::create_directories(path); }
+  ~ScratchDir() {
+    std::error_code ec;
+    std::filesystem::remove_all(path, ec);
+  }
+};
 inline const std::filesystem::path& scratch_dir() {
-  static const std::filesystem::path dir = [] {
-    auto d = std::filesystem::temp_directory_path() / ("specula-fuzz-" + std::to_string(getpid()));
-    std::filesystem::create_directories(d);
-    return d;
-  }();
-  return dir;
+  static const ScratchDir dir;
+  return dir.path;
 }
 
 inline void write_file(const std::filesystem::path& p, std::string_view bytes) {
