@@ -21,6 +21,8 @@ Writes one drafter in the layouts real downloads use (docs: shared/reference/gem
                        centroid_intermediate_top_k, nested text_config) + model.safetensors (BF16;
                        model.embed_tokens/norm/layers.*, pre_projection, post_projection,
                        masked_embedding.centroids.weight and masked_embedding.token_ordering (I64)).
+  assistant-mlx4/      the same checkpoint as mlx-lm quantizes it: embed_tokens, the projections and the
+                       centroids affine 4-bit (group 32, bf16 scales/biases), "quantization" in config.json.
 
 Default shapes are a small drafter for the "e2b" target fixture of gemma4_fixture.py (hidden 64):
 4 layers [S,S,S,F], hidden 32, 2 query heads, 1 KV head, head dims 32 (sliding) / 64 (full) and
@@ -35,7 +37,7 @@ Every weight is rounded to bfloat16 first, so the F32 GGUF and the BF16 safetens
 numbers. Output is bit-for-bit reproducible (seeded numpy Generator); a stamp file lets repeated calls
 return at once.
 
-usage: gemma4_assistant_fixture.py --out DIR [--formats gguf-f32,gguf-seed,hf] [--backbone-hidden N] [--real]
+usage: gemma4_assistant_fixture.py --out DIR [--formats gguf-f32,gguf-seed,hf,mlx4] [--backbone-hidden N] [--real]
                                    [--vocab GGUF]
 """
 import argparse
@@ -65,7 +67,7 @@ SMALL = dict(name="e2b-small", hidden=32, backbone=g4.VARIANTS["e2b"]["hidden"],
 REAL = dict(name="e2b-real", hidden=256, backbone=1536, layers=[S, S, S, F], heads=4, kv=1,
             hd_s=g4.REAL_HEAD_DIM, hd_f=g4.REAL_GLOBAL_HEAD_DIM, ffn=2048, window=512, context=131072,
             centroids=2048, top_k=32, seed=107)
-ALL_FORMATS = ["gguf-f32", "gguf-seed", "hf", "hf-tok"]
+ALL_FORMATS = ["gguf-f32", "gguf-seed", "hf", "hf-tok", "mlx4"]
 
 
 class Spec:
@@ -163,6 +165,32 @@ def write_hf(outdir, spec, w, ordering, generation=None):
         json.dump(generation or {"bos_token_id": 2, "eos_token_id": [1, 106, 50], "pad_token_id": 0}, fh)
 
 
+def write_mlx(outdir, spec, w, ordering, bits=4, gs=32):
+    """The HF checkpoint as mlx-lm quantizes it: every Linear / Embedding weight whose rows are whole
+    groups (embed_tokens, the projections, the centroids) affine-quantized to `bits` with bf16 scales and
+    biases, the rest kept BF16, header metadata {"format": "mlx"}, config.json with the quantization."""
+    os.makedirs(outdir, exist_ok=True)
+    tensors = []
+    for k, a in sorted(w.items()):
+        if a.ndim == 2 and k.endswith(".weight") and "norm" not in k and a.shape[-1] % gs == 0:
+            packed, sc, bi, _ = g4.mlx_quantize(a, bits, gs)
+            base = k[: -len(".weight")]
+            tensors += [(base + ".weight", "U32", packed.tobytes(), packed.shape),
+                        (base + ".scales", "BF16", g4.bf16_bytes(sc), sc.shape),
+                        (base + ".biases", "BF16", g4.bf16_bytes(bi), bi.shape)]
+        else:
+            tensors.append((k, "BF16", g4.bf16_bytes(a), a.shape))
+    tensors.append(("masked_embedding.token_ordering", "I64", ordering.astype("<i8").tobytes(), ordering.shape))
+    g4.write_safetensors(os.path.join(outdir, "model.safetensors"), sorted(tensors), {"format": "mlx"},
+                         pad_header=False)
+    cfg = hf_config(spec)
+    cfg["quantization"] = cfg["quantization_config"] = {"group_size": gs, "bits": bits, "mode": "affine"}
+    with open(os.path.join(outdir, "config.json"), "w") as fh:
+        json.dump(cfg, fh, indent=2, sort_keys=True)
+    with open(os.path.join(outdir, "generation_config.json"), "w") as fh:
+        json.dump({"bos_token_id": 2, "eos_token_id": [1, 106, 50], "pad_token_id": 0}, fh)
+
+
 def gguf_tensor_plan(spec, w, ordering=None, seed=False):
     """(gguf name, array) in the upstream converter's order (rope_freqs first, then HF key order).
     seed: the fork layout (assist_* names, centroid head kept)."""
@@ -255,9 +283,7 @@ def generate(spec, out, formats, vocab):
             write_gguf(os.path.join(out, "assistant-seed-f32.gguf"), spec, w, vocab, ordering, seed=True)
         if "hf" in formats:
             write_hf(os.path.join(out, "assistant-hf"), spec, w, ordering)
-        if "hf-tok" in formats:  # for specula convert: with the vocab GGUF's tokenizer as tokenizer.json
-            write_hf(os.path.join(out, "assistant-hf-tok"), spec, w, ordering)
-            g4.write_tokenizer_files(os.path.join(out, "assistant-hf-tok"), vocab)
+ALL_FORMATS = ["gguf-f32", "gguf-seed", "hf", "hf-tok", "mlx4"]
         with open(stamp, "w") as fh:
             fh.write(digest)
 

@@ -106,22 +106,30 @@ class Reader {
   }
 
   // yaml-cpp keeps a repeated key and answers lookups with the first: refuse it, naming both lines.
-  void check_duplicates(const YAML::Node& n) const {
+  // Also bounds the document: aliases can make a few lines stand for billions of nodes ("billion
+  // laughs"), which every later walk (options to JSON) would expand.
+  void check_duplicates(const YAML::Node& n, size_t* nodes, size_t depth = 0) const {
+    if (++*nodes > kMaxNodes || depth > kMaxDepth)
+      fail("{}: the pipeline nests deeper than {} or expands to more than {} values (through aliases?); a "
+           "pipeline is a few dozen keys", where(n), kMaxDepth, kMaxNodes);
     if (n.IsSequence()) {
-      for (const auto& item : n) check_duplicates(item);
+      for (const auto& item : n) check_duplicates(item, nodes, depth + 1);
     }
     if (!n.IsMap()) return;
     std::map<std::string, YAML::Mark> seen;
     for (const auto& item : n) {
+      if (!item.first.IsScalar())  // later reads take every key as a string
+        fail("{}: a key must be a plain name, not {}", where(item.first), describe(item.first));
       const std::string key = item.first.Scalar();
       auto [it, fresh] = seen.emplace(key, item.first.Mark());
       if (!fresh) {
         fail("{}: duplicate key '{}' (first at line {}, again at line {}); each key may appear once in a mapping",
              where(item.first), key, it->second.line + 1, item.first.Mark().line + 1);
       }
-      check_duplicates(item.second);
+      check_duplicates(item.second, nodes, depth + 1);
     }
   }
+  static constexpr size_t kMaxNodes = 100000, kMaxDepth = 64;
 
   // Checks a mapping against its keys: unknown keys (with a suggestion), missing required keys.
   void check_section(const YAML::Node& node, const std::string& section, const std::vector<Key>& keys) const {
@@ -357,7 +365,8 @@ Pipeline parse_pipeline(std::string_view yaml_text, const fs::path& source, cons
   Reader r(source, base_dir, overrides);
   if (!root || root.IsNull()) fail("{}: the pipeline is empty (expected sections backend, target, sampler, ...)",
                                    source.string());
-  r.check_duplicates(root);
+  size_t nodes = 0;
+  r.check_duplicates(root, &nodes);
   if (root.IsMap()) apply_overrides(root, overrides);
   return read_pipeline(root, source, r);
 }

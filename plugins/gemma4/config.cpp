@@ -1,6 +1,7 @@
 #include "config.hpp"
 
 #include <cmath>
+#include <limits>
 
 #include "specula/error.hpp"
 #include "specula/metadata.hpp"
@@ -21,12 +22,12 @@ void finish_layers(Config& c, const std::string& where) {
     fail("{}: the last layer ({}) is sliding; Gemma 4 always ends with a full-attention layer", where, L - 1);
   if (c.shared_kv_layers < 0 || c.shared_kv_layers >= L)
     fail("{}: {} KV-shared layers for {} layers; expected 0 <= shared < layers", where, c.shared_kv_layers, L);
-  if (c.heads <= 0) fail("{}: attention head count is {}", where, c.heads);
+  require_range(c.heads, 1, limits::kHeads, "the attention head count", where);
   for (int64_t l = 0; l < L; ++l) {
     LayerConfig& lc = c.layers[l];
-    require_positive(lc.head_dim, fmt::format("head dim of layer {}", l), where);
-    require_positive(lc.kv_heads, fmt::format("KV heads of layer {}", l), where);
-    require_positive(lc.ffn, fmt::format("feed-forward width of layer {}", l), where);
+    require_range(lc.head_dim, 1, limits::kHeadDim, fmt::format("the head dim of layer {}", l), where);
+    require_range(lc.kv_heads, 1, limits::kHeads, fmt::format("the KV head count of layer {}", l), where);
+    require_range(lc.ffn, 1, limits::kWidth, fmt::format("the feed-forward width of layer {}", l), where);
     if (c.heads % lc.kv_heads != 0)
       fail("{}: layer {} has {} query heads, not a multiple of its {} KV heads", where, l, c.heads, lc.kv_heads);
     lc.producer = -1;
@@ -46,7 +47,8 @@ void finish_layers(Config& c, const std::string& where) {
     }
   }
   if (c.window <= 0) fail("{}: sliding window is {}, expected > 0", where, c.window);
-  if (c.vocab <= 0 || c.hidden <= 0) fail("{}: vocab {} / hidden {} must be positive", where, c.vocab, c.hidden);
+  require_range(c.vocab, 1, limits::kTokens, "the vocabulary size", where);
+  require_range(c.hidden, 1, limits::kWidth, "the hidden size", where);
   if (c.experts > 0 && (c.experts_used <= 0 || c.experts_used > c.experts || c.expert_ffn <= 0))
     fail("{}: MoE with {} experts, {} used per token and expert width {} is inconsistent", where, c.experts,
          c.experts_used, c.expert_ffn);
@@ -61,24 +63,26 @@ Config config_from_gguf(const ModelFile& file) {
   GgufKeys k(md, where, arch_it->get<std::string>());
 
   Config c;
-  const int64_t L = require_positive(k.required_int("block_count"), "block_count", where);
-  c.hidden = require_positive(k.required_int("embedding_length"), "embedding_length", where);
-  c.context = require_positive(k.required_int("context_length"), "context_length", where);
-  c.heads = require_positive(k.required_int("attention.head_count"), "attention.head_count", where);
-  c.head_dim_full = require_positive(k.required_int("attention.key_length"), "attention.key_length", where);
-  c.head_dim_sliding = require_positive(k.required_int("attention.key_length_swa"), "attention.key_length_swa", where);
+  const int64_t L = k.required_int("block_count", 1, limits::kLayers);
+  c.hidden = k.required_int("embedding_length", 1, limits::kWidth);
+  // Any length is read; the context a run asks for is checked against memory when it is created.
+  c.context = k.required_int("context_length", 1, std::numeric_limits<int64_t>::max());
+  c.context_key = fmt::format("{}.context_length", k.arch());
+  c.heads = k.required_int("attention.head_count", 1, limits::kHeads);
+  c.head_dim_full = k.required_int("attention.key_length", 1, limits::kHeadDim);
+  c.head_dim_sliding = k.required_int("attention.key_length_swa", 1, limits::kHeadDim);
   if (k.optional_int("attention.value_length", c.head_dim_full) != c.head_dim_full ||
       k.optional_int("attention.value_length_swa", c.head_dim_sliding) != c.head_dim_sliding)
     fail("{}: attention.value_length(_swa) differs from key_length(_swa); Gemma 4 uses equal K and V head dims",
          where);
-  c.window = k.required_int("attention.sliding_window");
+  c.window = k.required_int("attention.sliding_window", 1, limits::kTokens);
   c.eps = k.optional_float("attention.layer_norm_rms_epsilon", 1e-6f);
-  c.ple = k.required_int("embedding_length_per_layer_input");
+  c.ple = k.required_int("embedding_length_per_layer_input", 0, limits::kWidth);
   c.shared_kv_layers = k.optional_int("attention.shared_kv_layers", 0);
   c.softcap = k.optional_float("final_logit_softcapping", 0.0f);
-  c.experts = k.optional_int("expert_count", 0);
+  c.experts = k.optional_int("expert_count", 0, 0, limits::kExperts);
   c.experts_used = k.optional_int("expert_used_count", 0);
-  c.expert_ffn = k.optional_int("expert_feed_forward_length", 0);
+  c.expert_ffn = k.optional_int("expert_feed_forward_length", 0, 0, limits::kWidth);
 
   const auto ffn = k.per_layer("feed_forward_length", L, true, 0);
   const auto kv = k.per_layer("attention.head_count_kv", L, false, c.heads);
@@ -91,7 +95,7 @@ Config config_from_gguf(const ModelFile& file) {
       if (pattern->size() != static_cast<size_t>(L))
         fail("{}: attention.sliding_window_pattern has {} entries for {} layers", where, pattern->size(), L);
       const json& e = (*pattern)[l];
-      sliding = e.is_boolean() ? e.get<bool>() : e.get<int64_t>() != 0;
+      sliding = e.is_boolean() ? e.get<bool>() : k.integer(e, "attention.sliding_window_pattern") != 0;
     } else {
       const int64_t period = k.integer(*pattern, "attention.sliding_window_pattern");
       sliding = period <= 0 || (l + 1) % period != 0;
@@ -145,28 +149,29 @@ Config config_from_hf(const ModelFile& file) {
   JsonFields k(tc, where, &tc != &root ? "text_config." : "");
 
   Config c;
-  c.vocab = k.get<int64_t>("vocab_size", 262144);
-  c.hidden = k.get<int64_t>("hidden_size", 2304);
-  const int64_t ffn = k.get<int64_t>("intermediate_size", 9216);
-  const int64_t L = require_positive(k.get<int64_t>("num_hidden_layers", 30), "num_hidden_layers", where);
-  c.heads = k.get<int64_t>("num_attention_heads", 8);
-  const int64_t kv = k.get<int64_t>("num_key_value_heads", 4);
-  c.head_dim_sliding = k.get<int64_t>("head_dim", 256);
-  c.head_dim_full = k.get<int64_t>("global_head_dim", 512);
+  c.vocab = k.integer("vocab_size", 262144, 1, limits::kTokens);
+  c.hidden = k.integer("hidden_size", 2304, 1, limits::kWidth);
+  const int64_t ffn = k.integer("intermediate_size", 9216, 1, limits::kWidth);
+  const int64_t L = k.integer("num_hidden_layers", 30, 1, limits::kLayers);
+  c.heads = k.integer("num_attention_heads", 8, 1, limits::kHeads);
+  const int64_t kv = k.integer("num_key_value_heads", 4, 1, limits::kHeads);
+  c.head_dim_sliding = k.integer("head_dim", 256, 1, limits::kHeadDim);
+  c.head_dim_full = k.integer("global_head_dim", 512, 1, limits::kHeadDim);
   c.k_eq_v = k.get<bool>("attention_k_eq_v", false);
   const int64_t kv_global = c.k_eq_v ? k.get<int64_t>("num_global_key_value_heads", kv) : kv;
   c.eps = k.get<float>("rms_norm_eps", 1e-6f);
-  c.window = k.get<int64_t>("sliding_window", 512);
+  c.window = k.integer("sliding_window", 512, 1, limits::kTokens);
   if (k.get<std::string>("use_bidirectional_attention", "") == "all") c.window = c.window / 2 + 1;
-  c.context = k.get<int64_t>("max_position_embeddings", 131072);
+  c.context = k.integer("max_position_embeddings", 131072, 1, std::numeric_limits<int64_t>::max());
+  c.context_key = fmt::format("{} {}max_position_embeddings", where, &tc != &root ? "text_config." : "");
   c.softcap = k.get<float>("final_logit_softcapping", 0.0f);
-  c.ple = k.get<int64_t>("hidden_size_per_layer_input", 256);  // the default is 256, not 0
+  c.ple = k.integer("hidden_size_per_layer_input", 256, 0, limits::kWidth);  // the default is 256, not 0
   c.shared_kv_layers = k.get<int64_t>("num_kv_shared_layers", 0);
   const bool double_wide = k.get<bool>("use_double_wide_mlp", false);
   if (k.get<bool>("enable_moe_block", false)) {
-    c.experts = k.get<int64_t>("num_experts", 0);
+    c.experts = k.integer("num_experts", 0, 0, limits::kExperts);
     c.experts_used = k.get<int64_t>("top_k_experts", 0);
-    c.expert_ffn = k.get<int64_t>("moe_intermediate_size", 0);
+    c.expert_ffn = k.integer("moe_intermediate_size", 0, 0, limits::kWidth);
   }
   if (const std::string act = k.get<std::string>("hidden_activation", "gelu_pytorch_tanh");
       act != "gelu_pytorch_tanh")
@@ -174,7 +179,7 @@ Config config_from_hf(const ModelFile& file) {
 
   std::vector<std::string> types;
   if (auto it = tc.find("layer_types"); it != tc.end() && !it->is_null()) {
-    types = it->get<std::vector<std::string>>();
+    types = k.get<std::vector<std::string>>("layer_types", {});
     if (types.size() != static_cast<size_t>(L))
       fail("{}: layer_types has {} entries for num_hidden_layers = {}", where, types.size(), L);
   } else {
@@ -198,13 +203,16 @@ Config config_from_hf(const ModelFile& file) {
     rope = json::parse(R"({"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0}})");
   auto rope_for = [&](const char* type, int64_t head_dim) {
-    if (!rope.contains(type) || !rope[type].is_object())
+    if (!rope.is_object() || !rope.contains(type) || !rope[type].is_object())
       fail("{}: rope_parameters.{} is missing", where, type);
-    const json& r = rope[type];
-    const std::string kind = r.value("rope_type", "default");
-    const float prf = r.value("partial_rotary_factor", 1.0f);
-    const float factor = r.value("factor", 1.0f);
-    RopeConfig out{r.value("rope_theta", 10000.0f), head_dim / 2, static_cast<float>(head_dim), 1.0f / factor};
+    const JsonFields r(rope[type], where, fmt::format("rope_parameters.{}.", type));
+    const std::string kind = r.get<std::string>("rope_type", "default");
+    const float prf = r.get<float>("partial_rotary_factor", 1.0f);
+    const float factor = r.get<float>("factor", 1.0f);
+    if (!(prf > 0.0f && prf <= 1.0f) || !(factor > 0.0f))
+      fail("{}: rope_parameters.{} has partial_rotary_factor {} and factor {}; expected 0 < partial_rotary_factor <= 1 "
+           "and factor > 0", where, type, prf, factor);
+    RopeConfig out{r.get<float>("rope_theta", 10000.0f), head_dim / 2, static_cast<float>(head_dim), 1.0f / factor};
     if (kind == "proportional") {
       out.rotated_pairs = static_cast<int64_t>(prf * static_cast<float>(head_dim)) / 2;
     } else if (kind != "default" || prf != 1.0f) {

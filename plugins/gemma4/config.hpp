@@ -37,6 +37,7 @@ struct Config {
   int64_t head_dim_full = 0;
   int64_t window = 0;
   int64_t context = 0;
+  std::string context_key;    // where `context` was read, for messages ("gemma4.context_length")
   int64_t ple = 0;            // hidden_size_per_layer_input (0 = no per-layer embeddings)
   int64_t shared_kv_layers = 0;
   int64_t experts = 0;        // 0 = no MoE block

@@ -9,6 +9,7 @@
 
 #include "specula/error.hpp"
 #include "specula/log.hpp"
+#include "specula/metadata.hpp"
 #include "specula/tokenizer.hpp"
 
 namespace specula::gemma4 {
@@ -82,6 +83,8 @@ class Gemma4Context final : public ModelContext, public TargetView {
   std::map<std::pair<int64_t, std::string>, Sampling> sampling_graphs_;  // by T and Sampler::device_key
 };
 
+constexpr int64_t kMaxChunk = 65536;  // prefill_chunk: tokens per graph run
+
 // Everything the constructor decides from the metadata and the options, before a weight is loaded.
 struct Checked {
   Config cfg;
@@ -98,7 +101,8 @@ Checked check_model(const ModelFile& file, const ComputeBackend& backend, const 
   c.cfg = gguf ? config_from_gguf(file) : config_from_hf(file);
   const Weights w = check_weights(file, c.cfg);  // every tensor present and shaped as the config says
   c.chunk = options.value("prefill_chunk", int64_t{256});
-  if (c.chunk < 1) fail("gemma4: option prefill_chunk = {} must be >= 1", c.chunk);
+  if (c.chunk < 1 || c.chunk > kMaxChunk)
+    fail("gemma4: option prefill_chunk = {} must be between 1 and {}", c.chunk, kMaxChunk);
   const std::string cache_type = options.value("kv_cache_type", std::string("F32"));
   auto ct = dtype_from_name(cache_type);
   if (!ct || (*ct != DType::F32 && *ct != DType::F16 && *ct != DType::BF16))
@@ -176,8 +180,12 @@ class Gemma4Model final : public Model, public std::enable_shared_from_this<Gemm
     int64_t cap = options.context_length > 0 ? options.context_length : cfg_.context;
     if (cap > cfg_.context)
       fail("gemma4: context length {} exceeds the model's {} ({})", cap, cfg_.context, file_->path().string());
+    check_context_fits(cap, options.context_length > 0);
     return std::make_unique<Gemma4Context>(shared_from_this(), cap);
   }
+
+  // A sliding layer needs the window - 1 previous keys plus the chunk being processed.
+  int64_t ring_slots() const { return cfg_.window - 1 + chunk_; }
 
   // Records the whole forward pass for T tokens, logits for the last n_logits of them.
   void build(Built& b, int64_t T, int64_t n_logits, const std::vector<Cache>& caches,
@@ -185,6 +193,31 @@ class Gemma4Model final : public Model, public std::enable_shared_from_this<Gemm
 
   const Config& cfg() const { return cfg_; }
   ComputeBackend& backend() const { return *backend_; }
+
+  // Before a context allocates its caches: positions are int32, and the persistent tensors must fit the
+  // device. The model's own context length (or a hostile one) can ask for far more than either.
+  void check_context_fits(int64_t cap, bool asked) const {
+    const std::string what = asked ? fmt::format("the context length {} asked for", cap)
+                                   : fmt::format("the model's context length ({} = {})", cfg_.context_key, cap);
+    const char* fix = "ask for a shorter context with --context-length N (target.context_length in the pipeline)";
+    if (cap > limits::kTokens)
+      fail("gemma4: {} exceeds the {} positions the model can address ({}); {}", what, limits::kTokens,
+           file_->path().string(), fix);
+    // The Gemma4Context constructor's allocations: K, V and positions of each producer layer, then
+    // last_hidden and chunk_hidden (in double: a hostile size must not wrap around).
+    const double cache_elem = dtype_traits(cache_type_)->block_bytes;
+    double bytes = 4.0 * static_cast<double>(cfg_.hidden) * static_cast<double>(1 + chunk_);
+    for (const LayerConfig& lc : cfg_.layers) {
+      if (lc.producer >= 0) continue;
+      const double slots = static_cast<double>(lc.full ? cap : std::min(ring_slots(), cap));
+      bytes += slots * (2.0 * cache_elem * static_cast<double>(lc.kv_heads * lc.head_dim) + 4.0);
+    }
+    const DeviceInfo device = backend_->device();
+    if (device.memory_bytes > 0 && bytes > static_cast<double>(device.memory_bytes))
+      fail("gemma4: {} needs {:.0f} bytes ({:.1f} GiB) of KV cache, more than the {:.1f} GiB of {} ({}); {}", what,
+           bytes, bytes / (1 << 30), static_cast<double>(device.memory_bytes) / (1 << 30), device.name,
+           file_->path().string(), fix);
+  }
   TokenEmbedding token_embedding() const { return {w_.embed, embed_scale_}; }
   int64_t chunk() const { return chunk_; }
   DType cache_type() const { return cache_type_; }
@@ -351,8 +384,7 @@ Gemma4Context::Gemma4Context(std::shared_ptr<const Gemma4Model> model, int64_t c
   chunk_hidden_ = be.allocate("gemma4.chunk_hidden", DType::F32, {m_->chunk(), c.hidden});
 }
 
-// A sliding layer needs the window - 1 previous keys plus the chunk being processed.
-int64_t Gemma4Context::ring_slots() const { return m_->cfg().window - 1 + m_->chunk(); }
+int64_t Gemma4Context::ring_slots() const { return m_->ring_slots(); }
 
 Built& Gemma4Context::graph_for(int64_t T, int64_t n_logits) {
   auto& slot = graphs_[{T, n_logits}];
@@ -539,7 +571,10 @@ bool is_gemma4(const ModelFile& file) {
   }
   auto cfg = md.find("config");
   if (cfg == md.end() || !cfg->is_object()) return false;
-  auto type_of = [](const nlohmann::json& j) { return j.is_object() ? j.value("model_type", std::string()) : ""; };
+  auto type_of = [](const nlohmann::json& j) {
+    auto t = j.is_object() ? j.find("model_type") : j.end();
+    return t != j.end() && t->is_string() ? t->get<std::string>() : std::string();
+  };
   const std::string t = type_of(*cfg), tt = type_of(cfg->value("text_config", nlohmann::json()));
   return t == "gemma4" || t == "gemma4_text" || t == "gemma4_unified" || t == "gemma4_unified_text" ||
          tt == "gemma4_text" || tt == "gemma4_unified_text";
@@ -548,7 +583,7 @@ bool is_gemma4(const ModelFile& file) {
 const OptionSchema& option_schema() {
   static const OptionSchema schema = {
       {"prefill_chunk", OptionType::Integer, "prompt tokens per graph run; also the deepest rollback a sliding-window cache allows",
-       256, 1, std::nullopt, {}},
+       256, 1, kMaxChunk, {}},
       {"kv_cache_type", OptionType::String, "storage type of the KV cache (the backend must run WriteRows and Attention on it)",
        "F32", std::nullopt, std::nullopt, {"F32", "F16", "BF16"}},
       {"embedding_scale", OptionType::String,

@@ -16,16 +16,16 @@ constexpr const char* kArch = "gemma4-assistant";
 
 void finish(Config& c, const std::string& where) {
   if (c.layers.empty()) fail("{}: the drafter has no layers", where);
-  require_positive(c.hidden, "hidden size", where);
-  require_positive(c.backbone, "backbone hidden size", where);
-  require_positive(c.heads, "attention head count", where);
-  require_positive(c.vocab, "vocabulary size", where);
+  require_range(c.hidden, 1, limits::kWidth, "the hidden size", where);
+  require_range(c.backbone, 1, limits::kWidth, "the backbone hidden size", where);
+  require_range(c.heads, 1, limits::kHeads, "the attention head count", where);
+  require_range(c.vocab, 1, limits::kTokens, "the vocabulary size", where);
   if (c.backbone == c.hidden)
     fail("{}: backbone hidden size {} equals the drafter's hidden size; a gemma4-assistant file states the "
          "target's width (embedding_length_out / backbone_hidden_size)", where, c.backbone);
   for (size_t l = 0; l < c.layers.size(); ++l) {
-    require_positive(c.layers[l].head_dim, fmt::format("head dim of layer {}", l), where);
-    require_positive(c.layers[l].ffn, fmt::format("feed-forward width of layer {}", l), where);
+    require_range(c.layers[l].head_dim, 1, limits::kHeadDim, fmt::format("the head dim of layer {}", l), where);
+    require_range(c.layers[l].ffn, 1, limits::kWidth, fmt::format("the feed-forward width of layer {}", l), where);
   }
   bool sliding = false;
   for (const Layer& l : c.layers) sliding = sliding || !l.full;
@@ -45,8 +45,8 @@ Config from_gguf(const ModelFile& file) {
   const json& md = file.metadata();
   GgufKeys k(md, where, kArch);
   Config c;
-  const int64_t L = require_positive(k.required_int("block_count"), "block_count", where);
-  c.hidden = require_positive(k.required_int("embedding_length"), "embedding_length", where);
+  const int64_t L = k.required_int("block_count", 1, limits::kLayers);
+  c.hidden = k.required_int("embedding_length", 1, limits::kWidth);
   // Upstream llama.cpp states the backbone as embedding_length_out, the fork converter (seed) as
   // backbone_hidden_size; either is accepted, both must agree.
   const int64_t out = k.optional_int("embedding_length_out", 0), bb = k.optional_int("backbone_hidden_size", 0);
@@ -57,10 +57,10 @@ Config from_gguf(const ModelFile& file) {
     fail("{}: '{}.embedding_length_out' = {} but '{}.backbone_hidden_size' = {}", where, kArch, out, kArch, bb);
   c.backbone = out != 0 ? out : bb;
   c.context = k.optional_int("context_length", 131072);
-  c.heads = require_positive(k.required_int("attention.head_count"), "attention.head_count", where);
-  const int64_t hd_full = require_positive(k.required_int("attention.key_length"), "attention.key_length", where);
-  const int64_t hd_swa = require_positive(k.required_int("attention.key_length_swa"), "attention.key_length_swa", where);
-  c.window = k.optional_int("attention.sliding_window", 0);
+  c.heads = k.required_int("attention.head_count", 1, limits::kHeads);
+  const int64_t hd_full = k.required_int("attention.key_length", 1, limits::kHeadDim);
+  const int64_t hd_swa = k.required_int("attention.key_length_swa", 1, limits::kHeadDim);
+  c.window = k.optional_int("attention.sliding_window", 0, 0, limits::kTokens);
   c.eps = k.optional_float("attention.layer_norm_rms_epsilon", 1e-6f);
   if (const float cap = k.optional_float("final_logit_softcapping", 0.0f); cap != 0.0f)
     fail("{}: '{}.final_logit_softcapping' = {}; Gemma 4 drafters have no logit softcap", where, kArch, cap);
@@ -74,7 +74,7 @@ Config from_gguf(const ModelFile& file) {
       if (pattern->size() != static_cast<size_t>(L))
         fail("{}: attention.sliding_window_pattern has {} entries for {} layers", where, pattern->size(), L);
       const json& e = (*pattern)[static_cast<size_t>(l)];
-      sliding = e.is_boolean() ? e.get<bool>() : e.get<int64_t>() != 0;
+      sliding = e.is_boolean() ? e.get<bool>() : k.integer(e, "attention.sliding_window_pattern") != 0;
     } else {
       const int64_t period = k.integer(*pattern, "attention.sliding_window_pattern");
       sliding = period <= 0 || (l + 1) % period != 0;
@@ -136,14 +136,15 @@ Config from_hf(const ModelFile& file) {
   c.use_ordered_embeddings = top("use_ordered_embeddings", false);
   c.centroids = top("num_centroids", int64_t{2048});
   c.centroid_top_k = top("centroid_intermediate_top_k", int64_t{32});
-  c.vocab = txt("vocab_size", int64_t{262144});
-  c.hidden = txt("hidden_size", int64_t{256});
-  const int64_t ffn = txt("intermediate_size", int64_t{2048});
-  const int64_t L = require_positive(txt("num_hidden_layers", int64_t{4}), "text_config.num_hidden_layers", where);
-  c.heads = txt("num_attention_heads", int64_t{4});
-  const int64_t hd_swa = txt("head_dim", int64_t{256}), hd_full = txt("global_head_dim", int64_t{512});
+  c.vocab = text_fields.integer("vocab_size", 262144, 1, limits::kTokens);
+  c.hidden = text_fields.integer("hidden_size", 256, 1, limits::kWidth);
+  const int64_t ffn = text_fields.integer("intermediate_size", 2048, 1, limits::kWidth);
+  const int64_t L = text_fields.integer("num_hidden_layers", 4, 1, limits::kLayers);
+  c.heads = text_fields.integer("num_attention_heads", 4, 1, limits::kHeads);
+  const int64_t hd_swa = text_fields.integer("head_dim", 256, 1, limits::kHeadDim);
+  const int64_t hd_full = text_fields.integer("global_head_dim", 512, 1, limits::kHeadDim);
   c.eps = txt("rms_norm_eps", 1e-6f);
-  c.window = txt("sliding_window", int64_t{512});
+  c.window = text_fields.integer("sliding_window", 512, 0, limits::kTokens);
   c.context = txt("max_position_embeddings", int64_t{131072});
   if (const float cap = txt("final_logit_softcapping", 0.0f); cap != 0.0f)
     fail("{}: text_config.final_logit_softcapping = {}; Gemma 4 drafters have no logit softcap", where, cap);
@@ -171,12 +172,16 @@ Config from_hf(const ModelFile& file) {
     rope = json::parse(R"({"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
         "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0}})");
   auto rope_for = [&](const char* type, int64_t head_dim) {
-    if (!rope.contains(type) || !rope[type].is_object()) fail("{}: text_config.rope_parameters.{} is missing", where, type);
-    const json& r = rope[type];
-    const std::string kind = r.value("rope_type", "default");
-    const float prf = r.value("partial_rotary_factor", 1.0f);
-    const float factor = r.value("factor", 1.0f);
-    Rope out{r.value("rope_theta", 10000.0f), head_dim / 2, static_cast<float>(head_dim), 1.0f / factor};
+    if (!rope.is_object() || !rope.contains(type) || !rope[type].is_object())
+      fail("{}: text_config.rope_parameters.{} is missing", where, type);
+    const JsonFields r(rope[type], where, fmt::format("text_config.rope_parameters.{}.", type));
+    const std::string kind = r.get<std::string>("rope_type", "default");
+    const float prf = r.get<float>("partial_rotary_factor", 1.0f);
+    const float factor = r.get<float>("factor", 1.0f);
+    if (!(prf > 0.0f && prf <= 1.0f) || !(factor > 0.0f))
+      fail("{}: text_config.rope_parameters.{} has partial_rotary_factor {} and factor {}; expected 0 < "
+           "partial_rotary_factor <= 1 and factor > 0", where, type, prf, factor);
+    Rope out{r.get<float>("rope_theta", 10000.0f), head_dim / 2, static_cast<float>(head_dim), 1.0f / factor};
     if (kind == "proportional") {
       out.rotated_pairs = static_cast<int64_t>(prf * static_cast<float>(head_dim)) / 2;
     } else if (kind != "default" || prf != 1.0f) {
@@ -207,7 +212,9 @@ bool is_assistant(const ModelFile& file) {
     return it != md.end() && it->is_string() && *it == kArch;
   }
   auto cfg = md.find("config");
-  return cfg != md.end() && cfg->is_object() && cfg->value("model_type", std::string()) == "gemma4_assistant";
+  if (cfg == md.end() || !cfg->is_object()) return false;
+  auto type = cfg->find("model_type");
+  return type != cfg->end() && *type == "gemma4_assistant";  // false for a model_type that is no string
 }
 
 Config read_config(const ModelFile& file) {
@@ -230,16 +237,16 @@ json Config::to_json() const {
 Options parse_options(const json& options) {
   Options o;
   if (options.is_null()) return o;
-  if (!options.is_object()) fail("gemma4-assistant: drafter options must be a mapping, got {}", options.dump());
+  if (!options.is_object()) fail("gemma4-assistant: drafter options must be a mapping, got {}", json_text(options));
   for (const auto& [key, v] : options.items()) {
     if (key == "head") {
       if (!v.is_string() || (v != "auto" && v != "dense" && v != "centroid"))
-        fail("gemma4-assistant: option head = {}; expected auto, dense or centroid", v.dump());
+        fail("gemma4-assistant: option head = {}; expected auto, dense or centroid", json_text(v));
       o.head = v.get<std::string>();
     } else if (key == "query_position") {
       if (!v.is_string() || (v != "p" && v != "p-1"))
         fail("gemma4-assistant: option query_position = {}; expected \"p\" (HF, llama.cpp) or \"p-1\" (vLLM, sglang)",
-             v.dump());
+             json_text(v));
       o.query_offset = v == "p" ? 0 : 1;
     } else {
       fail("gemma4-assistant: unknown option '{}' (known: head, query_position)", key);

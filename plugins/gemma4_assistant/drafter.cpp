@@ -190,21 +190,17 @@ class Drafter final : public AssistantDrafter {
       ordering_ = read_ordering(*file_, *ord, c.vocab);
       centroids_ = t.need("centroids", {c.centroids, Hd});
       // The embedding rows in cluster order (sglang's load-time reorder): row i = old row ordering[i], so
-      // cluster k's S rows are one row of a [C, S * Hd] table that GetRows fetches by cluster id.
+      // cluster k's S rows are one row of a [C, S * Hd] table that GetRows fetches by cluster id. An MLX
+      // table's scales and biases are per row too (groups never cross a row), so they move with it.
       const int64_t S = c.vocab / c.centroids;
-      const auto rb = dtype_row_bytes(embed.type, static_cast<uint64_t>(Hd));
-      if (!rb || embed.type == DType::MLX_AFFINE)
-        fail("{}: tensor '{}' is {}; the centroid head reorders its rows, which needs F32/F16/BF16 or ggml blocks "
-             "(use head: dense)", where, embed.name, dtype_name(embed.type));
-      ordered_.resize(static_cast<size_t>(*rb * c.vocab));
-      for (int64_t i = 0; i < c.vocab; ++i)
-        std::memcpy(ordered_.data() + static_cast<size_t>(i) * *rb,
-                    embed.data.data() + static_cast<size_t>(ordering_[static_cast<size_t>(i)]) * *rb, *rb);
-      TensorInfo oi;
+      TensorInfo oi = embed;
       oi.name = "gemma4_assistant.embd_cluster_order";
-      oi.type = embed.type;
       oi.shape = {c.centroids, S * Hd};
-      oi.data = std::span<const std::byte>(ordered_);
+      oi.data = cluster_order(embed, embed.data, ordered_);
+      if (embed.type == DType::MLX_AFFINE) {
+        oi.quant.scales = cluster_order(embed, embed.quant.scales, ordered_scales_);
+        oi.quant.biases = cluster_order(embed, embed.quant.biases, ordered_biases_);
+      }
       head_ = backend_->load_weight(oi);
     } else {
       head_ = backend_->load_weight(embed);
@@ -214,6 +210,19 @@ class Drafter final : public AssistantDrafter {
              Hd, Hb, centroid_ ? "centroid" : "dense",
              centroid_ ? fmt::format(" (top {} of {} clusters)", c.centroid_top_k, c.centroids) : std::string(),
              c.layout, opt_.query_offset ? "p-1" : "p");
+  }
+
+  // `bytes` (one row per vocabulary id, e.g. a table's data or its MLX scales) in cluster order, in `out`.
+  std::span<const std::byte> cluster_order(const TensorInfo& table, std::span<const std::byte> bytes,
+                                           std::vector<std::byte>& out) const {
+    const size_t rows = ordering_.size(), row = bytes.size() / rows;
+    if (row == 0 || bytes.size() % rows != 0)
+      fail("{}: tensor '{}' holds {} bytes, not a whole number of bytes per row for its {} rows",
+           file_->path().string(), table.name, bytes.size(), rows);
+    out.resize(bytes.size());
+    for (size_t i = 0; i < rows; ++i)
+      std::memcpy(out.data() + i * row, bytes.data() + static_cast<size_t>(ordering_[i]) * row, row);
+    return out;
   }
 
   std::vector<DraftStep> draft(const TargetView& target, const DraftRequest& request) override {
@@ -436,6 +445,7 @@ class Drafter final : public AssistantDrafter {
   std::vector<LayerWeights> layers_;
   std::vector<int32_t> ordering_;
   std::vector<std::byte> ordered_;  // the reordered head; the CPU backend maps weights in place
+  std::vector<std::byte> ordered_scales_, ordered_biases_;  // the same for an MLX head's scales and biases
   std::vector<const void*> key_;
   std::unique_ptr<Built> graphs_[2];  // [0]: h from the drafter's own state, [1]: from the target
 };

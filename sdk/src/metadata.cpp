@@ -16,7 +16,7 @@ const json* GgufKeys::find(const std::string& key) const {
 
 int64_t GgufKeys::integer(const json& v, const std::string& key) const {
   if (!v.is_number_integer() && !v.is_number_unsigned())
-    fail("{}: metadata key '{}.{}' is {}, expected an integer", file_, arch_, key, v.dump().substr(0, 60));
+    fail("{}: metadata key '{}.{}' is {}, expected an integer", file_, arch_, key, json_text(v));
   return v.get<int64_t>();
 }
 
@@ -31,10 +31,18 @@ int64_t GgufKeys::optional_int(const std::string& key, int64_t fallback) const {
   return v ? integer(*v, key) : fallback;
 }
 
+int64_t GgufKeys::required_int(const std::string& key, int64_t lo, int64_t hi) const {
+  return require_range(required_int(key), lo, hi, fmt::format("metadata key '{}.{}'", arch_, key), file_);
+}
+
+int64_t GgufKeys::optional_int(const std::string& key, int64_t fallback, int64_t lo, int64_t hi) const {
+  return require_range(optional_int(key, fallback), lo, hi, fmt::format("metadata key '{}.{}'", arch_, key), file_);
+}
+
 float GgufKeys::optional_float(const std::string& key, float fallback) const {
   const json* v = find(key);
   if (!v) return fallback;
-  if (!v->is_number()) fail("{}: metadata key '{}.{}' is {}, expected a number", file_, arch_, key, v->dump());
+  if (!v->is_number()) fail("{}: metadata key '{}.{}' is {}, expected a number", file_, arch_, key, json_text(*v));
   return v->get<float>();
 }
 
@@ -43,7 +51,7 @@ bool GgufKeys::optional_bool(const std::string& key, bool fallback) const {
   if (!v) return fallback;
   if (v->is_boolean()) return v->get<bool>();
   if (v->is_number_integer() || v->is_number_unsigned()) return v->get<int64_t>() != 0;
-  fail("{}: metadata key '{}.{}' is {}, expected a boolean", file_, arch_, key, v->dump());
+  fail("{}: metadata key '{}.{}' is {}, expected a boolean", file_, arch_, key, json_text(*v));
 }
 
 std::vector<int64_t> GgufKeys::per_layer(const std::string& key, size_t layers, bool required,
@@ -78,6 +86,19 @@ int64_t rope_freqs_rotated_pairs(const ModelFile& file, int64_t dims, int64_t fa
     if (rotate) ++rotated;
   }
   return rotated;
+}
+
+std::string json_text(const json& value, size_t max) {
+  std::string s = value.dump(-1, ' ', false, json::error_handler_t::replace);
+  if (s.size() > max) s = s.substr(0, max) + "...";
+  return s;
+}
+
+int64_t require_range(int64_t value, int64_t lo, int64_t hi, const std::string& what, const std::string& where) {
+  if (value < lo || value > hi)
+    fail("{}: {} is {}, outside [{}, {}], the range models of this architecture use; the file is damaged or "
+         "describes another model", where, what, value, lo, hi);
+  return value;
 }
 
 int64_t require_positive(int64_t value, const std::string& what, const std::string& where) {

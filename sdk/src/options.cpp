@@ -7,6 +7,7 @@
 #include <fmt/format.h>
 
 #include "specula/error.hpp"
+#include "specula/metadata.hpp"
 
 namespace specula {
 
@@ -96,19 +97,20 @@ void check_options(const OptionSchema& schema, const nlohmann::json& options, st
     return it == where.end() ? std::string() : it->second + ": ";
   };
   if (options.is_null()) return;
-  if (!options.is_object()) fail("{}options of {} must be a mapping, got {}", at(""), owner, options.dump());
+  if (!options.is_object()) fail("{}options of {} must be a mapping, got {}", at(""), owner, json_text(options));
   std::vector<std::string> names;
   for (const auto& s : schema) names.push_back(s.name);
   const std::string valid = names.empty() ? std::string("it takes no options") : "valid options: " + join(names);
   for (const auto& [key, value] : options.items()) {
-    auto spec = std::find_if(schema.begin(), schema.end(), [&](const OptionSpec& s) { return s.name == key; });
+    // An init-capture: clang before 16 cannot capture a structured binding.
+    auto spec = std::find_if(schema.begin(), schema.end(), [&name = key](const OptionSpec& s) { return s.name == name; });
     if (spec == schema.end()) {
       const std::string hint = closest_match(key, names);
       if (!hint.empty()) fail("{}unknown option '{}' of {}; did you mean '{}'? ({})", at(key), key, owner, hint, valid);
       fail("{}unknown option '{}' of {} ({})", at(key), key, owner, valid);
     }
     if (!fits(*spec, value))
-      fail("{}option '{}' of {} must be {}, got {}", at(key), key, owner, describe_option_type(*spec), value.dump());
+      fail("{}option '{}' of {} must be {}, got {}", at(key), key, owner, describe_option_type(*spec), json_text(value));
   }
 }
 

@@ -1,10 +1,12 @@
 // make_tokenizer(): reads a checkpoint's tokenizer from GGUF metadata (tokenizer.ggml.*) or from the
 // tokenizer.json + tokenizer_config.json next to a safetensors checkpoint, into one VocabSpec.
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
 #include "specula/error.hpp"
 #include "specula/log.hpp"
+#include "specula/metadata.hpp"
 #include "specula/model_file.hpp"
 #include "specula/tokenizer.hpp"
 #include "tokenizer_bpe.hpp"
@@ -17,9 +19,34 @@ using detail::VocabSpec;
 using nlohmann::json;
 
 const json& require(const json& obj, const std::string& key, const std::string& where) {
-  auto it = obj.find(key);
+  auto it = obj.find(key);  // end() for a non-object too
   if (it == obj.end()) fail("{}: missing key '{}'", where, key);
   return *it;
+}
+
+// Checked reads of tokenizer.json values: a file of another shape ends in an error naming the value.
+constexpr int64_t kMaxTokens = int64_t{1} << 30;
+
+int64_t token_id_of(const json& v, std::string_view what, std::string_view key, const std::string& where) {
+  if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() >= kMaxTokens)
+    fail("{}: {}{} is {}; expected a token id (an integer in [0, {}))", where, what, key, json_text(v),
+         kMaxTokens);
+  return v.get<int64_t>();
+}
+const std::string& string_of(const json& v, const std::string& what, const std::string& where) {
+  if (!v.is_string()) fail("{}: {} is {}; expected a string", where, what, json_text(v));
+  return v.get_ref<const std::string&>();
+}
+template <typename T>
+T value_of(const json& obj, const char* key, T fallback, const std::string& where) {
+  if (!obj.is_object()) return fallback;
+  auto it = obj.find(key);
+  if (it == obj.end() || it->is_null()) return fallback;
+  try {
+    return it->get<T>();
+  } catch (const json::exception&) {
+    fail("{}: '{}' is {}, which is not the expected type", where, key, json_text(*it));
+  }
 }
 
 // A merge written "left right", split at its first space after the first character (a token never
@@ -36,7 +63,7 @@ std::pair<std::string, uint32_t> split_merge(const std::string& m, const std::st
 
 int32_t id_of(const json& md, const std::string& key, const std::string& where) {
   const json& v = require(md, key, where);
-  if (!v.is_number_integer()) fail("{}: '{}' is {}; expected an integer token id", where, key, v.dump());
+  if (!v.is_number_integer()) fail("{}: '{}' is {}; expected an integer token id", where, key, json_text(v));
   return v.get<int32_t>();
 }
 
@@ -59,9 +86,9 @@ std::shared_ptr<const Tokenizer> from_gguf(const ModelFile& file) {
   spec.pieces.reserve(tokens.size());
   spec.kinds.reserve(tokens.size());
   for (size_t i = 0; i < tokens.size(); ++i) {
-    if (!tokens[i].is_string()) fail("{}: tokenizer.ggml.tokens[{}] is {}; expected a string", where, i, tokens[i].dump());
+    if (!tokens[i].is_string()) fail("{}: tokenizer.ggml.tokens[{}] is {}; expected a string", where, i, json_text(tokens[i]));
     if (!types[i].is_number_integer())
-      fail("{}: tokenizer.ggml.token_type[{}] is {}; expected an integer", where, i, types[i].dump());
+      fail("{}: tokenizer.ggml.token_type[{}] is {}; expected an integer", where, i, json_text(types[i]));
     spec.pieces.push_back(tokens[i].get_ref<const std::string&>());
     const int t = types[i].get<int>();
     // llama.cpp's token types: 1 normal, 2 unknown, 3 control, 4 user-defined, 5 unused, 6 byte.
@@ -81,7 +108,7 @@ std::shared_ptr<const Tokenizer> from_gguf(const ModelFile& file) {
   }
   spec.merges.reserve(merges.size());
   for (size_t r = 0; r < merges.size(); ++r) {
-    if (!merges[r].is_string()) fail("{}: tokenizer.ggml.merges[{}] is {}; expected a string", where, r, merges[r].dump());
+    if (!merges[r].is_string()) fail("{}: tokenizer.ggml.merges[{}] is {}; expected a string", where, r, json_text(merges[r]));
     spec.merges.push_back(split_merge(merges[r].get_ref<const std::string&>(), where, r));
   }
   spec.bos = id_of(md, "tokenizer.ggml.bos_token_id", where);
@@ -95,7 +122,7 @@ std::string token_text(const json& config, const std::string& key, const std::st
   auto it = config.find(key);
   if (it == config.end() || it->is_null()) return fallback;
   if (it->is_string()) return it->get<std::string>();
-  if (it->is_object() && it->contains("content")) return (*it)["content"].get<std::string>();
+  if (it->is_object() && it->contains("content")) return string_of((*it)["content"], key + ".content", "tokenizer_config.json");
   return fallback;
 }
 
@@ -113,27 +140,41 @@ std::shared_ptr<const Tokenizer> from_tokenizer_json(const ModelFile& file) {
     fail("{}: not valid JSON: {}", path, e.what());
   }
   const json& model = require(tj, "model", path);
-  if (model.value("type", std::string()) != "BPE")
+  if (value_of(model, "type", std::string(), path) != "BPE")
     fail("{}: model.type is {}; expected \"BPE\" (Gemma's SentencePiece-style BPE)", path,
-         model.contains("type") ? model["type"].dump() : "missing");
-  if (!model.value("byte_fallback", false)) fail("{}: model.byte_fallback is not true; Gemma's BPE needs it", path);
+         model.contains("type") ? json_text(model["type"]) : "missing");
+  if (!value_of(model, "byte_fallback", false, path)) fail("{}: model.byte_fallback is not true; Gemma's BPE needs it", path);
   // Gemma's normalizer turns spaces into U+2581 and does nothing else; anything else would be silently
   // mis-tokenized, so refuse it.
   const json& norm = require(tj, "normalizer", path);
-  const bool gemma_norm = norm.is_object() && norm.value("type", "") == "Replace" &&
-                          norm.contains("pattern") && norm["pattern"].value("String", "") == " " &&
-                          norm.value("content", "") == "\xE2\x96\x81";
+  const bool gemma_norm = value_of(norm, "type", std::string(), path) == "Replace" &&
+                          value_of(value_of(norm, "pattern", json(), path), "String", std::string(), path) == " " &&
+                          value_of(norm, "content", std::string(), path) == "\xE2\x96\x81";
   if (!gemma_norm)
-    fail("{}: normalizer is {}; expected Replace ' ' -> U+2581 (Gemma)", path, norm.dump().substr(0, 200));
+    fail("{}: normalizer is {}; expected Replace ' ' -> U+2581 (Gemma)", path, json_text(norm, 200));
 
   VocabSpec spec;
   spec.source = path;
   const json& vocab = require(model, "vocab", path);
-  const json& added = tj.value("added_tokens", json::array());
-  int64_t size = 0;
-  for (const auto& [piece, id] : vocab.items()) size = std::max<int64_t>(size, id.get<int64_t>() + 1);
-  for (const json& a : added) size = std::max<int64_t>(size, a["id"].get<int64_t>() + 1);
-  if (size <= 0 || size > (int64_t{1} << 30)) fail("{}: vocabulary size {} is out of range", path, size);
+  if (!vocab.is_object()) fail("{}: model.vocab is {}; expected an object of piece: id", path, json_text(vocab));
+  const json added = value_of(tj, "added_tokens", json::array(), path);
+  if (!added.is_array()) fail("{}: added_tokens is {}; expected a list", path, json_text(added));
+  for (const json& a : added)
+    if (!a.is_object() || !a.contains("id") || !a.contains("content"))
+      fail("{}: added token {} has no id and content", path, json_text(a));
+  // Ids must be contiguous from 0: checked on the ids themselves, before any table is sized by the
+  // largest (a single entry with id 2^30 - 1 must not allocate a billion pieces).
+  std::vector<int64_t> ids;
+  ids.reserve(vocab.size() + added.size());
+  for (const auto& [piece, id] : vocab.items()) ids.push_back(token_id_of(id, "model.vocab entry ", piece, path));
+  for (const json& a : added) ids.push_back(token_id_of(a["id"], "the id of added token ", json_text(a["content"]), path));
+  std::sort(ids.begin(), ids.end());
+  ids.erase(std::unique(ids.begin(), ids.end()), ids.end());
+  if (ids.empty()) fail("{}: model.vocab and added_tokens are empty", path);
+  for (size_t i = 0; i < ids.size(); ++i)
+    if (ids[i] != static_cast<int64_t>(i))
+      fail("{}: token id {} is missing (ids must be contiguous from 0 to {})", path, i, ids.back());
+  const int64_t size = static_cast<int64_t>(ids.size());
   spec.pieces.assign(static_cast<size_t>(size), std::string());
   spec.kinds.assign(static_cast<size_t>(size), TokenKind::Unused);
   std::vector<bool> seen(static_cast<size_t>(size), false);
@@ -145,21 +186,20 @@ std::shared_ptr<const Tokenizer> from_tokenizer_json(const ModelFile& file) {
   }
   for (const json& a : added) {
     const auto i = a["id"].get<size_t>();
-    spec.pieces[i] = a["content"].get<std::string>();
-    const bool special = a.value("special", false);
+    spec.pieces[i] = string_of(a["content"], fmt::format("added token {}'s content", i), path);
+    const bool special = value_of(a, "special", false, path);
     if (special) spec.kinds[i] = TokenKind::Control;
     else if (!seen[i]) spec.kinds[i] = TokenKind::Normal;
     seen[i] = true;
-    if (a.value("normalized", false))
+    if (value_of(a, "normalized", false, path))
       log_warn("{}: added token {} '{}' is marked normalized; it is matched on the raw text", path, i,
                spec.pieces[i]);
     // HF matches every added token in text; special ones only when asked here (see docs/tokenizer.md).
     spec.matched_in_text.emplace_back(static_cast<int32_t>(i), !special);
   }
-  for (size_t i = 0; i < seen.size(); ++i)
-    if (!seen[i]) fail("{}: token id {} is missing (ids must be contiguous from 0 to {})", path, i, size - 1);
 
   const json& merges = require(model, "merges", path);
+  if (!merges.is_array()) fail("{}: model.merges is {}; expected a list", path, json_text(merges));
   spec.merges.reserve(merges.size());
   for (size_t r = 0; r < merges.size(); ++r) {
     const json& m = merges[r];
@@ -167,7 +207,7 @@ std::shared_ptr<const Tokenizer> from_tokenizer_json(const ModelFile& file) {
       const auto& l = m[0].get_ref<const std::string&>();
       spec.merges.emplace_back(l + m[1].get_ref<const std::string&>(), static_cast<uint32_t>(l.size()));
     } else if (m.is_string()) spec.merges.push_back(split_merge(m.get<std::string>(), path, r));
-    else fail("{}: model.merges[{}] is {}; expected \"left right\" or [left, right]", path, r, m.dump());
+    else fail("{}: model.merges[{}] is {}; expected \"left right\" or [left, right]", path, r, json_text(m));
   }
 
   const json& config = md.value("tokenizer_config", json::object());

@@ -7,6 +7,8 @@
 #include <iterator>
 
 #include "fuzz_bodies.hpp"
+#include "fuzz_model_body.hpp"
+#include "fuzz_text_bodies.hpp"
 
 namespace fs = std::filesystem;
 
@@ -28,40 +30,51 @@ std::vector<uint8_t> read(const fs::path& p) {
 
 const fs::path kRoot = fs::path(SPECULA_SOURCE_DIR) / "tests/fuzz";
 
+using Body = bool (*)(const uint8_t*, size_t);
+
+// Every kept input of one target must be accepted or refused with specula::Error; the seeds include
+// valid inputs, so some must be accepted.
+void replay(const std::string& target, Body body) {
+  const auto files = files_in(kRoot / "corpus" / target);
+  ASSERT_GE(files.size(), 5u) << "corpus/" << target << " missing";
+  size_t accepted = 0;
+  for (const auto& f : files) {
+    const auto bytes = read(f);
+    EXPECT_NO_THROW(accepted += body(bytes.data(), bytes.size())) << f;
+  }
+  EXPECT_GT(accepted, 0u) << target;
+  std::printf("  %zu %s corpus inputs, %zu accepted\n", files.size(), target.c_str(), accepted);
+}
+
+const std::vector<std::pair<std::string, Body>> kTargets = {
+    {"gguf", specula::fuzz::gguf_one},           {"safetensors", specula::fuzz::safetensors_one},
+    {"tokenizer", specula::fuzz::tokenizer_one}, {"config", specula::fuzz::config_one},
+    {"pipeline", specula::fuzz::pipeline_one},   {"model", specula::fuzz::model_one},
+};
+
 }  // namespace
 
-TEST(FuzzCorpus, GgufInputsParseOrFailCleanly) {
-  const auto files = files_in(kRoot / "corpus/gguf");
-  ASSERT_GE(files.size(), 5u) << "corpus missing";
-  size_t accepted = 0;
-  for (const auto& f : files) {
-    const auto bytes = read(f);
-    EXPECT_NO_THROW(accepted += specula::fuzz::gguf_one(bytes.data(), bytes.size())) << f;
-  }
-  // The seeds include valid files, so some inputs must parse.
-  EXPECT_GT(accepted, 0u);
-  std::printf("  %zu GGUF corpus inputs, %zu accepted\n", files.size(), accepted);
-}
-
-TEST(FuzzCorpus, SafetensorsInputsParseOrFailCleanly) {
-  const auto files = files_in(kRoot / "corpus/safetensors");
-  ASSERT_GE(files.size(), 5u) << "corpus missing";
-  size_t accepted = 0;
-  for (const auto& f : files) {
-    const auto bytes = read(f);
-    EXPECT_NO_THROW(accepted += specula::fuzz::safetensors_one(bytes.data(), bytes.size())) << f;
-  }
-  EXPECT_GT(accepted, 0u);
-  std::printf("  %zu safetensors corpus inputs, %zu accepted\n", files.size(), accepted);
-}
+TEST(FuzzCorpus, GgufInputsParseOrFailCleanly) { replay("gguf", specula::fuzz::gguf_one); }
+TEST(FuzzCorpus, SafetensorsInputsParseOrFailCleanly) { replay("safetensors", specula::fuzz::safetensors_one); }
+TEST(FuzzCorpus, TokenizerInputsLoadOrFailCleanly) { replay("tokenizer", specula::fuzz::tokenizer_one); }
+TEST(FuzzCorpus, ConfigInputsReadOrFailCleanly) { replay("config", specula::fuzz::config_one); }
+TEST(FuzzCorpus, PipelineInputsParseOrFailCleanly) { replay("pipeline", specula::fuzz::pipeline_one); }
+TEST(FuzzCorpus, ModelInputsLoadOrFailCleanly) { replay("model", specula::fuzz::model_one); }
 
 TEST(FuzzCorpus, CrashRegressions) {
-  // regressions/<parser>-<name>: inputs that once crashed a fuzzer; each must now fail cleanly or parse.
+  // regressions/<target>-<name>: inputs that once crashed a fuzzer; each must now fail cleanly or pass.
+  size_t replayed = 0;
   for (const auto& f : files_in(kRoot / "regressions")) {
     const auto bytes = read(f);
     const std::string name = f.filename().string();
-    if (name.rfind("gguf", 0) == 0) EXPECT_NO_THROW(specula::fuzz::gguf_one(bytes.data(), bytes.size())) << f;
-    if (name.rfind("safetensors", 0) == 0)
-      EXPECT_NO_THROW(specula::fuzz::safetensors_one(bytes.data(), bytes.size())) << f;
+    bool known = false;
+    for (const auto& [target, body] : kTargets) {
+      if (name.rfind(target + "-", 0) != 0) continue;
+      EXPECT_NO_THROW(body(bytes.data(), bytes.size())) << f;
+      known = true;
+      ++replayed;
+    }
+    EXPECT_TRUE(known) << f << " names no fuzz target";
   }
+  EXPECT_GE(replayed, 2u);
 }

@@ -23,6 +23,7 @@
 #include <map>
 #include <mutex>
 #include <set>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -450,6 +451,57 @@ TEST(Gemma4BadInput, ConfigInconsistentWithTensors) {
     f->md()["gemma4.attention.sliding_window_pattern"] = json::array({true, true, false, true, true, true});
     const std::string e = load_error(f);
     EXPECT_NE(e.find("last layer"), std::string::npos) << e;
+  }
+}
+
+// Hostile or damaged hyper-parameters are refused where they are read, naming the key, the value and the
+// range, before they size an allocation.
+TEST(Gemma4BadInput, HyperParametersOutsideSaneBoundsAreNamed) {
+  const std::vector<std::tuple<std::string, json, std::string>> gguf_cases = {
+      {"gemma4.block_count", 100000, "metadata key 'gemma4.block_count' is 100000, outside [1, 1024]"},
+      {"gemma4.attention.head_count", int64_t{1} << 40, "metadata key 'gemma4.attention.head_count' is 1099511627776, outside [1, 1024]"},
+      {"gemma4.attention.key_length", -3, "metadata key 'gemma4.attention.key_length' is -3, outside [1, 16384]"},
+      {"gemma4.embedding_length", int64_t{1} << 33, "metadata key 'gemma4.embedding_length' is 8589934592, outside [1, 1048576]"},
+      {"gemma4.expert_count", 70000, "metadata key 'gemma4.expert_count' is 70000, outside [0, 1024]"},
+  };
+  for (const auto& [key, value, want] : gguf_cases) {
+    auto f = std::make_shared<Patched>(host().open_model(fixture("e2b") / "model-f32.gguf"));
+    f->md()[key] = value;
+    const std::string e = load_error(f);
+    EXPECT_NE(e.find(want), std::string::npos) << key << ": " << e;
+    EXPECT_NE(e.find("damaged"), std::string::npos) << e;
+  }
+  for (const auto& [key, value] : std::vector<std::pair<std::string, json>>{
+           {"num_hidden_layers", 5000}, {"vocab_size", int64_t{1} << 40}, {"num_attention_heads", 0}}) {
+    auto f = std::make_shared<Patched>(host().open_model(fixture("31b") / "hf"));
+    f->md()["config"]["text_config"][key] = value;
+    const std::string e = load_error(f);
+    EXPECT_NE(e.find("config.json: text_config." + key + " is " + value.dump() + ", outside"), std::string::npos) << e;
+  }
+}
+
+// A context length the file states but no machine can hold: the model loads (a run may ask for less), and
+// creating a context of the model's length names the key, the bytes and the fix, before allocating.
+TEST(Gemma4BadInput, ContextLengthBeyondMemoryOrPositionsIsNamed) {
+  for (const int64_t length : {int64_t{4000000000}, int64_t{2000000000}}) {
+    auto f = std::make_shared<Patched>(host().open_model(fixture("e2b") / "model-f32.gguf"));
+    f->md()["gemma4.context_length"] = length;
+    auto model = host().find_model_loader(*f)->load(f, backend(), json::object());
+    EXPECT_EQ(model->info().context_length, length);
+    std::string e;
+    try {
+      model->new_context({});
+    } catch (const specula::Error& err) {
+      e = err.what();
+    }
+    EXPECT_NE(e.find("the model's context length (gemma4.context_length = " + std::to_string(length) + ")"),
+              std::string::npos) << e;
+    EXPECT_NE(e.find(length > 2147483647 ? "exceeds the 2147483647 positions" : "GiB) of KV cache, more than the"),
+              std::string::npos) << e;
+    EXPECT_NE(e.find("--context-length N (target.context_length in the pipeline)"), std::string::npos) << e;
+    // What the message suggests works.
+    auto ctx = model->new_context({64});
+    EXPECT_EQ(ctx->capacity(), 64);
   }
 }
 

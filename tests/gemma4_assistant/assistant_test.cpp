@@ -203,10 +203,12 @@ TEST(Assistant, AutoHeadFollowsTheFile) {
 }
 
 // ---------------------------------------------------------------------------------- centroid head
-TEST(Assistant, CentroidHeadAgreesWithDenseHeadOnTheSameState) {
+// `file`'s centroid head against its dense head. For the MLX file the centroid head reorders quantized
+// rows (words, scales and biases) while the dense head reads the table as stored.
+void centroid_head_agrees_with_dense_head(const std::string& file) {
   auto ctx = prompted();
-  auto cen = drafter("assistant-hf", {{"head", "centroid"}});
-  auto den = drafter("assistant-hf", {{"head", "dense"}});
+  auto cen = drafter(file, {{"head", "centroid"}});
+  auto den = drafter(file, {{"head", "dense"}});
   const int32_t x = golden()["x"];
   // Both heads see the same n at every step when fed the same tokens (the head does not feed back).
   const std::vector<int32_t> forced = {100, 2000, 30000, 200000, 7, 262143, 5384};
@@ -242,7 +244,8 @@ TEST(Assistant, CentroidHeadAgreesWithDenseHeadOnTheSameState) {
       }
     EXPECT_EQ(std::max_element(full.begin(), full.end()) - full.begin(), c[k].token);
   }
-  std::printf("[gemma4-assistant] dense argmax inside the 32 selected clusters at %d of 8 steps\n", inside);
+  std::printf("[gemma4-assistant] %s: dense argmax inside the 32 selected clusters at %d of 8 steps\n",
+              file.c_str(), inside);
   // The fixture clusters its embeddings around the centroids (as trained checkpoints do), so the
   // comparison above happened.
   EXPECT_GE(inside, 4);
@@ -293,6 +296,16 @@ TEST(Assistant, DraftRequestReturnsLogitsAndEmbedsThePick) {
       for (size_t i = 0; i < full.size(); i += 101) ASSERT_EQ(picked[k].logits[i], full[i]) << "step " << k << " id " << i;
     }
   }
+}
+
+TEST(Assistant, CentroidHeadAgreesWithDenseHeadOnTheSameState) { centroid_head_agrees_with_dense_head("assistant-hf"); }
+
+// An MLX 4-bit drafter (embedding, projections and centroids quantized): `head: auto` picks the centroid
+// head, which agrees with the dense head over the quantized table.
+TEST(Assistant, MlxDrafterUsesTheCentroidHead) {
+  EXPECT_EQ(host().open_model(fixture_dir() / "assistant-mlx4")->format(), "mlx");
+  EXPECT_TRUE(drafter("assistant-mlx4")->centroid_head());
+  centroid_head_agrees_with_dense_head("assistant-mlx4");
 }
 
 // ---------------------------------------------------------------------------------- lossless
@@ -519,6 +532,21 @@ TEST(AssistantBadInput, WrongBackboneSize) {
   EXPECT_HAS(e, "assistant-f32.gguf");
   EXPECT_HAS(e, "backbone hidden size is 64");
   EXPECT_HAS(e, "hidden size 48");
+}
+
+// Hostile or damaged hyper-parameters are refused where they are read, naming the key and the range.
+TEST(AssistantBadInput, HyperParametersOutsideSaneBoundsAreNamed) {
+  auto f = patched("assistant-f32.gguf");
+  f->md()["gemma4-assistant.block_count"] = int64_t{1} << 50;
+  EXPECT_HAS(load_error(f, target()->info()),
+             "metadata key 'gemma4-assistant.block_count' is 1125899906842624, outside [1, 1024]");
+  f = patched("assistant-f32.gguf");
+  f->md()["gemma4-assistant.attention.key_length_swa"] = 100000;
+  EXPECT_HAS(load_error(f, target()->info()),
+             "metadata key 'gemma4-assistant.attention.key_length_swa' is 100000, outside [1, 16384]");
+  auto h = patched("assistant-hf");
+  h->md()["config"]["text_config"]["num_attention_heads"] = 5000;
+  EXPECT_HAS(load_error(h, target()->info()), "config.json: text_config.num_attention_heads is 5000, outside [1, 1024]");
 }
 
 TEST(AssistantBadInput, MissingTensor) {

@@ -15,6 +15,26 @@
 
 namespace specula {
 
+// Bounds for hyper-parameters read from model files. Real models stay far inside them (Gemma 4: 62
+// layers, 32 heads, head dims 512, hidden 5376, 128 experts, a 262144-token vocabulary); a value outside
+// is a damaged or hostile file, refused where it is read, before it sizes an allocation or overflows a
+// product of shapes.
+namespace limits {
+inline constexpr int64_t kLayers = 1024;
+inline constexpr int64_t kHeads = 1024;
+inline constexpr int64_t kHeadDim = 16384;
+inline constexpr int64_t kWidth = int64_t{1} << 20;  // hidden sizes, feed-forward widths
+inline constexpr int64_t kExperts = 1024;
+inline constexpr int64_t kTokens = 2147483647;       // vocabularies, contexts, windows: ids and positions are int32
+}  // namespace limits
+
+// A JSON value as an error message shows it: at most `max` characters, invalid UTF-8 (from a GGUF string,
+// a YAML scalar) replaced rather than thrown about as nlohmann::json::dump() would.
+std::string json_text(const nlohmann::json& value, size_t max = 80);
+
+// `value` when lo <= value <= hi; otherwise an error "{where}: {what} is {value}, outside [lo, hi] ...".
+int64_t require_range(int64_t value, int64_t lo, int64_t hi, const std::string& what, const std::string& where);
+
 class GgufKeys {
  public:
   // `file` names the model in messages; `arch` is the key prefix (general.architecture).
@@ -24,6 +44,9 @@ class GgufKeys {
   int64_t integer(const nlohmann::json& value, const std::string& key) const;
   int64_t required_int(const std::string& key) const;
   int64_t optional_int(const std::string& key, int64_t fallback) const;
+  // The same, checked to lie in [lo, hi] (require_range, naming the key).
+  int64_t required_int(const std::string& key, int64_t lo, int64_t hi) const;
+  int64_t optional_int(const std::string& key, int64_t fallback, int64_t lo, int64_t hi) const;
   float optional_float(const std::string& key, float fallback) const;
   bool optional_bool(const std::string& key, bool fallback) const;  // a bool, or an integer (0 = false)
   // A scalar for every layer, or an array with one entry per layer (llama.cpp's "key or array").
@@ -54,8 +77,12 @@ class JsonFields {
     try {
       return it->template get<T>();
     } catch (const nlohmann::json::exception&) {
-      fail("{}: {}{} is {}, which is not the expected type", where_, prefix_, key, it->dump());
+      fail("{}: {}{} is {}, which is not the expected type", where_, prefix_, key, json_text(*it));
     }
+  }
+  // An integer field (or `fallback`) checked to lie in [lo, hi] (require_range, naming the field).
+  int64_t integer(const char* key, int64_t fallback, int64_t lo, int64_t hi) const {
+    return require_range(get<int64_t>(key, fallback), lo, hi, prefix_ + key, where_);
   }
   const nlohmann::json& object() const { return object_; }
 

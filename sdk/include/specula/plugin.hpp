@@ -21,6 +21,7 @@
 // 3: option schemas in PluginFactories, ModelLoader::check and DrafterLoader::check
 // 4: Drafter::draft(target, DraftRequest) returns DraftSteps (token + logits); Sampler::distribution;
 //    TopPDraw's min_p; plugin kind "converter" (specula/convert.hpp) and PluginFactories::converter
+//    metadata.hpp: limits::*, require_range, range-checked GgufKeys / JsonFields integer reads
 #define SPECULA_PLUGIN_ABI_VERSION 4u
 #define SPECULA_PLUGIN_ENTRY_SYMBOL "specula_plugin_entry"
 
