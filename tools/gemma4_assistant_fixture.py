@@ -283,7 +283,11 @@ def generate(spec, out, formats, vocab):
             write_gguf(os.path.join(out, "assistant-seed-f32.gguf"), spec, w, vocab, ordering, seed=True)
         if "hf" in formats:
             write_hf(os.path.join(out, "assistant-hf"), spec, w, ordering)
-ALL_FORMATS = ["gguf-f32", "gguf-seed", "hf", "hf-tok", "mlx4"]
+        if "hf-tok" in formats:  # for specula convert: with the vocab GGUF's tokenizer as tokenizer.json
+            write_hf(os.path.join(out, "assistant-hf-tok"), spec, w, ordering)
+            g4.write_tokenizer_files(os.path.join(out, "assistant-hf-tok"), vocab)
+        if "mlx4" in formats:
+            write_mlx(os.path.join(out, "assistant-mlx4"), spec, w, ordering)
         with open(stamp, "w") as fh:
             fh.write(digest)
 
