@@ -9,7 +9,8 @@ DEB_PACKAGES := build-essential cmake ninja-build ccache pkg-config \
   libboost-dev libboost-filesystem-dev libboost-program-options-dev \
   libfmt-dev libyaml-cpp-dev nlohmann-json3-dev libdnnl-dev ocl-icd-opencl-dev \
   libvulkan-dev glslc mesa-vulkan-drivers vulkan-tools \
-  libgtest-dev googletest clang python3 python3-numpy zlib1g-dev
+  libgtest-dev googletest clang python3 python3-numpy zlib1g-dev \
+  libcpp-httplib-dev libcurl4-openssl-dev libssl-dev
 
 SHELL      := /bin/bash
 BUILD      ?= build
@@ -44,10 +45,11 @@ $(BUILD)/build.ninja:
 build: deps $(BUILD)/build.ninja
 	cmake --build $(BUILD) -j $(JOBS)
 
-# The sanitizer build: -O1 keeps it reasonably fast.
+# The sanitizer build: -O1 keeps it reasonably fast. It reads the Python-written test fixtures from the
+# plain build (`make test` runs that first) rather than writing them again.
 $(BUILD_ASAN)/build.ninja:
 	cmake -S . -B $(BUILD_ASAN) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DCMAKE_CXX_FLAGS_DEBUG="-g -O1" \
-	  -DSPECULA_SANITIZE=ON $(CMAKE_ARGS)
+	  -DSPECULA_SANITIZE=ON -DSPECULA_TEST_FIXTURE_DIR=$(CURDIR)/$(BUILD) $(CMAKE_ARGS)
 
 build-asan: deps $(BUILD_ASAN)/build.ninja
 	cmake --build $(BUILD_ASAN) -j $(JOBS)

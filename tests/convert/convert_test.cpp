@@ -40,7 +40,7 @@ const std::string kVocab = std::string(SPECULA_SHARED_DIR) + "/gemma4-vocab/ggml
 fs::path fixture(const std::string& variant) {
   static std::mutex mu;
   static std::set<std::string> done;
-  const fs::path dir = fs::path(SPECULA_BINARY_DIR) / "convert-fixtures" / variant;
+  const fs::path dir = fs::path(SPECULA_FIXTURE_DIR) / "convert-fixtures" / variant;
   std::lock_guard<std::mutex> lock(mu);
   if (!done.count(variant)) {
     const std::string py = std::string(SPECULA_PYTHON) + " " + SPECULA_SOURCE_DIR + "/tools/";

@@ -28,7 +28,7 @@ inline const std::map<std::string, std::string> kFormats = {
 inline fs::path fixture(const std::string& variant) {
   static std::mutex mu;
   static std::set<std::string> done;
-  const fs::path dir = fs::path(SPECULA_BINARY_DIR) / "gemma4-fixtures" / variant;
+  const fs::path dir = fs::path(SPECULA_FIXTURE_DIR) / "gemma4-fixtures" / variant;
   std::lock_guard<std::mutex> lock(mu);
   if (!done.count(variant)) {
     const std::string cmd = std::string(SPECULA_PYTHON) + " " + SPECULA_SOURCE_DIR + "/tools/gemma4_fixture.py --variant " +

@@ -43,7 +43,7 @@ constexpr double kLogitTol = 1e-3;
 
 fs::path fixture_dir() {
   static std::once_flag once;
-  const fs::path dir = fs::path(SPECULA_BINARY_DIR) / "gemma4-assistant-fixtures";
+  const fs::path dir = fs::path(SPECULA_FIXTURE_DIR) / "gemma4-assistant-fixtures";
   std::call_once(once, [&] {
     const std::string vocab = std::string(SPECULA_SHARED_DIR) + "/gemma4-vocab/ggml-vocab-gemma-4.gguf";
     for (const std::string& cmd :
@@ -682,7 +682,7 @@ class SyntheticTarget final : public specula::TargetView {
 };
 
 TEST(Assistant, DISABLED_RealShapesDraftTime) {
-  const fs::path dir = fs::path(SPECULA_BINARY_DIR) / "gemma4-assistant-fixtures" / "real";
+  const fs::path dir = fs::path(SPECULA_FIXTURE_DIR) / "gemma4-assistant-fixtures" / "real";
   const std::string cmd = std::string(SPECULA_PYTHON) + " " + SPECULA_SOURCE_DIR +
                           "/tools/gemma4_assistant_fixture.py --real --formats hf --out " + dir.string() + " --vocab " +
                           SPECULA_SHARED_DIR + "/gemma4-vocab/ggml-vocab-gemma-4.gguf";

@@ -66,7 +66,7 @@ fs::path work_dir() {
 // The "quant" fixture (generated once, cached in the build dir); format "f16" or "q8_0".
 fs::path fixture(const std::string& format) {
   static std::once_flag once;
-  const fs::path dir = fs::path(SPECULA_BINARY_DIR) / "quantize-fixtures" / "quant";
+  const fs::path dir = fs::path(SPECULA_FIXTURE_DIR) / "quantize-fixtures" / "quant";
   std::call_once(once, [&] {
     const std::string cmd = std::string(SPECULA_PYTHON) + " " + SPECULA_SOURCE_DIR +
                             "/tools/gemma4_fixture.py --variant quant --formats f16,q8_0 --out " + dir.string() +

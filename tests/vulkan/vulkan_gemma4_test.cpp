@@ -36,7 +36,7 @@ fs::path golden(const std::string& name) { return fs::path(SPECULA_SOURCE_DIR) /
 // The e2b fixture (F32 and Q8_0 GGUF), written once per build dir by the generator tests/gemma4 uses.
 fs::path fixture() {
   static const fs::path dir = [] {
-    const fs::path d = fs::path(SPECULA_BINARY_DIR) / "vulkan-fixtures" / "e2b";
+    const fs::path d = fs::path(SPECULA_FIXTURE_DIR) / "vulkan-fixtures" / "e2b";
     const std::string cmd = std::string(SPECULA_PYTHON) + " " + SPECULA_SOURCE_DIR +
                             "/tools/gemma4_fixture.py --variant e2b --formats f32,q8_0 --out " + d.string() +
                             " --vocab " + SPECULA_SHARED_DIR + "/gemma4-vocab/ggml-vocab-gemma-4.gguf";
