@@ -61,7 +61,7 @@ double peak_rss_mib() {
 int run_bench(const std::vector<std::string>& args) {
   cli::ModelArgs model;
   int64_t prompt_tokens = 512, gen_tokens = 128;
-  int repetitions = 3;
+  int repetitions = 3, sequences = 1;
   bool as_json = false, no_drafter = false, profile = false, verify = false;
   cli::po::options_description desc(
       "usage: specula bench PIPELINE.yaml [options]\n"
@@ -75,6 +75,9 @@ int run_bench(const std::vector<std::string>& args) {
       "prompt-tokens,p", cli::po::value(&prompt_tokens)->default_value(prompt_tokens), "prompt length (llama-bench -p)")(
       "gen-tokens,n", cli::po::value(&gen_tokens)->default_value(gen_tokens), "tokens generated (llama-bench -n)")(
       "repetitions,r", cli::po::value(&repetitions)->default_value(repetitions), "timed runs (llama-bench -r)")(
+      "sequences,s", cli::po::value(&sequences)->default_value(sequences),
+      "decode this many sequences in one batch (Model::forward_batch): tg is then their aggregate rate, pp the "
+      "rate of prefilling all of them; no speculative or verification measurement")(
       "json", cli::po::bool_switch(&as_json), "print one JSON object")(
       "no-drafter", cli::po::bool_switch(&no_drafter), "skip the speculative measurement")(
       "verify", cli::po::bool_switch(&verify),
@@ -87,8 +90,9 @@ int run_bench(const std::vector<std::string>& args) {
   pos.add("pipeline", 1);
   cli::po::variables_map vm;
   if (!cli::parse_args(args, desc, pos, vm)) return 0;
-  if (prompt_tokens < 1 || gen_tokens < 1 || repetitions < 1)
-    specula::fail("--prompt-tokens, --gen-tokens and --repetitions must be at least 1");
+  if (prompt_tokens < 1 || gen_tokens < 1 || repetitions < 1 || sequences < 1)
+    specula::fail("--prompt-tokens, --gen-tokens, --repetitions and --sequences must be at least 1");
+  if (sequences > 1) no_drafter = true, verify = false;
   if (profile) model.overrides.push_back({"backend.options.profile", "true", "command line (--profile)"});
 
   const auto t_load = Clock::now();
@@ -113,16 +117,27 @@ int run_bench(const std::vector<std::string>& args) {
                   asked > 0 ? "--context-length" : "model's", limit, asked > 0 ? "" : " (raise it with --context-length)");
   const std::vector<int32_t> prompt = synthetic_prompt(prompt_tokens, vocab);
 
-  // One plain run: prefill, then `gen` greedy single-token steps. Returns {pp seconds, tg seconds}.
+  // One plain run: prefill each sequence, then `gen` greedy steps of one token per sequence, all sequences
+  // in one forward. Returns {pp seconds, tg seconds}.
   auto plain_run = [&](int64_t gen) {
-    auto ctx = target->new_context(copts);
+    std::vector<std::unique_ptr<specula::ModelContext>> ctx;
+    std::vector<int32_t> next;
     auto t0 = Clock::now();
-    std::vector<float> logits = ctx->forward(prompt, 1);
+    for (int s = 0; s < sequences; ++s) {
+      ctx.push_back(target->new_context(copts));
+      next.push_back(argmax(ctx.back()->forward(prompt, 1)));
+    }
     const double pp = seconds_since(t0);
     t0 = Clock::now();
     for (int64_t i = 0; i < gen; ++i) {
-      const int32_t next = argmax(logits);
-      logits = ctx->forward(std::span<const int32_t>(&next, 1), 1);
+      if (sequences == 1) {
+        next[0] = argmax(ctx[0]->forward(std::span<const int32_t>(&next[0], 1), 1));
+        continue;
+      }
+      std::vector<specula::BatchEntry> batch;
+      for (int s = 0; s < sequences; ++s) batch.push_back({ctx[s].get(), std::span<const int32_t>(&next[s], 1), 1});
+      const auto logits = target->forward_batch(batch);
+      for (int s = 0; s < sequences; ++s) next[s] = argmax(logits[s]);
     }
     return std::pair{pp, seconds_since(t0)};
   };
@@ -131,8 +146,8 @@ int run_bench(const std::vector<std::string>& args) {
   std::vector<double> pp, tg;
   for (int r = 0; r < repetitions; ++r) {
     auto [p, t] = plain_run(gen_tokens);
-    pp.push_back(static_cast<double>(prompt_tokens) / p);
-    tg.push_back(static_cast<double>(gen_tokens) / t);
+    pp.push_back(static_cast<double>(prompt_tokens) * sequences / p);
+    tg.push_back(static_cast<double>(gen_tokens) * sequences / t);
     specula::log_debug("bench run {}: pp {:.2f} tok/s, tg {:.2f} tok/s", r + 1, pp.back(), tg.back());
   }
   const Summary pps = summarize(pp), tgs = summarize(tg);
@@ -223,6 +238,7 @@ int run_bench(const std::vector<std::string>& args) {
                         {"prompt_tokens", prompt_tokens},
                         {"gen_tokens", gen_tokens},
                         {"repetitions", repetitions},
+                        {"sequences", sequences},
                         {"load_seconds", load_seconds},
                         {"pp_tokens_per_second", pps.median},
                         {"pp_min", pps.min},
@@ -239,7 +255,8 @@ int run_bench(const std::vector<std::string>& args) {
   fmt::print("model    {}\nbackend  {} ({})\nload     {:.2f} s, peak RSS {:.0f} MiB\n", pipeline.target.model.string(),
              built.backend->name(), dev.name, load_seconds, peak_rss_mib());
   fmt::print("pp{:<6} {:8.2f} tok/s  ({:.2f}-{:.2f})\n", prompt_tokens, pps.median, pps.min, pps.max);
-  fmt::print("tg{:<6} {:8.2f} tok/s  ({:.2f}-{:.2f})\n", gen_tokens, tgs.median, tgs.min, tgs.max);
+  fmt::print("tg{:<6} {:8.2f} tok/s  ({:.2f}-{:.2f}){}\n", gen_tokens, tgs.median, tgs.min, tgs.max,
+             sequences > 1 ? fmt::format(", {} sequences in one batch (aggregate)", sequences) : "");
   if (!costs.is_null()) {
     fmt::print("{:<8} {:>10} {:>8} {:>10} {:>8} {:>11}\n", "draft K", "verify ms", "steps", "draft ms", "round", "break-even");
     for (const auto& c : costs) {

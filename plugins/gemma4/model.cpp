@@ -6,8 +6,10 @@
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <mutex>
 
 #include "specula/error.hpp"
+#include "specula/kv_cache.hpp"
 #include "specula/log.hpp"
 #include "specula/metadata.hpp"
 #include "specula/tokenizer.hpp"
@@ -29,58 +31,48 @@ float round_mantissa(float x, int significant) {
 
 class Gemma4Model;
 
-// One producer layer's cache: K [S, Hkv, D], V [S, Hkv, D] and the absolute position of each slot.
-struct Cache {
-  BackendTensorPtr k, v, pos;
-  int64_t slots = 0;
-  bool ring = false;  // sliding layers: slot = position % slots
-};
-
-// A graph for one (tokens, logits) shape, reused by every forward of that shape.
+// A graph for one batch shape (which sequences, how many tokens and logits each), reused by every step
+// of that shape. `token` is set when the graph ends in the sampler's device form.
 struct Built {
   Graph graph;
-  Value ids, pos, ring_slot, iota_t, iota_h, logits;
+  std::unique_ptr<BatchGraph> batch;
+  Value ids, logits;
+  Value sampler_ids, uniform, token;
+  std::string why;  // a sampling graph without `token`: why the sampler cannot run in it
+};
+
+// One sequence's share of a graph run: at most one step of tokens appended to its cache, logits for the
+// last n_logits of them.
+struct Part {
+  KvCache* cache = nullptr;
+  std::span<const int32_t> tokens;
+  int64_t n_logits = 0;
 };
 
 class Gemma4Context final : public ModelContext, public TargetView {
  public:
   Gemma4Context(std::shared_ptr<const Gemma4Model> model, int64_t capacity);
+  ~Gemma4Context() override;
 
   std::vector<float> forward(std::span<const int32_t> tokens, int64_t n_logits) override;
   SampledToken forward_sample(std::span<const int32_t> tokens, const Sampler& sampler, const SamplingState& state,
                               float uniform, bool require_device) override;
-  int64_t position() const override { return position_; }
-  int64_t capacity() const override { return capacity_; }
-  void truncate(int64_t pos) override;
+  int64_t position() const override { return cache_.position(); }
+  int64_t capacity() const override { return cache_.capacity(); }
+  int64_t max_rollback() const override { return cache_.max_rollback(); }
+  void truncate(int64_t pos) override { cache_.truncate(pos); }
   const TargetView& view() const override { return *this; }
 
   KvView kv(const std::string& attention_type) const override;
-  BackendTensorPtr last_hidden() const override { return last_hidden_; }
+  BackendTensorPtr last_hidden() const override { return cache_.last_hidden(); }
   TokenEmbedding token_embedding() const override;
 
- private:
-  std::vector<float> run_chunk(std::span<const int32_t> tokens, int64_t n_logits);
-  void run(Built& b, std::span<const int32_t> tokens, std::vector<std::pair<Value, std::span<const std::byte>>> extra);
-  void check_tokens(std::span<const int32_t> tokens, int64_t n_logits) const;
-  Built& graph_for(int64_t T, int64_t n_logits);
-  // The forward of T tokens ending in the sampler's device form; null (with `why`) when it has none.
-  struct Sampling {
-    std::unique_ptr<Built> built;  // null: the sampler or backend cannot (why says which)
-    Value ids, uniform, token;
-    std::string why;
-  };
-  Sampling& sampling_graph_for(int64_t T, const Sampler& sampler, const SamplingState& state);
-  int64_t ring_slots() const;
+  const Gemma4Model* model() const { return m_.get(); }
+  KvCache& cache() { return cache_; }
 
+ private:
   std::shared_ptr<const Gemma4Model> m_;
-  int64_t capacity_;
-  int64_t position_ = 0;
-  std::vector<Cache> caches_;  // by layer; empty for KV-shared layers
-  BackendTensorPtr last_hidden_;   // F32 [hidden], final-normed
-  BackendTensorPtr chunk_hidden_;  // F32 [prefill_chunk, hidden]: every (normed) row of the last chunk, for rollback
-  int64_t chunk_start_ = 0, chunk_len_ = 0;
-  std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Built>> graphs_;
-  std::map<std::pair<int64_t, std::string>, Sampling> sampling_graphs_;  // by T and Sampler::device_key
+  KvCache cache_;
 };
 
 constexpr int64_t kMaxChunk = 65536;  // prefill_chunk: tokens per graph run
@@ -153,6 +145,21 @@ class Gemma4Model final : public Model, public std::enable_shared_from_this<Gemm
       backend_->write(*onehot_, bytes_of(eye));
     }
 
+    // One cache layer per layer that stores K/V; KV-shared layers read their producer's.
+    cache_spec_.name = "gemma4.cache";
+    cache_spec_.type = cache_type_;
+    cache_spec_.step_tokens = chunk_;
+    cache_spec_.hidden_size = cfg_.hidden;
+    for (size_t l = 0; l < cfg_.layers.size(); ++l) {
+      const LayerConfig& lc = cfg_.layers[l];
+      if (lc.producer >= 0) {
+        cache_of_.push_back(cache_of_[static_cast<size_t>(lc.producer)]);
+        continue;
+      }
+      cache_of_.push_back(cache_spec_.layers.size());
+      cache_spec_.layers.push_back({lc.kv_heads, lc.head_dim, lc.full ? 0 : cfg_.window, fmt::format("gemma4.cache.{}", l)});
+    }
+
     info_ = c.info;
     try {
       tokenizer_ = make_tokenizer(*file_);
@@ -184,12 +191,17 @@ class Gemma4Model final : public Model, public std::enable_shared_from_this<Gemm
     return std::make_unique<Gemma4Context>(shared_from_this(), cap);
   }
 
-  // A sliding layer needs the window - 1 previous keys plus the chunk being processed.
-  int64_t ring_slots() const { return cfg_.window - 1 + chunk_; }
+  std::vector<std::vector<float>> forward_batch(std::span<const BatchEntry> batch) override;
 
-  // Records the whole forward pass for T tokens, logits for the last n_logits of them.
-  void build(Built& b, int64_t T, int64_t n_logits, const std::vector<Cache>& caches,
-             const BackendTensorPtr& last_hidden, const BackendTensorPtr& chunk_hidden) const;
+  // One sequence: `tokens` in steps of prefill_chunk, logits for the last n_logits.
+  std::vector<float> forward(KvCache& cache, std::span<const int32_t> tokens, int64_t n_logits) const;
+  SampledToken forward_sample(KvCache& cache, std::span<const int32_t> tokens, const Sampler& sampler,
+                              const SamplingState& state, float uniform, bool require_device) const;
+  // Drops the graphs that write into a cache that is going away.
+  void forget(uint64_t cache_id) const;
+
+  const KvCacheSpec& cache_spec() const { return cache_spec_; }
+  size_t cache_of(size_t layer) const { return cache_of_[layer]; }
 
   const Config& cfg() const { return cfg_; }
   ComputeBackend& backend() const { return *backend_; }
@@ -203,15 +215,7 @@ class Gemma4Model final : public Model, public std::enable_shared_from_this<Gemm
     if (cap > limits::kTokens)
       fail("gemma4: {} exceeds the {} positions the model can address ({}); {}", what, limits::kTokens,
            file_->path().string(), fix);
-    // The Gemma4Context constructor's allocations: K, V and positions of each producer layer, then
-    // last_hidden and chunk_hidden (in double: a hostile size must not wrap around).
-    const double cache_elem = dtype_traits(cache_type_)->block_bytes;
-    double bytes = 4.0 * static_cast<double>(cfg_.hidden) * static_cast<double>(1 + chunk_);
-    for (const LayerConfig& lc : cfg_.layers) {
-      if (lc.producer >= 0) continue;
-      const double slots = static_cast<double>(lc.full ? cap : std::min(ring_slots(), cap));
-      bytes += slots * (2.0 * cache_elem * static_cast<double>(lc.kv_heads * lc.head_dim) + 4.0);
-    }
+    const double bytes = cache_spec_.bytes(cap);  // what the context's KvCache allocates
     const DeviceInfo device = backend_->device();
     if (device.memory_bytes > 0 && bytes > static_cast<double>(device.memory_bytes))
       fail("gemma4: {} needs {:.0f} bytes ({:.1f} GiB) of KV cache, more than the {:.1f} GiB of {} ({}); {}", what,
@@ -229,6 +233,14 @@ class Gemma4Model final : public Model, public std::enable_shared_from_this<Gemm
     return g.matmul(g.constant(lw.down), g.mul(gate, up));
   }
   Value moe(Graph& g, const LayerWeights& lw, Value r, int64_t T) const;
+  // Records the forward pass of a batch: every part's tokens, logits for the last n_logits of each.
+  void build(Built& b, std::span<const Part> parts) const;
+  // The graph of a batch shape, ending in `sampler`'s device form when one is given.
+  Built& graph_for(std::span<const Part> parts, const Sampler* sampler, const SamplingState* state) const;
+  // Runs a graph of parts of at most one step each, advances their caches; extra inputs besides tokens.
+  void execute(Built& b, std::span<const Part> parts, std::vector<std::pair<Value, std::span<const std::byte>>> extra) const;
+  std::vector<float> run(std::span<const Part> parts) const;  // their logits, in order
+  void check_tokens(const KvCache& cache, std::span<const int32_t> tokens, int64_t n_logits) const;
 
   std::shared_ptr<const ModelFile> file_;
   std::shared_ptr<ComputeBackend> backend_;
@@ -241,6 +253,11 @@ class Gemma4Model final : public Model, public std::enable_shared_from_this<Gemm
   float embed_scale_ = 1.0f, ple_scale_ = 1.0f;
   int64_t chunk_ = 256;
   DType cache_type_ = DType::F32;
+  KvCacheSpec cache_spec_;
+  std::vector<size_t> cache_of_;  // by layer: the cache layer it writes or reads
+  // Graphs by batch shape (cache id, tokens, logits of each part) and sampler device key.
+  mutable std::mutex graphs_mu_;
+  mutable std::map<std::pair<std::vector<int64_t>, std::string>, std::unique_ptr<Built>> graphs_;
 };
 
 // The MoE block of 26B-A4B on the post-attention residual r [T, H] (spec 3.8).
@@ -271,16 +288,20 @@ Value Gemma4Model::moe(Graph& g, const LayerWeights& lw, Value r, int64_t T) con
   return sum;
 }
 
-void Gemma4Model::build(Built& b, int64_t T, int64_t n_logits, const std::vector<Cache>& caches,
-                        const BackendTensorPtr& last_hidden, const BackendTensorPtr& chunk_hidden) const {
+void Gemma4Model::build(Built& b, std::span<const Part> parts) const {
   Graph& g = b.graph;
+  std::vector<BatchGraph::Entry> entries;
+  std::vector<int64_t> n_logits;
+  for (const Part& part : parts) {
+    entries.push_back({part.cache, static_cast<int64_t>(part.tokens.size())});
+    n_logits.push_back(part.n_logits);
+  }
+  b.batch = std::make_unique<BatchGraph>(g, std::move(entries));
+  BatchGraph& batch = *b.batch;
   const Config& c = cfg_;
-  const int64_t H = c.hidden, L = static_cast<int64_t>(c.layers.size()), P = c.ple;
+  const int64_t T = batch.rows(), H = c.hidden, L = static_cast<int64_t>(c.layers.size()), P = c.ple;
+  const Value pos = batch.positions();
   b.ids = g.input(DType::I32, {T}, "tokens");
-  b.pos = g.input(DType::I32, {T}, "positions");
-  b.ring_slot = g.input(DType::I32, {T}, "ring_slots");
-  b.iota_t = g.input(DType::I32, {T}, "rows");     // 0..T-1
-  b.iota_h = g.input(DType::I32, {H}, "features");  // 0..H-1
 
   Value h = g.scale(g.get_rows(g.constant(w_.embed), b.ids), embed_scale_);
   Value ple;
@@ -292,10 +313,6 @@ void Gemma4Model::build(Built& b, int64_t T, int64_t n_logits, const std::vector
     ple = g.scale(g.add(g.reshape(proj, {T, L * P}), tok), 1.0f / std::sqrt(2.0f));
   }
 
-  struct Kv {
-    Value k, v, pos;
-  };
-  std::vector<Kv> kv(L);
   for (int64_t l = 0; l < L; ++l) {
     const LayerConfig& lc = c.layers[l];
     const LayerWeights& lw = w_.layers[l];
@@ -306,25 +323,19 @@ void Gemma4Model::build(Built& b, int64_t T, int64_t n_logits, const std::vector
     Value x = g.rms_norm(h, g.constant(lw.attn_norm), c.eps);
     Value q = g.reshape(g.matmul(g.constant(lw.q), x), {T, c.heads, D});
     q = g.rms_norm(q, g.constant(lw.q_norm), c.eps);
-    q = g.rope(q, b.pos, rope.rotated_pairs, rope.theta, rope.exponent_divisor, rope.freq_scale);
+    q = g.rope(q, pos, rope.rotated_pairs, rope.theta, rope.exponent_divisor, rope.freq_scale);
+    Value a;
     if (lc.producer < 0) {
       Value kraw = g.reshape(g.matmul(g.constant(lw.k), x), {T, KVH, D});
       // k_eq_v: V is the raw K projection, before k_norm and RoPE.
       Value v = lw.v ? g.reshape(g.matmul(g.constant(lw.v), x), {T, KVH, D}) : kraw;
       Value k = g.rms_norm(kraw, g.constant(lw.k_norm), c.eps);
-      k = g.rope(k, b.pos, rope.rotated_pairs, rope.theta, rope.exponent_divisor, rope.freq_scale);
+      k = g.rope(k, pos, rope.rotated_pairs, rope.theta, rope.exponent_divisor, rope.freq_scale);
       v = g.rms_norm(v, Value{}, c.eps);
-      const Cache& cache = caches[l];
-      Value slot = cache.ring ? b.ring_slot : b.pos;
-      kv[l] = {g.write_rows(cache.k, k, slot), g.write_rows(cache.v, v, slot), g.write_rows(cache.pos, b.pos, slot)};
-      // Cache writes must run even when nothing downstream is read (a prefill without logits).
-      g.mark_output(kv[l].k);
-      g.mark_output(kv[l].v);
-      g.mark_output(kv[l].pos);
+      a = batch.attention(cache_of_[l], q, k, v, 1.0f);
     } else {
-      kv[l] = kv[lc.producer];
+      a = batch.attention(cache_of_[l], q, Value{}, Value{}, 1.0f);  // over the producer's cache
     }
-    Value a = g.attention(q, kv[l].k, kv[l].v, kv[l].pos, b.pos, 1.0f, lc.full ? 0 : c.window, true);
     a = g.rms_norm(g.matmul(g.constant(lw.o), a), g.constant(lw.post_attn_norm), c.eps);
     h = name(g.add(h, a), "attn_out");
 
@@ -346,15 +357,11 @@ void Gemma4Model::build(Built& b, int64_t T, int64_t n_logits, const std::vector
     h = name(h, "out");
   }
 
-  // Final-normed hidden states (the LM head's input), for drafters: the last position's, and every row
-  // of this chunk so a rollback into it can restore the right one. MTP drafters take the normed row
-  // (gemma4-assistant-spec §2.1); norming all T rows costs T x H, nothing next to the layers.
+  // Final-normed hidden states (the LM head's input), kept for drafters: MTP drafters take the normed
+  // row (gemma4-assistant-spec §2.1), and the cache restores the right one after a rollback.
   Value normed = g.rms_norm(h, g.constant(w_.output_norm), c.eps);
-  Value flat = g.reshape(normed, {1, T * H});
-  g.mark_output(g.write_rows(last_hidden, g.reshape(g.slice(flat, (T - 1) * H, H), {H, 1}), b.iota_h));
-  g.mark_output(g.write_rows(chunk_hidden, normed, b.iota_t));
-  if (n_logits > 0) {
-    Value rows = T == n_logits ? normed : g.reshape(g.slice(flat, (T - n_logits) * H, n_logits * H), {n_logits, H});
+  batch.keep_hidden(normed);
+  if (Value rows = batch.last_rows(normed, n_logits)) {
     Value logits = g.matmul(g.constant(w_.embed), rows);
     if (c.softcap > 0.0f) logits = g.softcap(logits, c.softcap);
     b.logits = g.named(logits, "logits");
@@ -362,174 +369,153 @@ void Gemma4Model::build(Built& b, int64_t T, int64_t n_logits, const std::vector
   }
 }
 
-// ---------------------------------------------------------------------------------------- context
-Gemma4Context::Gemma4Context(std::shared_ptr<const Gemma4Model> model, int64_t capacity)
-    : m_(std::move(model)), capacity_(capacity) {
-  const Config& c = m_->cfg();
-  ComputeBackend& be = m_->backend();
-  caches_.resize(c.layers.size());
-  for (size_t l = 0; l < c.layers.size(); ++l) {
-    const LayerConfig& lc = c.layers[l];
-    if (lc.producer >= 0) continue;  // reads its producer's cache
-    Cache& cache = caches_[l];
-    cache.ring = !lc.full && ring_slots() < capacity_;
-    cache.slots = lc.full ? capacity_ : std::min(ring_slots(), capacity_);
-    const std::string base = fmt::format("gemma4.cache.{}", l);
-    cache.k = be.allocate(base + ".k", m_->cache_type(), {cache.slots, lc.kv_heads, lc.head_dim});
-    cache.v = be.allocate(base + ".v", m_->cache_type(), {cache.slots, lc.kv_heads, lc.head_dim});
-    cache.pos = be.allocate(base + ".pos", DType::I32, {cache.slots});
-    be.write(*cache.pos, bytes_of(std::vector<int32_t>(cache.slots, -1)));  // every slot empty
+Built& Gemma4Model::graph_for(std::span<const Part> parts, const Sampler* sampler, const SamplingState* state) const {
+  std::vector<int64_t> shape;
+  for (const Part& p : parts)
+    shape.insert(shape.end(), {static_cast<int64_t>(p.cache->id()), static_cast<int64_t>(p.tokens.size()), p.n_logits});
+  std::lock_guard<std::mutex> lock(graphs_mu_);
+  auto& slot = graphs_[{std::move(shape), sampler ? "sampler:" + sampler->device_key(*state) : std::string()}];
+  if (slot) return *slot;
+  auto b = std::make_unique<Built>();
+  build(*b, parts);
+  if (sampler) {
+    Graph& g = b->graph;
+    const std::vector<int32_t> ids = sampler->device_ids(*state);
+    b->sampler_ids = ids.empty() ? Value{} : g.input(DType::I32, {static_cast<int64_t>(ids.size())}, "sampler_ids");
+    b->uniform = g.input(DType::F32, {1}, "uniform");
+    b->token = sampler->sample_in_graph(g, g.reshape(b->logits, {cfg_.vocab}), b->sampler_ids, b->uniform, *state,
+                                        *backend_, &b->why);
+    if (b->token) g.mark_output(b->token);
   }
-  last_hidden_ = be.allocate("gemma4.last_hidden", DType::F32, {c.hidden});
-  chunk_hidden_ = be.allocate("gemma4.chunk_hidden", DType::F32, {m_->chunk(), c.hidden});
-}
-
-int64_t Gemma4Context::ring_slots() const { return m_->ring_slots(); }
-
-Built& Gemma4Context::graph_for(int64_t T, int64_t n_logits) {
-  auto& slot = graphs_[{T, n_logits}];
-  if (!slot) {
-    auto b = std::make_unique<Built>();
-    m_->build(*b, T, n_logits, caches_, last_hidden_, chunk_hidden_);
-    slot = std::move(b);
-  }
+  slot = std::move(b);
   return *slot;
 }
 
-void Gemma4Context::check_tokens(std::span<const int32_t> tokens, int64_t n_logits) const {
+void Gemma4Model::forget(uint64_t cache_id) const {
+  std::lock_guard<std::mutex> lock(graphs_mu_);
+  std::erase_if(graphs_, [&](const auto& kv) {
+    const std::vector<int64_t>& shape = kv.first.first;
+    for (size_t i = 0; i < shape.size(); i += 3)
+      if (static_cast<uint64_t>(shape[i]) == cache_id) return true;
+    return false;
+  });
+}
+
+void Gemma4Model::check_tokens(const KvCache& cache, std::span<const int32_t> tokens, int64_t n_logits) const {
   const int64_t n = static_cast<int64_t>(tokens.size());
-  const Config& c = m_->cfg();
   if (n == 0) fail("gemma4: forward() called with no tokens");
   if (n_logits < 0 || n_logits > n) fail("gemma4: forward() asked for {} logits of {} tokens", n_logits, n);
-  if (position_ + n > capacity_)
-    fail("gemma4: context overflow: {} tokens at position {} exceed the context length {}", n, position_,
-         capacity_);
+  if (cache.position() + n > cache.capacity())
+    fail("gemma4: context overflow: {} tokens at position {} exceed the context length {}", n, cache.position(),
+         cache.capacity());
   for (int64_t i = 0; i < n; ++i)
-    if (tokens[i] < 0 || tokens[i] >= c.vocab)
-      fail("gemma4: token id {} at index {} is outside the vocabulary [0, {})", tokens[i], i, c.vocab);
+    if (tokens[i] < 0 || tokens[i] >= cfg_.vocab)
+      fail("gemma4: token id {} at index {} is outside the vocabulary [0, {})", tokens[i], i, cfg_.vocab);
 }
 
-std::vector<float> Gemma4Context::forward(std::span<const int32_t> tokens, int64_t n_logits) {
-  check_tokens(tokens, n_logits);
-  const int64_t n = static_cast<int64_t>(tokens.size());
-  std::vector<float> out;
-  out.reserve(static_cast<size_t>(n_logits * m_->cfg().vocab));
-  for (int64_t start = 0; start < n; start += m_->chunk()) {
-    const int64_t len = std::min(m_->chunk(), n - start);
-    const int64_t want = std::clamp<int64_t>(n_logits - (n - start - len), 0, len);
-    std::vector<float> part = run_chunk(tokens.subspan(start, len), want);
-    out.insert(out.end(), part.begin(), part.end());
-  }
-  return out;
+void Gemma4Model::execute(Built& b, std::span<const Part> parts,
+                          std::vector<std::pair<Value, std::span<const std::byte>>> extra) const {
+  std::vector<int32_t> ids;
+  for (const Part& p : parts) ids.insert(ids.end(), p.tokens.begin(), p.tokens.end());
+  RunInputs in;
+  in.inputs.emplace_back(b.ids, bytes_of(ids));
+  b.batch->set_inputs(in);
+  in.inputs.insert(in.inputs.end(), extra.begin(), extra.end());
+  backend_->run(b.graph, in);
+  b.batch->appended();
 }
 
-Gemma4Context::Sampling& Gemma4Context::sampling_graph_for(int64_t T, const Sampler& sampler,
-                                                           const SamplingState& state) {
-  auto [it, fresh] = sampling_graphs_.try_emplace({T, sampler.device_key(state)});
-  Sampling& s = it->second;
-  if (!fresh) return s;
-  auto b = std::make_unique<Built>();
-  m_->build(*b, T, 1, caches_, last_hidden_, chunk_hidden_);
-  Graph& g = b->graph;
-  const std::vector<int32_t> ids = sampler.device_ids(state);
-  s.ids = ids.empty() ? Value{} : g.input(DType::I32, {static_cast<int64_t>(ids.size())}, "sampler_ids");
-  s.uniform = g.input(DType::F32, {1}, "uniform");
-  s.token = sampler.sample_in_graph(g, g.reshape(b->logits, {m_->cfg().vocab}), s.ids, s.uniform, state,
-                                    m_->backend(), &s.why);
-  if (s.token) {
-    g.mark_output(s.token);
-    s.built = std::move(b);
-  }
-  return s;
-}
-
-SampledToken Gemma4Context::forward_sample(std::span<const int32_t> tokens, const Sampler& sampler,
-                                           const SamplingState& state, float uniform, bool require_device) {
-  check_tokens(tokens, 1);
-  const int64_t n = static_cast<int64_t>(tokens.size());
-  const int64_t last = (n - 1) / m_->chunk() * m_->chunk();  // start of the last chunk
-  Sampling& s = sampling_graph_for(n - last, sampler, state);
-  if (!s.built) {
-    if (require_device) fail("gemma4: device sampling required but unavailable: {}", s.why);
-    const std::vector<float> logits = forward(tokens, 1);
-    return {sampler.sample(logits, state, uniform), false, s.why};
-  }
-  for (int64_t start = 0; start < last; start += m_->chunk()) run_chunk(tokens.subspan(start, m_->chunk()), 0);
-  const std::vector<int32_t> ids = sampler.device_ids(state);
-  std::vector<std::pair<Value, std::span<const std::byte>>> extra{
-      {s.uniform, std::as_bytes(std::span<const float>(&uniform, 1))}};
-  if (s.ids) extra.emplace_back(s.ids, bytes_of(ids));
-  run(*s.built, tokens.subspan(last), std::move(extra));
-  int32_t token = -1;
-  m_->backend().read(s.built->graph, s.token, std::as_writable_bytes(std::span<int32_t>(&token, 1)));
-  return {token, true, {}};
-}
-
-std::vector<float> Gemma4Context::run_chunk(std::span<const int32_t> tokens, int64_t n_logits) {
-  Built& b = graph_for(static_cast<int64_t>(tokens.size()), n_logits);
-  run(b, tokens, {});
+std::vector<float> Gemma4Model::run(std::span<const Part> parts) const {
+  Built& b = graph_for(parts, nullptr, nullptr);
+  execute(b, parts, {});
   std::vector<float> logits;
-  if (n_logits > 0) {
-    logits.resize(static_cast<size_t>(n_logits * m_->cfg().vocab));
-    m_->backend().read(b.graph, b.logits, std::as_writable_bytes(std::span<float>(logits)));
+  if (b.logits) {
+    logits.resize(static_cast<size_t>(b.graph.shape(b.logits)[0] * cfg_.vocab));
+    backend_->read(b.graph, b.logits, std::as_writable_bytes(std::span<float>(logits)));
   }
   return logits;
 }
 
-void Gemma4Context::run(Built& b, std::span<const int32_t> tokens,
-                        std::vector<std::pair<Value, std::span<const std::byte>>> extra) {
-  const int64_t T = static_cast<int64_t>(tokens.size());
-  const int64_t H = m_->cfg().hidden;
-  std::vector<int32_t> ids(tokens.begin(), tokens.end()), pos(T), ring(T), iota_t(T), iota_h(H);
-  for (int64_t i = 0; i < std::max(T, H); ++i) {
-    if (i < T) iota_t[i] = static_cast<int32_t>(i);
-    if (i < H) iota_h[i] = static_cast<int32_t>(i);
+std::vector<float> Gemma4Model::forward(KvCache& cache, std::span<const int32_t> tokens, int64_t n_logits) const {
+  check_tokens(cache, tokens, n_logits);
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  std::vector<float> out;
+  out.reserve(static_cast<size_t>(n_logits * cfg_.vocab));
+  for (int64_t start = 0; start < n; start += chunk_) {
+    const int64_t len = std::min(chunk_, n - start);
+    const Part part{&cache, tokens.subspan(start, len), std::clamp<int64_t>(n_logits - (n - start - len), 0, len)};
+    const std::vector<float> logits = run({&part, 1});
+    out.insert(out.end(), logits.begin(), logits.end());
   }
-  const int64_t slots = ring_slots();
-  for (int64_t t = 0; t < T; ++t) {
-    pos[t] = static_cast<int32_t>(position_ + t);
-    ring[t] = static_cast<int32_t>((position_ + t) % slots);
-  }
-  RunInputs in;
-  in.inputs = {{b.ids, bytes_of(ids)}, {b.pos, bytes_of(pos)}, {b.ring_slot, bytes_of(ring)},
-               {b.iota_t, bytes_of(iota_t)}, {b.iota_h, bytes_of(iota_h)}};
-  in.inputs.insert(in.inputs.end(), extra.begin(), extra.end());
-  m_->backend().run(b.graph, in);
-  chunk_start_ = position_;
-  chunk_len_ = T;
-  position_ += T;
+  return out;
 }
 
-void Gemma4Context::truncate(int64_t pos) {
-  if (pos < 0 || pos > position_) fail("gemma4: truncate({}) outside [0, {}]", pos, position_);
-  if (pos == position_) return;
-  const int64_t depth = position_ - pos;
-  ComputeBackend& be = m_->backend();
-  for (const Cache& cache : caches_) {
-    if (!cache.pos) continue;
-    // A ring has overwritten keys older than its window; only a rollback shallower than the chunk
-    // leaves every key the next token needs in place.
-    if (cache.ring && depth > m_->chunk())
-      fail("gemma4: cannot roll back {} tokens: the sliding-window cache keeps only {} (option prefill_chunk)",
-           depth, m_->chunk());
-    std::vector<int32_t> p(cache.slots);
-    be.read(*cache.pos, std::as_writable_bytes(std::span<int32_t>(p)));
-    for (int32_t& v : p)
-      if (v >= pos) v = -1;
-    be.write(*cache.pos, bytes_of(p));
+SampledToken Gemma4Model::forward_sample(KvCache& cache, std::span<const int32_t> tokens, const Sampler& sampler,
+                                         const SamplingState& state, float uniform, bool require_device) const {
+  check_tokens(cache, tokens, 1);
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t last = (n - 1) / chunk_ * chunk_;  // start of the last step
+  const Part tail{&cache, tokens.subspan(last), 1};
+  Built& b = graph_for({&tail, 1}, &sampler, &state);
+  if (!b.token) {
+    if (require_device) fail("gemma4: device sampling required but unavailable: {}", b.why);
+    const std::vector<float> logits = forward(cache, tokens, 1);
+    return {sampler.sample(logits, state, uniform), false, b.why};
   }
-  // The hidden state of the new last position, when the last chunk computed it.
-  const int64_t row = pos - 1 - chunk_start_;
-  if (row >= 0 && row < chunk_len_) {
-    const int64_t H = m_->cfg().hidden;
-    std::vector<float> rows(static_cast<size_t>(m_->chunk() * H));
-    be.read(*chunk_hidden_, std::as_writable_bytes(std::span<float>(rows)));
-    be.write(*last_hidden_, bytes_of(std::vector<float>(rows.begin() + row * H, rows.begin() + (row + 1) * H)));
-  } else {
-    log_debug("gemma4: after truncate({}) last_hidden() still holds position {}", pos, chunk_start_ + chunk_len_ - 1);
+  for (int64_t start = 0; start < last; start += chunk_) {
+    const Part part{&cache, tokens.subspan(start, chunk_), 0};
+    run({&part, 1});
   }
-  chunk_len_ = std::max<int64_t>(0, std::min(chunk_len_, pos - chunk_start_));
-  position_ = pos;
+  const std::vector<int32_t> ids = sampler.device_ids(state);
+  std::vector<std::pair<Value, std::span<const std::byte>>> extra{
+      {b.uniform, std::as_bytes(std::span<const float>(&uniform, 1))}};
+  if (b.sampler_ids) extra.emplace_back(b.sampler_ids, bytes_of(ids));
+  execute(b, {&tail, 1}, std::move(extra));
+  int32_t token = -1;
+  backend_->read(b.graph, b.token, std::as_writable_bytes(std::span<int32_t>(&token, 1)));
+  return {token, true, {}};
+}
+
+std::vector<std::vector<float>> Gemma4Model::forward_batch(std::span<const BatchEntry> batch) {
+  std::vector<Part> parts;
+  bool one_step = true;  // every entry fits one step: one graph for the whole batch
+  for (size_t e = 0; e < batch.size(); ++e) {
+    auto* ctx = dynamic_cast<Gemma4Context*>(batch[e].context);
+    if (!ctx || ctx->model() != this) fail("gemma4: forward_batch: entry {} is not a context of this model", e);
+    check_tokens(ctx->cache(), batch[e].tokens, batch[e].n_logits);
+    for (const Part& p : parts)
+      if (p.cache == &ctx->cache()) fail("gemma4: forward_batch: entry {} repeats the context of an earlier entry", e);
+    parts.push_back({&ctx->cache(), batch[e].tokens, batch[e].n_logits});
+    one_step = one_step && static_cast<int64_t>(batch[e].tokens.size()) <= chunk_;
+  }
+  std::vector<std::vector<float>> out;
+  if (!one_step || parts.size() == 1) {
+    for (const Part& p : parts) out.push_back(forward(*p.cache, p.tokens, p.n_logits));
+    return out;
+  }
+  const std::vector<float> logits = run(parts);
+  size_t at = 0;
+  for (const Part& p : parts) {
+    const size_t n = static_cast<size_t>(p.n_logits * cfg_.vocab);
+    out.emplace_back(logits.begin() + static_cast<std::ptrdiff_t>(at), logits.begin() + static_cast<std::ptrdiff_t>(at + n));
+    at += n;
+  }
+  return out;
+}
+
+// ---------------------------------------------------------------------------------------- context
+Gemma4Context::Gemma4Context(std::shared_ptr<const Gemma4Model> model, int64_t capacity)
+    : m_(std::move(model)), cache_(m_->backend(), m_->cache_spec(), capacity) {}
+
+Gemma4Context::~Gemma4Context() { m_->forget(cache_.id()); }
+
+std::vector<float> Gemma4Context::forward(std::span<const int32_t> tokens, int64_t n_logits) {
+  return m_->forward(cache_, tokens, n_logits);
+}
+
+SampledToken Gemma4Context::forward_sample(std::span<const int32_t> tokens, const Sampler& sampler,
+                                           const SamplingState& state, float uniform, bool require_device) {
+  return m_->forward_sample(cache_, tokens, sampler, state, uniform, require_device);
 }
 
 TokenEmbedding Gemma4Context::token_embedding() const { return m_->token_embedding(); }
@@ -541,9 +527,7 @@ KvView Gemma4Context::kv(const std::string& attention_type) const {
   const bool full = attention_type == "full";
   for (int64_t l = static_cast<int64_t>(c.layers.size()) - 1; l >= 0; --l) {
     if (c.layers[l].full != full) continue;
-    const int src = c.layers[l].producer >= 0 ? c.layers[l].producer : static_cast<int>(l);
-    const Cache& cache = caches_[src];
-    return {cache.k, cache.v, cache.pos, full ? 0 : c.window};
+    return cache_.view(m_->cache_of(static_cast<size_t>(l)));
   }
   fail("gemma4: the model has no {} attention layer", attention_type);
 }

@@ -7,12 +7,6 @@
 namespace specula::gemma4 {
 namespace {
 
-std::string shape_str(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 class Loader {
  public:
   // Without a backend (check_weights) every tensor is looked up and shape-checked, none loaded.

@@ -23,13 +23,6 @@
 
 namespace specula::gemma4_assistant {
 
-// "[a, b]" for the shape checks' messages.
-inline std::string shape_str(const std::vector<int64_t>& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 struct Rope {
   float theta = 10000.0f;
   int64_t rotated_pairs = 0;   // NeoX pairs k < rotated_pairs turn; the rest pass through

@@ -48,12 +48,6 @@ const float* CpuTensor::as_f32() {
 
 namespace {
 
-std::string shape_str(const Shape& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 size_t plain_size(DType t) {
   const DTypeTraits* tr = dtype_traits(t);
   return tr && !tr->quantized ? tr->block_bytes : 0;

@@ -17,12 +17,6 @@
 namespace specula::vulkan {
 namespace {
 
-std::string shape_str(const Shape& s) {
-  std::string out = "[";
-  for (size_t i = 0; i < s.size(); ++i) out += (i ? ", " : "") + std::to_string(s[i]);
-  return out + "]";
-}
-
 int64_t elements(const Shape& s) {
   int64_t n = 1;
   for (int64_t d : s) n *= d;

@@ -42,9 +42,9 @@ std::string_view op_name(Op op) {
   return "unknown op";
 }
 
-namespace {
-
 std::string shape_str(const Shape& s) { return fmt::format("[{}]", fmt::join(s, ", ")); }
+
+namespace {
 
 int64_t elements(const Shape& s) {
   int64_t n = 1;

@@ -295,6 +295,61 @@ TEST_P(Cache, ContextOverflowIsAnError) {
   EXPECT_THROW(ctx2->forward(bad, 1), specula::Error);
 }
 
+// Several sequences of different lengths in one forward pass (Model::forward_batch): each sequence's
+// logits equal decoding it alone, through ring wrap-around, uneven steps (a 3-token verification next
+// to single tokens) and a rollback of one sequence only.
+TEST_P(Cache, BatchOfSequencesEqualsEachAlone) {
+  const auto tokens = long_tokens(GetParam());
+  auto model = ring_model();
+  const int64_t V = model->info().vocab_size;
+  const std::vector<size_t> prompt = {5, 11, 2};
+  std::vector<std::unique_ptr<specula::ModelContext>> batch, alone;
+  std::vector<std::vector<int32_t>> seq;
+  std::vector<std::vector<float>> last;
+  for (size_t s = 0; s < prompt.size(); ++s) {
+    seq.emplace_back(tokens.begin() + static_cast<std::ptrdiff_t>(s), tokens.begin() + static_cast<std::ptrdiff_t>(s + prompt[s]));
+    batch.push_back(model->new_context({64}));
+    alone.push_back(model->new_context({64}));
+    last.push_back(batch[s]->forward(seq[s], 1));
+    alone[s]->forward(seq[s], 1);
+  }
+  auto argmax = [](const float* x, int64_t n) { return static_cast<int32_t>(std::max_element(x, x + n) - x); };
+  for (int step = 0; step < 14; ++step) {
+    // Step 5: sequence 1 verifies 3 tokens (its greedy one and two others), then rolls 2 of them back.
+    const bool verify = step == 5;
+    std::vector<std::vector<int32_t>> in(prompt.size());
+    std::vector<specula::BatchEntry> entries;
+    for (size_t s = 0; s < prompt.size(); ++s) {
+      in[s] = {argmax(last[s].data(), V)};
+      if (verify && s == 1) in[s].insert(in[s].end(), {818, 5279});
+      entries.push_back({batch[s].get(), in[s], static_cast<int64_t>(in[s].size())});
+    }
+    const auto out = model->forward_batch(entries);
+    ASSERT_EQ(out.size(), prompt.size());
+    for (size_t s = 0; s < prompt.size(); ++s) {
+      const auto ref = alone[s]->forward(in[s], static_cast<int64_t>(in[s].size()));
+      ASSERT_EQ(out[s].size(), ref.size());
+      ASSERT_LE(max_abs_diff(out[s].data(), ref.data(), static_cast<int64_t>(ref.size())), kCacheTol)
+          << "sequence " << s << " step " << step;
+      ASSERT_EQ(argmax(out[s].data() + out[s].size() - V, V), argmax(ref.data() + ref.size() - V, V));
+      last[s].assign(out[s].begin(), out[s].begin() + V);  // after a rollback to the first row
+      if (verify && s == 1) {
+        batch[s]->truncate(batch[s]->position() - 2);
+        alone[s]->truncate(alone[s]->position() - 2);
+      }
+      if (!(verify && s == 1)) last[s].assign(out[s].end() - V, out[s].end());
+      EXPECT_EQ(batch[s]->position(), alone[s]->position());
+    }
+  }
+  // A context of another model, or the same context twice, is refused by name.
+  std::vector<int32_t> one = {818};
+  std::vector<specula::BatchEntry> twice{{batch[0].get(), one, 1}, {batch[0].get(), one, 1}};
+  EXPECT_THROW(model->forward_batch(twice), specula::Error);
+  auto other = flat_model()->new_context({8});
+  std::vector<specula::BatchEntry> foreign{{batch[0].get(), one, 1}, {other.get(), one, 1}};
+  EXPECT_THROW(model->forward_batch(foreign), specula::Error);
+}
+
 INSTANTIATE_TEST_SUITE_P(Gemma4, Cache, testing::Values("e2b", "26b"));
 
 TEST(Gemma4View, KvViewsAndLastHidden) {

@@ -86,6 +86,8 @@ enum class Op : uint32_t {
 
 // "MatMul", "RmsNorm", ... for errors and profiles.
 std::string_view op_name(Op op);
+// "[2, 64, 256]", for errors.
+std::string shape_str(const Shape& s);
 
 // A node of a Graph. Parameters are small and fixed-size so a graph is plain data a backend can cache.
 struct Node {

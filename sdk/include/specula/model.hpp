@@ -13,6 +13,7 @@
 
 #include "specula/compute.hpp"
 #include "specula/error.hpp"
+#include "specula/kv_cache.hpp"
 #include "specula/model_file.hpp"
 #include "specula/sampler.hpp"
 #include "specula/tokenizer.hpp"
@@ -26,15 +27,6 @@ struct ModelInfo {
   int64_t context_length = 0;   // the longest context the model supports
   std::vector<int32_t> end_tokens;  // generation stops on any of these
   nlohmann::json details;       // architecture-specific facts for `specula inspect` and logs
-};
-
-// One attention type's KV cache as the drafter sees it: the cache tensors, plus the absolute token
-// position held by each cache slot (-1 for an empty slot). K is [S, Hkv, D], V is [S, Hkv, Dv].
-struct KvView {
-  BackendTensorPtr k;
-  BackendTensorPtr v;
-  BackendTensorPtr positions;   // I32 [S]
-  int64_t window = 0;           // sliding window of the producing layer, 0 for full attention
 };
 
 // The target's token embedding table as loaded (any dtype the backend's GetRows reads) and the scale
@@ -81,6 +73,9 @@ class ModelContext {
   virtual int64_t capacity() const = 0;
   // Forgets every position >= pos (speculative rollback). pos <= position().
   virtual void truncate(int64_t pos) = 0;
+  // The deepest truncate() allowed from the current position (a sliding-window ring has overwritten
+  // older keys). The default: any.
+  virtual int64_t max_rollback() const { return position(); }
   virtual const TargetView& view() const = 0;
   // One step that ends in a token: processes `tokens` like forward() and returns what `sampler` picks
   // from the last position's logits with `state` and `uniform`. Models that can append the sampler's
@@ -97,6 +92,13 @@ class ModelContext {
   }
 };
 
+// One sequence's share of a batched forward pass (Model::forward_batch).
+struct BatchEntry {
+  ModelContext* context = nullptr;   // a context of this model; each at most once per batch
+  std::span<const int32_t> tokens;   // appended at context->position()
+  int64_t n_logits = 1;              // logits for the last n_logits tokens
+};
+
 // Plugin kind "model": a loaded target model.
 class Model {
  public:
@@ -105,6 +107,15 @@ class Model {
   virtual std::shared_ptr<const Tokenizer> tokenizer() const = 0;
   virtual std::shared_ptr<const ChatFormat> chat_format() const = 0;
   virtual std::unique_ptr<ModelContext> new_context(const ContextOptions& options) = 0;
+  // Runs every entry, returning each one's logits [n_logits, vocab] in order: the same numbers as each
+  // context's forward() in turn. Models that batch run them in one forward pass, reading each weight
+  // once for all rows (decode is bandwidth-bound: N sequences cost little more than one). The default
+  // runs them one after the other.
+  virtual std::vector<std::vector<float>> forward_batch(std::span<const BatchEntry> batch) {
+    std::vector<std::vector<float>> out;
+    for (const BatchEntry& e : batch) out.push_back(e.context->forward(e.tokens, e.n_logits));
+    return out;
+  }
 };
 
 // Loads a Model of this plugin's architecture. Checks every tensor it needs and throws naming the
