@@ -9,7 +9,7 @@ DEB_PACKAGES := build-essential cmake ninja-build ccache pkg-config \
   libboost-dev libboost-filesystem-dev libboost-program-options-dev \
   libfmt-dev libyaml-cpp-dev nlohmann-json3-dev libdnnl-dev ocl-icd-opencl-dev \
   libvulkan-dev glslc mesa-vulkan-drivers vulkan-tools \
-  libgtest-dev googletest clang python3 python3-numpy zlib1g-dev
+  libgtest-dev googletest clang python3 python3-numpy zlib1g-dev libcpp-httplib-dev
 
 SHELL      := /bin/bash
 BUILD      ?= build
