@@ -169,20 +169,28 @@ struct Session::State {
   std::string thoughts;
   ChunkCallback on_chunk;
 
+  ContextOptions context_options;
+
+  // Empties the context. A sliding-window cache cannot roll back past what it keeps (the gemma4 plugin
+  // refuses even truncate(0) then): a fresh context instead.
   void forget() {
-    ctx->truncate(0);
     held.clear();
+    try {
+      ctx->truncate(0);
+    } catch (const std::exception&) {  // (a plugin's specula::Error is not the host's type)
+      ctx = model->built.target->new_context(context_options);
+      if (!ctx) fail("the model plugin returned no context");
+    }
   }
 };
 
 std::unique_ptr<Session> Model::new_session() {
   auto s = std::make_unique<Session::State>();
   s->model = impl_;
-  ContextOptions co;
-  co.context_length = impl_->pipeline.target.context_length;
+  s->context_options.context_length = impl_->pipeline.target.context_length;
   {
     std::lock_guard lock(impl_->engine);
-    s->ctx = impl_->built.target->new_context(co);
+    s->ctx = impl_->built.target->new_context(s->context_options);
   }
   if (!s->ctx) fail("the model plugin returned no context");
   return std::unique_ptr<Session>(new Session(std::move(s)));
@@ -233,8 +241,15 @@ void Session::begin(std::span<const int32_t> prompt, const SamplingConfig& sampl
   core::Generator generator(s.model->built.target, s.model->make_sampler(sampling), s.model->built.drafter);
 
   std::lock_guard lock(s.model->engine);
-  const size_t common = reusable_prefix(prompt);
-  s.ctx->truncate(static_cast<int64_t>(common));
+  size_t common = reusable_prefix(prompt);
+  try {
+    s.ctx->truncate(static_cast<int64_t>(common));
+  } catch (const std::exception& e) {
+    // A sliding-window cache cannot always roll back that far: start over instead.
+    log_debug("prefix reuse of {} tokens not possible ({}); processing the whole prompt", common, e.what());
+    common = 0;
+    s.forget();
+  }
   s.held.resize(common);
   s.cached = static_cast<int64_t>(common);
   const std::span<const int32_t> fresh = prompt.subspan(common);

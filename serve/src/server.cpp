@@ -261,7 +261,7 @@ struct Server::Routes {
       }
       try {
         a.prompt = m.chat_prompt(messages, thinking);
-      } catch (const Error& e) {
+      } catch (const std::exception& e) {  // the chat format's own errors (a plugin's Error type)
         bad(e.what(), "messages");
       }
     } else {
@@ -427,7 +427,7 @@ struct Server::Routes {
     if (b.contains("messages")) {
       try {
         ids = m->chat_prompt(read_messages(b));
-      } catch (const Error& e) {
+      } catch (const std::exception& e) {  // the chat format's own errors (a plugin's Error type)
         bad(e.what(), "messages");
       }
     } else {

@@ -135,6 +135,20 @@ TEST(Api, ASessionReusesThePrefixItHoldsAndAnswersAsAFreshOne) {
   EXPECT_EQ(reused.tokens, fresh.tokens);
 }
 
+TEST(Api, APrefixTheSlidingWindowCannotRollBackToIsProcessedAfresh) {
+  auto model = tiny();
+  auto session = model->new_session();
+  // A prompt past what the sliding-window cache (64) keeps for rollback (256).
+  std::vector<int32_t> long_prompt = model->tokenize("And God said", false);
+  const auto verse = model->tokenize(" and it came to pass", false);
+  while (long_prompt.size() < 300) long_prompt.insert(long_prompt.end(), verse.begin(), verse.end());
+  session->generate(long_prompt, greedy(2));
+  const auto other = model->tokenize("And God saw the light", false);
+  const auto r = session->generate(other, greedy(4));
+  EXPECT_EQ(r.cached_tokens, 0);
+  EXPECT_EQ(r.tokens, model->generate(other, greedy(4)).tokens);
+}
+
 TEST(Api, CancelFromAnotherThreadEndsTheGenerationAfterItsCurrentStep) {
   auto model = tiny();
   auto session = model->new_session();
@@ -163,12 +177,13 @@ TEST(Api, CancelFromAnotherThreadEndsTheGenerationAfterItsCurrentStep) {
 
 TEST(Api, TwoThreadsSharingOneModelGetTheAnswersTheyGetAlone) {
   auto model = tiny();
-  const std::vector<ChatMessage> a = {{"user", "And God said"}}, b = {{"user", "Blessed are the meek"}};
-  const auto alone_a = model->generate_stream(a, greedy(16)).text;
-  const auto alone_b = model->generate_stream(b, greedy(16)).text;
+  // Raw continuations: the tiny model answers every chat message alike.
+  const auto a = model->tokenize("And God said", false), b = model->tokenize("Blessed are the meek", false);
+  const auto alone_a = model->generate(a, greedy(16)).text;
+  const auto alone_b = model->generate(b, greedy(16)).text;
   std::string got_a, got_b;
-  std::thread ta([&] { got_a = model->generate_stream(a, greedy(16)).text; });
-  std::thread tb([&] { got_b = model->generate_stream(b, greedy(16)).text; });
+  std::thread ta([&] { got_a = model->new_session()->generate(a, greedy(16)).text; });
+  std::thread tb([&] { got_b = model->new_session()->generate(b, greedy(16)).text; });
   ta.join();
   tb.join();
   EXPECT_EQ(got_a, alone_a);

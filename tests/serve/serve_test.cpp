@@ -422,22 +422,31 @@ TEST(Serve, ShutdownRefusesNewRequestsAndLetsRunningOnesFinish) {
   Running s;
   Reply running;
   std::thread t([&] { running = post(s, "/v1/chat/completions", [] {
-                        json b = chat_body("And God said", 300);
-                        b["min_tokens"] = 300;
+                        json b = chat_body("And God said", 60);
+                        b["min_tokens"] = 60;
                         return b;
                       }()); });
   ASSERT_TRUE(wait_metric(s, "specula:num_requests_running", [](double v) { return v == 1; }));
   std::thread stopper([&] { s.server.shutdown(); });
-  // While draining: new requests get 503 (or find the port closed once it is done).
-  std::this_thread::sleep_for(5ms);
-  const auto refused = post(s, "/v1/chat/completions", chat_body("And Moses said", 2));
-  if (refused.status != -1) {
-    EXPECT_EQ(refused.status, 503) << refused.raw;
+  // While draining (/health says so), new requests get 503; the running one goes on.
+  bool draining = false;
+  for (int i = 0; i < 1000 && !draining; ++i) {
+    auto c = s.client();
+    auto h = c.Get("/health");
+    draining = h && h->status == 503;
+    if (!draining) std::this_thread::sleep_for(1ms);
+  }
+  if (draining) {  // else the running request had already ended and the server stopped
+    const auto refused = post(s, "/v1/chat/completions", chat_body("And Moses said", 2));
+    if (refused.status != -1) {
+      EXPECT_EQ(refused.status, 503) << refused.raw;
+      EXPECT_EQ(refused.body["error"]["code"], "shutting_down");
+    }
   }
   stopper.join();
   t.join();
   EXPECT_EQ(running.status, 200) << running.raw;
-  EXPECT_EQ(running.body["usage"]["completion_tokens"], 300);
+  EXPECT_EQ(running.body["usage"]["completion_tokens"], 60);
 }
 
 TEST(Serve, TheBinaryExitsZeroOnSigterm) {
