@@ -127,84 +127,78 @@ class TextStream {
 
 }  // namespace
 
-GenerationResult Generator::generate(ModelContext& ctx, std::span<const int32_t> prompt,
-                                     const GenerationOptions& options, const TokenCallback& on_token) {
-  const ModelInfo& info = model_->info();
-  const int64_t vocab = info.vocab_size;
-  if (vocab <= 0) fail("model reports vocab_size {}; cannot sample", vocab);
-  if (prompt.empty()) fail("the prompt is empty: at least one token is needed to start generation");
-  if (options.max_tokens < 1) fail("max_tokens must be at least 1, got {}", options.max_tokens);
-  const int64_t start = ctx.position();
-  const int64_t capacity = ctx.capacity();
-  if (start + static_cast<int64_t>(prompt.size()) > capacity) {
-    fail("the prompt has {} tokens{} but the context holds {} tokens; shorten the prompt or raise "
-         "target.context_length", prompt.size(),
-         start ? fmt::format(" (after {} tokens already in the context)", start) : std::string(), capacity);
-  }
-
-  // llamacpp: llama.cpp's draft-mtp loop (GenerationOptions::convention); its rounds complete past max_tokens.
-  const bool llamacpp = drafter_ && options.convention == DraftConvention::LlamaCpp;
-  if (llamacpp && start + static_cast<int64_t>(prompt.size()) < 2)
-    fail("the llamacpp drafting convention drafts from the target's hidden state of the token before the "
-         "prompt's last one: the context needs at least 2 tokens, got {}", start + static_cast<int64_t>(prompt.size()));
-  if (llamacpp && options.draft_auto)
-    fail("the llamacpp drafting convention drafts a fixed number of tokens per round as llama.cpp does; "
-         "draft_tokens: auto is not available with it");
-  // At temperature > 0 Specula's drafts are sampled from the drafter's distribution; otherwise greedy
-  // (a point mass for the acceptance rule).
-  const bool sampled_drafts = sampler_->params().temperature > 0.0f && !llamacpp;
-
-  std::unordered_set<int32_t> stops(info.end_tokens.begin(), info.end_tokens.end());
-  if (auto cf = model_->chat_format()) {
-    for (int32_t t : cf->stop_tokens()) stops.insert(t);
-  }
-  stops.insert(options.stop_tokens.begin(), options.stop_tokens.end());
-
+// The state of one generation between steps; its member functions are the steps of the loop that
+// Generator::generate runs (start: checks, prefill, first token; step: one decode step; finish).
+struct Generation::State {
+  std::shared_ptr<Model> model;
+  std::shared_ptr<Sampler> sampler;
+  std::shared_ptr<Drafter> drafter;
+  ModelContext& ctx;
+  const std::vector<int32_t> prompt;
+  const GenerationOptions options;
+  const TokenCallback on_token;
+  const ModelInfo& info;
+  const int64_t vocab;
+  int64_t start = 0;
+  int64_t capacity = 0;
+  bool llamacpp = false;        // llama.cpp's draft-mtp loop (GenerationOptions::convention)
+  bool sampled_drafts = false;  // drafts sampled from the drafter's distribution (else greedy)
+  SamplingDevice device = SamplingDevice::Auto;
+  std::unordered_set<int32_t> stops;
   GenerationResult result;
-  auto& stats = result.stats;
-  stats.prompt_tokens = static_cast<int64_t>(prompt.size());
-  std::vector<int32_t> history(prompt.begin(), prompt.end());
-  TextStream text(*model_, options.show_thoughts);
+  std::vector<int32_t> history;
+  TextStream text;
+  bool done = false;
+  std::string held;  // visible text not handed out yet because it may begin a stop string
+  int32_t last = -1;
+  std::optional<DraftLength> policy;
+  std::vector<int32_t> scratch;
+  int64_t rounds = 0;
+  Clock::time_point t1;
 
-  auto sample_row = [&](std::span<const float> row) {
+  State(std::shared_ptr<Model> m, std::shared_ptr<Sampler> s, std::shared_ptr<Drafter> d, ModelContext& c,
+        std::span<const int32_t> p, const GenerationOptions& o, const TokenCallback& cb)
+      : model(std::move(m)), sampler(std::move(s)), drafter(std::move(d)), ctx(c), prompt(p.begin(), p.end()),
+        options(o), on_token(cb), info(model->info()), vocab(info.vocab_size), text(*model, o.show_thoughts) {}
+
+  GenerationStats& stats() { return result.stats; }
+
+  int32_t sample_row(std::span<const float> row) {
     if (static_cast<int64_t>(row.size()) != vocab) {
       fail("model returned {} logits per position, expected vocab_size {}", row.size(), vocab);
     }
     SamplingState state{history, static_cast<int32_t>(result.tokens.size()), info.end_tokens};
-    float u = sampler_->next_uniform();  // one uniform per plain step, greedy or not, on the host as in
-                                         // the device graph
-    int32_t t = sampler_->sample(row, state, u);
+    float u = sampler->next_uniform();  // one uniform per plain step, greedy or not, on the host as in
+                                        // the device graph
+    int32_t t = sampler->sample(row, state, u);
     if (t < 0 || t >= vocab) fail("sampler returned token {} outside the vocabulary [0, {})", t, vocab);
     return t;
-  };
+  }
   // Plain steps (prefill's last chunk, undrafted decode steps): forward and sampling in one graph unless
   // sampler.device is off; speculative verification samples its n + 1 rows on the host.
-  const SamplingDevice device = sampler_->params().device;
-  auto forward_sample = [&](std::span<const int32_t> tokens) {
+  int32_t forward_sample(std::span<const int32_t> tokens) {
     if (device == SamplingDevice::Off) {
       std::vector<float> row = ctx.forward(tokens, 1);
-      ++stats.host_sampled_tokens;
+      ++stats().host_sampled_tokens;
       return sample_row(row);
     }
     SamplingState state{history, static_cast<int32_t>(result.tokens.size()), info.end_tokens};
-    const float u = sampler_->next_uniform();
-    const SampledToken s = ctx.forward_sample(tokens, *sampler_, state, u, device == SamplingDevice::On);
+    const float u = sampler->next_uniform();
+    const SampledToken s = ctx.forward_sample(tokens, *sampler, state, u, device == SamplingDevice::On);
     if (s.token < 0 || s.token >= vocab)
       fail("{} sampling returned token {} outside the vocabulary [0, {})", s.on_device ? "device" : "host", s.token,
            vocab);
     if (s.on_device) {
-      ++stats.device_sampled_tokens;
+      ++stats().device_sampled_tokens;
     } else {
-      ++stats.host_sampled_tokens;
-      if (stats.host_sampling_reason.empty()) stats.host_sampling_reason = s.host_reason;
+      ++stats().host_sampled_tokens;
+      if (stats().host_sampling_reason.empty()) stats().host_sampling_reason = s.host_reason;
     }
     return s.token;
-  };
-  bool done = false;
-  std::string held;  // visible text not handed out yet because it may begin a stop string
+  }
   // Hands visible text to the result and the callback; false when it completed a stop string (the text
   // is cut before it). `last_piece`: nothing follows, so nothing is held back.
-  auto deliver = [&](int32_t t, std::string piece, bool last_piece) {
+  bool deliver(int32_t t, std::string piece, bool last_piece) {
     held += piece;
     size_t cut = std::string::npos;
     for (const auto& stop : options.stop_strings) {
@@ -224,9 +218,9 @@ GenerationResult Generator::generate(ModelContext& ctx, std::span<const int32_t>
     result.text += out;
     if (on_token) on_token(t, out);
     return cut == std::string::npos;
-  };
+  }
   // Accepts one token; returns false when generation has ended.
-  auto emit = [&](int32_t t) {
+  bool emit(int32_t t) {
     if (stops.count(t)) {
       result.stop_reason = StopReason::EndToken;
       result.stop_token = t;
@@ -246,194 +240,241 @@ GenerationResult Generator::generate(ModelContext& ctx, std::span<const int32_t>
       return false;
     }
     return true;
-  };
-
-  // Prefill. Specula: every prompt token, the last chunk ending in the first sampled token (counted in
-  // prefill_seconds). llamacpp: all but the last prompt token, which the first round verifies.
-  auto t0 = Clock::now();
-  std::vector<float> logits;
-  int32_t last = -1;
-  {
-    const int64_t n = static_cast<int64_t>(prompt.size()) - (llamacpp ? 1 : 0);
-    const int64_t chunk = options.prefill_chunk > 0 ? options.prefill_chunk : std::max<int64_t>(n, 1);
-    for (int64_t at = 0; at < n; at += chunk) {
-      const int64_t len = std::min(chunk, n - at);
-      if (at + len < n || llamacpp) ctx.forward(prompt.subspan(at, len), 1);
-      else last = forward_sample(prompt.subspan(at, len));
-    }
-    if (llamacpp) last = prompt.back();
   }
-  stats.prefill_seconds = seconds_since(t0);
-
-  auto t1 = Clock::now();
-  if (!llamacpp) emit(last);
-  std::optional<DraftLength> policy;
-  if (drafter_ && options.draft_auto) policy.emplace(options.draft_max, options.draft_tokens);
-  auto count_step = [&](int64_t n) {
-    if (static_cast<int64_t>(stats.steps_by_draft_length.size()) <= n) stats.steps_by_draft_length.resize(n + 1);
-    ++stats.steps_by_draft_length[n];
-  };
+  void count_step(int64_t n) {
+    auto& by_length = stats().steps_by_draft_length;
+    if (static_cast<int64_t>(by_length.size()) <= n) by_length.resize(n + 1);
+    ++by_length[n];
+  }
   // The sampling state of the token after `drafted` further tokens (drafts, not yet accepted).
-  std::vector<int32_t> scratch;
-  auto state_after = [&](std::span<const int32_t> drafted) {
+  SamplingState state_after(std::span<const int32_t> drafted) {
     const int32_t generated = static_cast<int32_t>(result.tokens.size() + drafted.size());
     if (drafted.empty()) return SamplingState{history, generated, info.end_tokens};
     scratch.assign(history.begin(), history.end());
     scratch.insert(scratch.end(), drafted.begin(), drafted.end());
     return SamplingState{scratch, generated, info.end_tokens};
-  };
-  auto distribution_of = [&](std::span<const float> row, std::span<const int32_t> drafted, const char* whose) {
+  }
+  Distribution distribution_of(std::span<const float> row, std::span<const int32_t> drafted, const char* whose) {
     if (static_cast<int64_t>(row.size()) != vocab)
       fail("{} returned {} logits per position, expected vocab_size {}", whose, row.size(), vocab);
-    Distribution d = sampler_->distribution(row, state_after(drafted));
+    Distribution d = sampler->distribution(row, state_after(drafted));
     if (d.empty()) fail("the sampler returned an empty distribution for the {}'s logits", whose);
     for (const TokenProbability& c : d)
       if (c.token < 0 || c.token >= vocab)
         fail("sampler's distribution holds token {} outside the vocabulary [0, {})", c.token, vocab);
     return d;
-  };
-  int64_t rounds = 0;
-  while (!done) {
-    if (options.interrupt && options.interrupt->load()) {
-      result.stop_reason = StopReason::Interrupted;
-      break;
-    }
-    const int64_t room = capacity - ctx.position();  // positions the context can still take
-    if (room < 1) {
-      result.stop_reason = StopReason::ContextFull;
-      log_warn("generation stopped: the context of {} tokens is full", capacity);
-      break;
-    }
-    const int64_t produced = static_cast<int64_t>(result.tokens.size());
-    const int64_t want = policy ? policy->next() : options.draft_tokens;
-    int64_t n = 0;
-    if (llamacpp) {
-      // llama.cpp caps the draft only by a positive limit (common_speculative_draft); the context
-      // bound is kept whatever it says, where llama.cpp would overflow its context.
-      const int64_t limit = std::min(room - 2, options.max_tokens - produced - 1);
-      n = std::min(limit > 0 ? std::min(want, limit) : want, room - 1);
-    } else if (drafter_) {
-      n = std::min<int64_t>({want, room - 1, options.max_tokens - produced - 1});
-    }
-    std::vector<DraftStep> steps;
-    std::vector<int32_t> drafts;
-    std::vector<Distribution> q;  // the drafter's distribution per sampled draft
-    double draft_seconds = 0;
-    if (n > 0) {
-      DraftRequest request;
-      request.last_token = last;
-      request.n = static_cast<int>(n);
-      request.logits = static_cast<bool>(options.on_round);
-      if (sampled_drafts) {
-        request.pick = [&](int step, std::span<const float> row) {
-          if (step != static_cast<int>(drafts.size()))
-            fail("drafter asked for draft step {} after {} steps; steps are picked in order", step, drafts.size());
-          q.push_back(distribution_of(row, drafts, "drafter"));
-          const int32_t t = draw(q.back(), sampler_->next_uniform());
-          drafts.push_back(t);
-          return t;
-        };
-      }
-      auto td = Clock::now();
-      steps = drafter_->draft(ctx.view(), request);
-      draft_seconds = seconds_since(td);
-      stats.draft_seconds += draft_seconds;
-      if (static_cast<int64_t>(steps.size()) > n) steps.resize(static_cast<size_t>(n));
-      drafts.clear();
-      for (const DraftStep& st : steps) {
-        if (st.token < 0 || st.token >= vocab) fail("drafter proposed token {} outside the vocabulary [0, {})", st.token, vocab);
-        drafts.push_back(st.token);
-      }
-      // A drafter that did not use `pick` (it has no distribution) proposed a point mass.
-      if (q.size() < drafts.size()) q.clear();
-      q.resize(std::min(q.size(), drafts.size()));
-    }
-    if (drafts.empty()) {
-      const auto tp = Clock::now();
-      last = forward_sample(std::span<const int32_t>(&last, 1));
-      if (policy) policy->observe_plain(seconds_since(tp));
-      if (drafter_) count_step(0);
-      emit(last);
-      continue;
-    }
+  }
 
-    // Speculative step: verify [last, d1..dn] in one forward, n+1 logit rows.
-    n = static_cast<int64_t>(drafts.size());
-    std::vector<int32_t> input;
-    input.reserve(n + 1);
-    input.push_back(last);
-    input.insert(input.end(), drafts.begin(), drafts.end());
-    const int64_t base = ctx.position();
-    RoundTrace trace;
-    if (options.on_round) {
-      trace.round = rounds;
-      trace.n_past = base;
-      trace.last_token = last;
-      trace.draft = drafts;
-      for (DraftStep& st : steps) trace.draft_logits.push_back(std::move(st.logits));
+  void begin();
+  void step();
+  GenerationResult finish();
+};
+
+void Generation::State::begin() {
+  if (vocab <= 0) fail("model reports vocab_size {}; cannot sample", vocab);
+  if (prompt.empty()) fail("the prompt is empty: at least one token is needed to start generation");
+  if (options.max_tokens < 1) fail("max_tokens must be at least 1, got {}", options.max_tokens);
+  start = ctx.position();
+  capacity = ctx.capacity();
+  if (start + static_cast<int64_t>(prompt.size()) > capacity) {
+    fail("the prompt has {} tokens{} but the context holds {} tokens; shorten the prompt or raise "
+         "target.context_length", prompt.size(),
+         start ? fmt::format(" (after {} tokens already in the context)", start) : std::string(), capacity);
+  }
+
+  llamacpp = drafter && options.convention == DraftConvention::LlamaCpp;
+  if (llamacpp && start + static_cast<int64_t>(prompt.size()) < 2)
+    fail("the llamacpp drafting convention drafts from the target's hidden state of the token before the "
+         "prompt's last one: the context needs at least 2 tokens, got {}", start + static_cast<int64_t>(prompt.size()));
+  if (llamacpp && options.draft_auto)
+    fail("the llamacpp drafting convention drafts a fixed number of tokens per round as llama.cpp does; "
+         "draft_tokens: auto is not available with it");
+  // At temperature > 0 Specula's drafts are sampled from the drafter's distribution; otherwise greedy
+  // (a point mass for the acceptance rule).
+  sampled_drafts = sampler->params().temperature > 0.0f && !llamacpp;
+
+  stops.insert(info.end_tokens.begin(), info.end_tokens.end());
+  if (auto cf = model->chat_format()) {
+    for (int32_t t : cf->stop_tokens()) stops.insert(t);
+  }
+  stops.insert(options.stop_tokens.begin(), options.stop_tokens.end());
+
+  stats().prompt_tokens = static_cast<int64_t>(prompt.size());
+  history = prompt;
+  device = sampler->params().device;
+
+  // Prefill. Specula: every prompt token, the last chunk ending in the first sampled token (counted in
+  // prefill_seconds). llamacpp: all but the last prompt token, which the first round verifies.
+  auto t0 = Clock::now();
+  {
+    const std::span<const int32_t> p(prompt);
+    const int64_t n = static_cast<int64_t>(prompt.size()) - (llamacpp ? 1 : 0);
+    const int64_t chunk = options.prefill_chunk > 0 ? options.prefill_chunk : std::max<int64_t>(n, 1);
+    for (int64_t at = 0; at < n; at += chunk) {
+      const int64_t len = std::min(chunk, n - at);
+      if (at + len < n || llamacpp) ctx.forward(p.subspan(at, len), 1);
+      else last = forward_sample(p.subspan(at, len));
     }
-    const auto tv = Clock::now();
-    logits = ctx.forward(input, n + 1);
-    const double verify_seconds = seconds_since(tv);
-    if (static_cast<int64_t>(logits.size()) != (n + 1) * vocab) {
-      fail("model returned {} logits for a verification of {} positions, expected {}", logits.size(), n + 1,
-           (n + 1) * vocab);
+    if (llamacpp) last = prompt.back();
+  }
+  stats().prefill_seconds = seconds_since(t0);
+
+  t1 = Clock::now();
+  if (!llamacpp) emit(last);
+  if (drafter && options.draft_auto) policy.emplace(options.draft_max, options.draft_tokens);
+}
+
+void Generation::State::step() {
+  if (done) return;
+  if (options.interrupt && options.interrupt->load()) {
+    result.stop_reason = StopReason::Interrupted;
+    done = true;
+    return;
+  }
+  const int64_t room = capacity - ctx.position();  // positions the context can still take
+  if (room < 1) {
+    result.stop_reason = StopReason::ContextFull;
+    log_warn("generation stopped: the context of {} tokens is full", capacity);
+    done = true;
+    return;
+  }
+  const int64_t produced = static_cast<int64_t>(result.tokens.size());
+  const int64_t want = policy ? policy->next() : options.draft_tokens;
+  int64_t n = 0;
+  if (llamacpp) {
+    // llama.cpp caps the draft only by a positive limit (common_speculative_draft); the context
+    // bound is kept whatever it says, where llama.cpp would overflow its context.
+    const int64_t limit = std::min(room - 2, options.max_tokens - produced - 1);
+    n = std::min(limit > 0 ? std::min(want, limit) : want, room - 1);
+  } else if (drafter) {
+    n = std::min<int64_t>({want, room - 1, options.max_tokens - produced - 1});
+  }
+  std::vector<DraftStep> steps;
+  std::vector<int32_t> drafts;
+  std::vector<Distribution> q;  // the drafter's distribution per sampled draft
+  double draft_seconds = 0;
+  if (n > 0) {
+    DraftRequest request;
+    request.last_token = last;
+    request.n = static_cast<int>(n);
+    request.logits = static_cast<bool>(options.on_round);
+    if (sampled_drafts) {
+      request.pick = [&](int step, std::span<const float> row) {
+        if (step != static_cast<int>(drafts.size()))
+          fail("drafter asked for draft step {} after {} steps; steps are picked in order", step, drafts.size());
+        q.push_back(distribution_of(row, drafts, "drafter"));
+        const int32_t t = draw(q.back(), sampler->next_uniform());
+        drafts.push_back(t);
+        return t;
+      };
     }
-    auto row = [&](int64_t i) { return std::span<const float>(logits).subspan(i * vocab, vocab); };
-    // Each draft in turn by the speculative sampling rule (speculative.hpp): accepted ones are emitted, the
-    // first rejected one is replaced and ends the step; when all are accepted the last row gives a bonus.
-    int64_t accepted = 0;
-    for (int64_t i = 0; i <= n && !done; ++i) {
-      // The accepted drafts are in the history already: p is the target's distribution as plain decoding
-      // would see it there.
-      const Distribution p = distribution_of(row(i), {}, "model");
-      ++stats.host_sampled_tokens;
-      Verdict v;
-      if (i < n) {
-        static const Distribution kPointMass;  // an empty q: the draft is certain
-        const Distribution& qi = q.empty() ? kPointMass : q[static_cast<size_t>(i)];
-        const float u_accept = sampler_->next_uniform();
-        v = accept_draft(p, qi, drafts[static_cast<size_t>(i)], u_accept, sampler_->next_uniform());
-      } else {
-        v = {false, draw(p, sampler_->next_uniform())};
-      }
-      last = v.token;
-      if (v.accepted) ++accepted;
-      emit(v.token);
-      if (!v.accepted) break;
+    auto td = Clock::now();
+    steps = drafter->draft(ctx.view(), request);
+    draft_seconds = seconds_since(td);
+    stats().draft_seconds += draft_seconds;
+    if (static_cast<int64_t>(steps.size()) > n) steps.resize(static_cast<size_t>(n));
+    drafts.clear();
+    for (const DraftStep& st : steps) {
+      if (st.token < 0 || st.token >= vocab) fail("drafter proposed token {} outside the vocabulary [0, {})", st.token, vocab);
+      drafts.push_back(st.token);
     }
-    // Keep `last` of the step and the accepted drafts; forget the rejected ones.
-    ctx.truncate(base + 1 + accepted);
-    stats.speculative_steps += 1;
-    stats.drafted_tokens += n;
-    stats.accepted_tokens += accepted;
-    count_step(n);
-    if (static_cast<int64_t>(stats.drafted_by_position.size()) < n) {
-      stats.drafted_by_position.resize(n);
-      stats.accepted_by_position.resize(n);
+    // A drafter that did not use `pick` (it has no distribution) proposed a point mass.
+    if (q.size() < drafts.size()) q.clear();
+    q.resize(std::min(q.size(), drafts.size()));
+  }
+  if (drafts.empty()) {
+    const auto tp = Clock::now();
+    last = forward_sample(std::span<const int32_t>(&last, 1));
+    if (policy) policy->observe_plain(seconds_since(tp));
+    if (drafter) count_step(0);
+    emit(last);
+    return;
+  }
+
+  // Speculative step: verify [last, d1..dn] in one forward, n+1 logit rows.
+  n = static_cast<int64_t>(drafts.size());
+  std::vector<int32_t> input;
+  input.reserve(n + 1);
+  input.push_back(last);
+  input.insert(input.end(), drafts.begin(), drafts.end());
+  const int64_t base = ctx.position();
+  RoundTrace trace;
+  if (options.on_round) {
+    trace.round = rounds;
+    trace.n_past = base;
+    trace.last_token = last;
+    trace.draft = drafts;
+    for (DraftStep& st : steps) trace.draft_logits.push_back(std::move(st.logits));
+  }
+  const auto tv = Clock::now();
+  const std::vector<float> logits = ctx.forward(input, n + 1);
+  const double verify_seconds = seconds_since(tv);
+  if (static_cast<int64_t>(logits.size()) != (n + 1) * vocab) {
+    fail("model returned {} logits for a verification of {} positions, expected {}", logits.size(), n + 1,
+         (n + 1) * vocab);
+  }
+  auto row = [&](int64_t i) { return std::span<const float>(logits).subspan(i * vocab, vocab); };
+  // Each draft in turn by the speculative sampling rule (speculative.hpp): accepted ones are emitted, the
+  // first rejected one is replaced and ends the step; when all are accepted the last row gives a bonus.
+  int64_t accepted = 0;
+  for (int64_t i = 0; i <= n && !done; ++i) {
+    // The accepted drafts are in the history already: p is the target's distribution as plain decoding
+    // would see it there.
+    const Distribution p = distribution_of(row(i), {}, "model");
+    ++stats().host_sampled_tokens;
+    Verdict v;
+    if (i < n) {
+      static const Distribution kPointMass;  // an empty q: the draft is certain
+      const Distribution& qi = q.empty() ? kPointMass : q[static_cast<size_t>(i)];
+      const float u_accept = sampler->next_uniform();
+      v = accept_draft(p, qi, drafts[static_cast<size_t>(i)], u_accept, sampler->next_uniform());
+    } else {
+      v = {false, draw(p, sampler->next_uniform())};
     }
-    for (int64_t i = 0; i < n; ++i) {
-      ++stats.drafted_by_position[i];
-      if (i < accepted) ++stats.accepted_by_position[i];
+    last = v.token;
+    if (v.accepted) ++accepted;
+    emit(v.token);
+    if (!v.accepted) break;
+  }
+  // Keep `last` of the step and the accepted drafts; forget the rejected ones.
+  ctx.truncate(base + 1 + accepted);
+  auto& st = stats();
+  st.speculative_steps += 1;
+  st.drafted_tokens += n;
+  st.accepted_tokens += accepted;
+  count_step(n);
+  if (static_cast<int64_t>(st.drafted_by_position.size()) < n) {
+    st.drafted_by_position.resize(n);
+    st.accepted_by_position.resize(n);
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    ++st.drafted_by_position[i];
+    if (i < accepted) ++st.accepted_by_position[i];
+  }
+  if (policy) policy->observe_step(static_cast<int>(n), static_cast<int>(accepted), draft_seconds, verify_seconds);
+  if (options.on_round) {
+    for (int64_t i = 0; i <= n; ++i) {
+      const auto r = row(i);
+      trace.target_greedy.push_back(static_cast<int32_t>(std::max_element(r.begin(), r.end()) - r.begin()));
     }
-    if (policy) policy->observe_step(static_cast<int>(n), static_cast<int>(accepted), draft_seconds, verify_seconds);
-    if (options.on_round) {
-      for (int64_t i = 0; i <= n; ++i) {
-        const auto r = row(i);
-        trace.target_greedy.push_back(static_cast<int32_t>(std::max_element(r.begin(), r.end()) - r.begin()));
-      }
-      trace.accepted = accepted;
-      options.on_round(trace);
-    }
-    ++rounds;
-    // llamacpp: the round completes, then generation stops once more than max_tokens were produced.
-    if (llamacpp && !done && static_cast<int64_t>(result.tokens.size()) > options.max_tokens) {
-      result.stop_reason = StopReason::MaxTokens;
-      done = true;
-    }
+    trace.accepted = accepted;
+    options.on_round(trace);
+  }
+  ++rounds;
+  // llamacpp: the round completes, then generation stops once more than max_tokens were produced.
+  if (llamacpp && !done && static_cast<int64_t>(result.tokens.size()) > options.max_tokens) {
+    result.stop_reason = StopReason::MaxTokens;
+    done = true;
+  }
+}
+
+GenerationResult Generation::State::finish() {
+  if (!done) {
+    result.stop_reason = StopReason::Interrupted;
+    done = true;
   }
   // llamacpp, stopped before its first round: the last prompt token is still to be processed.
-  if (llamacpp && rounds == 0 && result.tokens.empty()) ctx.forward(prompt.last(1), 1);
+  if (llamacpp && rounds == 0 && result.tokens.empty()) ctx.forward(std::span<const int32_t>(prompt).last(1), 1);
   // One invariant whatever ended generation: the context holds the prompt and every generated token but
   // the last (the plain loop may have processed that one too, a speculative step an accepted end token).
   const int64_t keep = start + static_cast<int64_t>(prompt.size()) +
@@ -443,9 +484,32 @@ GenerationResult Generator::generate(ModelContext& ctx, std::span<const int32_t>
     std::string rest = text.finish();
     if ((!rest.empty() || !held.empty()) && !deliver(-1, rest, true)) result.stop_reason = StopReason::StopString;
   }
-  stats.decode_seconds = seconds_since(t1);
-  stats.generated_tokens = static_cast<int64_t>(result.tokens.size());
-  return result;
+  stats().decode_seconds = seconds_since(t1);
+  stats().generated_tokens = static_cast<int64_t>(result.tokens.size());
+  return std::move(result);
+}
+
+Generation::Generation(std::unique_ptr<State> state) : s_(std::move(state)) {}
+Generation::Generation(Generation&&) noexcept = default;
+Generation& Generation::operator=(Generation&&) noexcept = default;
+Generation::~Generation() = default;
+bool Generation::finished() const { return s_->done; }
+void Generation::step() { s_->step(); }
+GenerationResult Generation::finish() { return s_->finish(); }
+const std::vector<int32_t>& Generation::tokens() const { return s_->result.tokens; }
+
+Generation Generator::start(ModelContext& ctx, std::span<const int32_t> prompt, const GenerationOptions& options,
+                            const TokenCallback& on_token) {
+  auto state = std::make_unique<Generation::State>(model_, sampler_, drafter_, ctx, prompt, options, on_token);
+  state->begin();
+  return Generation(std::move(state));
+}
+
+GenerationResult Generator::generate(ModelContext& ctx, std::span<const int32_t> prompt,
+                                     const GenerationOptions& options, const TokenCallback& on_token) {
+  Generation g = start(ctx, prompt, options, on_token);
+  while (!g.finished()) g.step();
+  return g.finish();
 }
 
 }  // namespace specula::core

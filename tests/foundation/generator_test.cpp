@@ -325,3 +325,45 @@ TEST(Generator, InterruptEndsGenerationWithItsStopReason) {
   EXPECT_EQ(r.tokens, reference_greedy(c, kPrompt, 1));
   EXPECT_EQ(specula::core::stop_reason_name(r.stop_reason), "interrupted");
 }
+
+namespace {
+
+// Generator::start / Generation::step, interleaved over two contexts as the server's scheduler runs them:
+// each run equals its own Generator::generate, one target forward per plain step, and finish() before
+// the end is an interruption that keeps the context invariant.
+TEST(Generator, InterleavedStepwiseGenerationsEqualGenerate) {
+  auto c = no_end_config();
+  auto model = std::make_shared<toy::Model>(c);
+  auto drafter = std::make_shared<toy::Drafter>(c, 3);
+  Generator plain(model, std::make_shared<toy::Sampler>(specula::SamplingParams{}), nullptr);
+  Generator drafted(model, std::make_shared<toy::Sampler>(specula::SamplingParams{}), drafter);
+  GenerationOptions o;
+  o.max_tokens = 20;
+  const std::vector<int32_t> other = {7, 1, 30};
+  auto ca = model->new_context({}), cb = model->new_context({});
+  auto a = plain.start(*ca, kPrompt, o);
+  auto b = drafted.start(*cb, other, o);
+  EXPECT_EQ(a.tokens().size(), 1u);  // start() prefills and emits the first token
+  int steps = 0;
+  while (!a.finished() || !b.finished()) {
+    a.step();
+    b.step();
+    ++steps;
+  }
+  const auto ra = a.finish(), rb = b.finish();
+  EXPECT_EQ(ra.tokens, reference_greedy(c, kPrompt, 20));
+  EXPECT_EQ(rb.tokens, reference_greedy(c, other, 20));
+  EXPECT_LT(rb.stats.speculative_steps, 19);  // it drafted, so it needed fewer steps
+  EXPECT_EQ(steps, 19);
+  EXPECT_EQ(ca->position(), 5 + 19);
+
+  auto cc = model->new_context({});
+  auto early = plain.start(*cc, kPrompt, o);
+  early.step();
+  const auto rc = early.finish();
+  EXPECT_EQ(rc.stop_reason, StopReason::Interrupted);
+  EXPECT_EQ(rc.tokens, reference_greedy(c, kPrompt, 2));
+  EXPECT_EQ(cc->position(), 5 + 1);
+}
+
+}  // namespace

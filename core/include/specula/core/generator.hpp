@@ -114,6 +114,35 @@ struct GenerationResult {
 // with token -1 flushes text held back at the end (an incomplete UTF-8 sequence, a filter's tail).
 using TokenCallback = std::function<void(int32_t token, std::string_view text)>;
 
+class Generator;
+
+// One generation run step by step: what Generator::generate runs as a loop, for callers that interleave
+// several generations between steps (the server's scheduler). Created by Generator::start, which checks
+// the prompt, prefills it and emits the first token; each step() then runs one decode step (a plain
+// token, or one speculative round with a drafter) until finished(); finish() flushes the text held back
+// and returns the result. The context passed to start() must outlive the Generation.
+class Generation {
+ public:
+  Generation(Generation&&) noexcept;
+  Generation& operator=(Generation&&) noexcept;
+  ~Generation();
+
+  bool finished() const;
+  // One decode step; nothing when finished. Honours GenerationOptions::interrupt before the step.
+  void step();
+  // Ends the generation (stop reason Interrupted when it had not finished) and returns the result; the
+  // context is left as Generator::generate leaves it. Call once.
+  GenerationResult finish();
+  // The tokens accepted so far.
+  const std::vector<int32_t>& tokens() const;
+
+ private:
+  friend class Generator;
+  struct State;
+  explicit Generation(std::unique_ptr<State> state);
+  std::unique_ptr<State> s_;
+};
+
 class Generator {
  public:
   // `drafter` may be null (plain decoding). The model's chat format (when it has one) filters the
@@ -126,6 +155,9 @@ class Generator {
   // one (never the end token), so a conversation continues by feeding result.tokens.back() first.
   GenerationResult generate(ModelContext& context, std::span<const int32_t> prompt, const GenerationOptions& options,
                             const TokenCallback& on_token = {});
+  // The same, step by step (Generation). Checks and prefills at once; throws as generate() does.
+  Generation start(ModelContext& context, std::span<const int32_t> prompt, const GenerationOptions& options,
+                   const TokenCallback& on_token = {});
   // Convenience: a fresh context of `context_length` (0 = the model's own).
   GenerationResult generate(std::span<const int32_t> prompt, const GenerationOptions& options,
                             const TokenCallback& on_token = {}, int64_t context_length = 0);

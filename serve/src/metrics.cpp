@@ -1,0 +1,126 @@
+#include "specula/serve/metrics.hpp"
+
+#include <fmt/format.h>
+
+namespace specula::serve {
+
+Histogram::Histogram(std::vector<double> bounds) : bounds_(std::move(bounds)), buckets_(bounds_.size(), 0) {}
+
+void Histogram::observe(double v) {
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    if (v <= bounds_[i]) {
+      ++buckets_[i];
+      break;
+    }
+  }
+  sum_ += v;
+  ++count_;
+}
+
+void Histogram::render(std::string& out, const std::string& name) const {
+  uint64_t cumulative = 0;
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    cumulative += buckets_[i];
+    out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, bounds_[i], cumulative);
+  }
+  out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, count_, name, sum_, name, count_);
+}
+
+namespace {
+// vLLM's buckets for the same histograms.
+std::vector<double> ttft_bounds() {
+  return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0};
+}
+std::vector<double> itl_bounds() {
+  return {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0};
+}
+std::vector<double> e2e_bounds() { return {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0}; }
+
+void header(std::string& out, const char* name, const char* type, const char* help) {
+  out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+}
+}  // namespace
+
+Metrics::Metrics() : ttft_(ttft_bounds()), itl_(itl_bounds()), e2e_(e2e_bounds()) {}
+
+void Metrics::prompt_tokens(int64_t n, int64_t cached) {
+  std::lock_guard lock(mu_);
+  prompt_tokens_ += n;
+  cached_tokens_ += cached;
+}
+
+void Metrics::generation_token(double since_previous, bool first, double since_arrival) {
+  std::lock_guard lock(mu_);
+  ++generation_tokens_;
+  if (first) ttft_.observe(since_arrival);
+  else itl_.observe(since_previous);
+}
+
+void Metrics::finished(const std::string& reason, const core::GenerationStats* stats, double e2e_seconds) {
+  std::lock_guard lock(mu_);
+  ++finished_[reason];
+  e2e_.observe(e2e_seconds);
+  if (!stats) return;
+  spec_drafts_ += stats->speculative_steps;
+  spec_draft_tokens_ += stats->drafted_tokens;
+  spec_accepted_ += stats->accepted_tokens;
+  if (spec_accepted_by_position_.size() < stats->accepted_by_position.size())
+    spec_accepted_by_position_.resize(stats->accepted_by_position.size());
+  for (size_t i = 0; i < stats->accepted_by_position.size(); ++i)
+    spec_accepted_by_position_[i] += stats->accepted_by_position[i];
+}
+
+void Metrics::rejected(const std::string& why) {
+  std::lock_guard lock(mu_);
+  ++rejected_[why];
+}
+
+std::string Metrics::render(const Gauges& g) const {
+  std::lock_guard lock(mu_);
+  std::string out;
+  header(out, "specula:num_requests_waiting", "gauge", "Requests queued, not yet in a slot.");
+  out += fmt::format("specula:num_requests_waiting {}\n", g.waiting);
+  header(out, "specula:num_requests_running", "gauge", "Requests generating in a slot.");
+  out += fmt::format("specula:num_requests_running {}\n", g.running);
+  header(out, "specula:kv_cache_usage_perc", "gauge",
+         "KV-cache usage, 0..1: tokens held by the slots' contexts (running and cached prefixes) over their capacity.");
+  out += fmt::format("specula:kv_cache_usage_perc {}\n", g.kv_cache_usage);
+  header(out, "specula:num_slots", "gauge", "Sequences generated at once (--parallel).");
+  out += fmt::format("specula:num_slots {}\n", g.slots);
+  header(out, "specula:prompt_tokens_total", "counter", "Prompt tokens of admitted requests.");
+  out += fmt::format("specula:prompt_tokens_total {}\n", prompt_tokens_);
+  header(out, "specula:prompt_tokens_cached_total", "counter", "Prompt tokens reused from a slot's context (prefix reuse).");
+  out += fmt::format("specula:prompt_tokens_cached_total {}\n", cached_tokens_);
+  header(out, "specula:generation_tokens_total", "counter", "Generated tokens.");
+  out += fmt::format("specula:generation_tokens_total {}\n", generation_tokens_);
+  header(out, "specula:request_success_total", "counter", "Requests that ended, by finish reason (stop, length, abort, error).");
+  for (const char* r : {"stop", "length", "abort", "error"}) {
+    auto it = finished_.find(r);
+    out += fmt::format("specula:request_success_total{{finished_reason=\"{}\"}} {}\n", r, it == finished_.end() ? 0 : it->second);
+  }
+  header(out, "specula:request_rejected_total", "counter", "Requests refused before queueing (queue_full: 429, shutting_down: 503).");
+  for (const char* r : {"queue_full", "shutting_down"}) {
+    auto it = rejected_.find(r);
+    out += fmt::format("specula:request_rejected_total{{reason=\"{}\"}} {}\n", r, it == rejected_.end() ? 0 : it->second);
+  }
+  header(out, "specula:time_to_first_token_seconds", "histogram", "From arrival to the first generated token.");
+  ttft_.render(out, "specula:time_to_first_token_seconds");
+  header(out, "specula:inter_token_latency_seconds", "histogram", "Between consecutive generated tokens of a request.");
+  itl_.render(out, "specula:inter_token_latency_seconds");
+  header(out, "specula:e2e_request_latency_seconds", "histogram", "From arrival to the end of a request.");
+  e2e_.render(out, "specula:e2e_request_latency_seconds");
+  header(out, "specula:spec_decode_num_drafts_total", "counter", "Speculative rounds (drafts verified).");
+  out += fmt::format("specula:spec_decode_num_drafts_total {}\n", spec_drafts_);
+  header(out, "specula:spec_decode_num_draft_tokens_total", "counter", "Tokens proposed by the drafter.");
+  out += fmt::format("specula:spec_decode_num_draft_tokens_total {}\n", spec_draft_tokens_);
+  header(out, "specula:spec_decode_num_accepted_tokens_total", "counter", "Drafted tokens the target accepted.");
+  out += fmt::format("specula:spec_decode_num_accepted_tokens_total {}\n", spec_accepted_);
+  header(out, "specula:spec_decode_num_accepted_tokens_per_pos_total", "counter",
+         "Rounds whose draft at this position (0 = first) was accepted.");
+  for (size_t i = 0; i < spec_accepted_by_position_.size(); ++i)
+    out += fmt::format("specula:spec_decode_num_accepted_tokens_per_pos_total{{position=\"{}\"}} {}\n", i,
+                       spec_accepted_by_position_[i]);
+  return out;
+}
+
+}  // namespace specula::serve
