@@ -155,6 +155,15 @@ struct Generation::State {
   std::vector<int32_t> scratch;
   int64_t rounds = 0;
   Clock::time_point t1;
+  struct Planned {
+    std::vector<int32_t> input;  // [last] or [last, d1..dn]
+    std::vector<DraftStep> steps;
+    std::vector<int32_t> drafts;
+    std::vector<Distribution> q;  // the drafter's distribution per sampled draft
+    double draft_seconds = 0;
+    int64_t base = 0;             // the context's position before the forward
+    RoundTrace trace;
+  } pending;
 
   State(std::shared_ptr<Model> m, std::shared_ptr<Sampler> s, std::shared_ptr<Drafter> d, ModelContext& c,
         std::span<const int32_t> p, const GenerationOptions& o, const TokenCallback& cb)
@@ -266,6 +275,13 @@ struct Generation::State {
   }
 
   void begin();
+  // A step in two halves, so that several generations can share one target forward (step_all): plan()
+  // checks the stop conditions and drafts, leaving the tokens to process in `pending.input` (false: the
+  // generation has ended, nothing to run); conclude() takes their logits ([input size, vocab]), samples
+  // or accepts, emits and rolls back.
+  bool plan();
+  void conclude(std::span<const float> logits, double forward_seconds);
+  void run_planned();  // the forward of a planned step on its own, then conclude()
   void step();
   GenerationResult finish();
 };
@@ -324,19 +340,19 @@ void Generation::State::begin() {
   if (drafter && options.draft_auto) policy.emplace(options.draft_max, options.draft_tokens);
 }
 
-void Generation::State::step() {
-  if (done) return;
+bool Generation::State::plan() {
+  if (done) return false;
   if (options.interrupt && options.interrupt->load()) {
     result.stop_reason = StopReason::Interrupted;
     done = true;
-    return;
+    return false;
   }
   const int64_t room = capacity - ctx.position();  // positions the context can still take
   if (room < 1) {
     result.stop_reason = StopReason::ContextFull;
     log_warn("generation stopped: the context of {} tokens is full", capacity);
     done = true;
-    return;
+    return false;
   }
   const int64_t produced = static_cast<int64_t>(result.tokens.size());
   const int64_t want = policy ? policy->next() : options.draft_tokens;
@@ -349,10 +365,11 @@ void Generation::State::step() {
   } else if (drafter) {
     n = std::min<int64_t>({want, room - 1, options.max_tokens - produced - 1});
   }
-  std::vector<DraftStep> steps;
-  std::vector<int32_t> drafts;
-  std::vector<Distribution> q;  // the drafter's distribution per sampled draft
-  double draft_seconds = 0;
+  pending = Planned{};
+  std::vector<DraftStep>& steps = pending.steps;
+  std::vector<int32_t>& drafts = pending.drafts;
+  std::vector<Distribution>& q = pending.q;
+  double& draft_seconds = pending.draft_seconds;
   if (n > 0) {
     DraftRequest request;
     request.last_token = last;
@@ -382,7 +399,26 @@ void Generation::State::step() {
     if (q.size() < drafts.size()) q.clear();
     q.resize(std::min(q.size(), drafts.size()));
   }
-  if (drafts.empty()) {
+  pending.input.push_back(last);
+  pending.input.insert(pending.input.end(), drafts.begin(), drafts.end());
+  pending.base = ctx.position();
+  if (!drafts.empty() && options.on_round) {
+    RoundTrace& trace = pending.trace;
+    trace.round = rounds;
+    trace.n_past = pending.base;
+    trace.last_token = last;
+    trace.draft = drafts;
+    for (DraftStep& st : steps) trace.draft_logits.push_back(std::move(st.logits));
+  }
+  return true;
+}
+
+void Generation::State::step() {
+  if (plan()) run_planned();
+}
+
+void Generation::State::run_planned() {
+  if (pending.drafts.empty()) {  // a plain step: forward and sampling in one graph where possible
     const auto tp = Clock::now();
     last = forward_sample(std::span<const int32_t>(&last, 1));
     if (policy) policy->observe_plain(seconds_since(tp));
@@ -390,25 +426,29 @@ void Generation::State::step() {
     emit(last);
     return;
   }
-
-  // Speculative step: verify [last, d1..dn] in one forward, n+1 logit rows.
-  n = static_cast<int64_t>(drafts.size());
-  std::vector<int32_t> input;
-  input.reserve(n + 1);
-  input.push_back(last);
-  input.insert(input.end(), drafts.begin(), drafts.end());
-  const int64_t base = ctx.position();
-  RoundTrace trace;
-  if (options.on_round) {
-    trace.round = rounds;
-    trace.n_past = base;
-    trace.last_token = last;
-    trace.draft = drafts;
-    for (DraftStep& st : steps) trace.draft_logits.push_back(std::move(st.logits));
-  }
   const auto tv = Clock::now();
-  const std::vector<float> logits = ctx.forward(input, n + 1);
-  const double verify_seconds = seconds_since(tv);
+  const std::vector<float> logits = ctx.forward(pending.input, static_cast<int64_t>(pending.input.size()));
+  conclude(logits, seconds_since(tv));
+}
+
+void Generation::State::conclude(std::span<const float> logits, double forward_seconds) {
+  if (pending.drafts.empty()) {  // a plain step of a batch: sampled on the host
+    ++stats().host_sampled_tokens;
+    if (stats().host_sampling_reason.empty())
+      stats().host_sampling_reason = "several sequences in one forward pass sample on the host";
+    last = sample_row(logits);
+    if (policy) policy->observe_plain(forward_seconds);
+    if (drafter) count_step(0);
+    emit(last);
+    return;
+  }
+  // Speculative step: [last, d1..dn] verified in one forward, n+1 logit rows.
+  const std::vector<int32_t>& drafts = pending.drafts;
+  const std::vector<Distribution>& q = pending.q;
+  const int64_t n = static_cast<int64_t>(drafts.size());
+  const int64_t base = pending.base;
+  RoundTrace& trace = pending.trace;
+  const double draft_seconds = pending.draft_seconds, verify_seconds = forward_seconds;
   if (static_cast<int64_t>(logits.size()) != (n + 1) * vocab) {
     fail("model returned {} logits for a verification of {} positions, expected {}", logits.size(), n + 1,
          (n + 1) * vocab);
@@ -495,6 +535,31 @@ Generation& Generation::operator=(Generation&&) noexcept = default;
 Generation::~Generation() = default;
 bool Generation::finished() const { return s_->done; }
 void Generation::step() { s_->step(); }
+
+void Generation::step_all(std::span<Generation* const> generations) {
+  std::vector<State*> ready;
+  for (Generation* g : generations)
+    if (g && g->s_->plan()) ready.push_back(g->s_.get());
+  while (!ready.empty()) {
+    Model& model = *ready.front()->model;
+    std::vector<State*> group, rest;
+    for (State* s : ready) (s->model.get() == &model ? group : rest).push_back(s);
+    ready = std::move(rest);
+    if (group.size() == 1) {  // alone: plain steps keep device sampling
+      group[0]->run_planned();
+      continue;
+    }
+    std::vector<BatchEntry> batch;
+    for (State* s : group)
+      batch.push_back({&s->ctx, s->pending.input, static_cast<int64_t>(s->pending.input.size())});
+    const auto t = Clock::now();
+    const std::vector<std::vector<float>> logits = model.forward_batch(batch);
+    const double seconds = seconds_since(t);
+    if (logits.size() != group.size())
+      fail("model returned logits for {} sequences of a batch of {}", logits.size(), group.size());
+    for (size_t i = 0; i < group.size(); ++i) group[i]->conclude(logits[i], seconds);
+  }
+}
 GenerationResult Generation::finish() { return s_->finish(); }
 const std::vector<int32_t>& Generation::tokens() const { return s_->result.tokens; }
 

@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <set>
 #include <sstream>
 
 #include <nlohmann/json.hpp>
@@ -235,6 +236,52 @@ TEST(TinyKjv, SpeculativeGreedyIsLosslessWithRealAcceptance) {
               static_cast<long long>(accepted), static_cast<long long>(drafted), 100 * rate);
   EXPECT_GT(drafted, 0);
   EXPECT_GE(rate, 0.3);
+}
+
+// Several prompts of different lengths decoded together (Generation::step_all: one target forward per
+// step for all of them), plain and with the drafter: each sequence's greedy tokens are the ones it gets
+// alone, while the sequences accept different numbers of drafts and roll back on their own.
+TEST(TinyKjv, BatchedSequencesEqualEachAloneWithAndWithoutTheDrafter) {
+  auto target = target_q8();
+  auto d = drafter(kModels / kDrafter, target, "auto");
+  auto sampler = [] { return host().make_sampler("standard", specula::SamplingParams{}); };
+  auto chat = target->chat_format();
+  std::vector<std::vector<int32_t>> prompts;
+  for (const auto& text : golden("tiny-kjv-assistant.json")["held_out_prompts"]) {
+    const std::vector<specula::ChatMessage> messages{{"user", text.get<std::string>()}};
+    prompts.push_back(target->tokenizer()->encode(chat->render(messages, true, false), false, true));
+    if (prompts.size() == 4) break;
+  }
+  ASSERT_EQ(prompts.size(), 4u);
+  specula::core::GenerationOptions o;
+  o.max_tokens = 24;
+  o.draft_tokens = 3;
+  for (const bool speculative : {false, true}) {
+    const auto drafter = speculative ? d : nullptr;
+    std::vector<std::vector<int32_t>> alone;
+    for (const auto& p : prompts) alone.push_back(specula::core::Generator(target, sampler(), drafter).generate(p, o).tokens);
+    std::vector<std::unique_ptr<specula::ModelContext>> contexts;
+    std::vector<specula::core::Generator> generators;
+    generators.reserve(prompts.size());  // a Generation may point into its Generator
+    std::vector<specula::core::Generation> running;
+    for (const auto& p : prompts) {
+      contexts.push_back(target->new_context({}));
+      generators.emplace_back(target, sampler(), drafter);
+      running.push_back(generators.back().start(*contexts.back(), p, o));
+    }
+    std::vector<specula::core::Generation*> all;
+    for (auto& g : running) all.push_back(&g);
+    for (int step = 0; step < 100; ++step) specula::core::Generation::step_all(all);
+    std::set<int64_t> accepted;
+    for (size_t i = 0; i < running.size(); ++i) {
+      ASSERT_TRUE(running[i].finished()) << "sequence " << i;
+      const auto result = running[i].finish();
+      EXPECT_EQ(result.tokens, alone[i]) << "sequence " << i << (speculative ? " with the drafter" : "");
+      accepted.insert(result.stats.accepted_tokens);
+      if (speculative) EXPECT_GT(result.stats.speculative_steps, 0) << "sequence " << i;
+    }
+    if (speculative) EXPECT_GT(accepted.size(), 1u) << "every sequence accepted as many drafts";
+  }
 }
 
 // What `make run` runs: the answer on stdout, the --json object with the baseline and the speed-up.

@@ -130,6 +130,11 @@ class Generation {
   bool finished() const;
   // One decode step; nothing when finished. Honours GenerationOptions::interrupt before the step.
   void step();
+  // One step of each generation, the target forwards of those on one model as one batch
+  // (Model::forward_batch: each weight is read once for all of them). Each generation drafts, accepts
+  // and rolls back on its own; greedy tokens equal stepping each alone. Plain steps of a batch sample
+  // on the host. The contexts must be distinct; finished generations are skipped.
+  static void step_all(std::span<Generation* const> generations);
   // Ends the generation (stop reason Interrupted when it had not finished) and returns the result; the
   // context is left as Generator::generate leaves it. Call once.
   GenerationResult finish();
