@@ -279,6 +279,30 @@ void Session::step() {
   }
 }
 
+void Session::step_all(std::span<Session* const> sessions) {
+  std::vector<core::Generation*> generations;
+  std::vector<std::mutex*> engines;
+  for (Session* session : sessions) {
+    if (!session->s_->generation) fail("Session::step_all: a session without an active generation; begin() one first");
+    generations.push_back(&*session->s_->generation);
+    engines.push_back(&session->s_->model->engine);
+  }
+  // Each model's engine lock once, in address order (two schedulers never deadlock).
+  std::sort(engines.begin(), engines.end());
+  engines.erase(std::unique(engines.begin(), engines.end()), engines.end());
+  std::vector<std::unique_lock<std::mutex>> locks;
+  for (std::mutex* m : engines) locks.emplace_back(*m);
+  try {
+    core::Generation::step_all(generations);
+  } catch (...) {
+    for (Session* session : sessions) {
+      session->s_->generation.reset();
+      session->s_->forget();
+    }
+    throw;
+  }
+}
+
 Result Session::end() {
   auto& s = *s_;
   if (!s.generation) fail("Session::end without an active generation");

@@ -188,21 +188,27 @@ void Scheduler::start(Slot& slot, std::shared_ptr<Job> job) {
   if (slot.session->finished()) complete(slot, slot.session->end(), {});
 }
 
-// Advances every running request by one step: one token, or one speculative round with a drafter.
-// THIS is where the multi-sequence core's batched forward goes: today each slot's Session::step() runs
-// its own target forward in rotation; with the multi-sequence core this becomes one forward over the
-// last token (or draft) of every running sequence, with the per-sequence sampling and acceptance after
-// it. Everything else (admission, completion, cancellation) stays as it is.
+// Advances every running request by one step (one token, or one speculative round with a drafter):
+// one target forward for all of them (Session::step_all), each sampling, accepting and rolling back on
+// its own. Admission, completion and cancellation happen between these steps.
 void Scheduler::step_running() {
+  std::vector<Slot*> running;
+  std::vector<api::Session*> sessions;
   for (auto& slot : slots_) {
     if (!slot.job) continue;
     if (slot.job->cancel || cancel_all_) slot.session->cancel();
+    running.push_back(&slot);
+    sessions.push_back(slot.session.get());
+  }
+  if (!running.empty()) {
     try {
-      slot.session->step();
-      if (slot.session->finished()) complete(slot, slot.session->end(), {});
+      api::Session::step_all(sessions);
+      for (Slot* slot : running)
+        if (slot->session->finished()) complete(*slot, slot->session->end(), {});
     } catch (const std::exception& e) {
-      log_warn("request failed while generating: {}", e.what());
-      complete(slot, std::nullopt, e.what());
+      log_warn("requests failed while generating: {}", e.what());
+      for (Slot* slot : running)
+        if (slot->job) complete(*slot, std::nullopt, e.what());
     }
   }
   update_usage();

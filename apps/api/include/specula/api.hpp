@@ -153,6 +153,10 @@ class Session {
   bool active() const;    // between begin() and end()
   bool finished() const;  // the active generation has ended (end token, limit, stop string, cancel)
   void step();
+  // One step of each session (all active), their target forwards as one batch (core::Generation::step_all):
+  // what a scheduler serving several sessions calls between admissions. On an error every session of the
+  // call is emptied (as step() does for its one) and the error is rethrown.
+  static void step_all(std::span<Session* const> sessions);
   Result end();
 
   // Ends the running generation after its current step, from any thread (stop reason Interrupted).
