@@ -236,7 +236,8 @@ bool PluginHost::add_library(const fs::path& file) {
   if (fingerprint != SPECULA_ABI_FINGERPRINT) {
     return reject(fmt::format(
         "{}: built with ABI fingerprint '{}', but this specula was built with '{}' (compiler, standard "
-        "library and C++ standard must match); rebuild the plugin with the same toolchain",
+        "library, C++ standard and the SDK interface hash must match); rebuild the plugin with the same "
+        "toolchain against this Specula's SDK",
         where, fingerprint, SPECULA_ABI_FINGERPRINT));
   }
   if (!d->name || !*d->name) return reject(fmt::format("{}: its descriptor has an empty plugin name", where));

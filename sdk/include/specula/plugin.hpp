@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "specula/abi_hash.hpp"
 #include "specula/compute.hpp"
 #include "specula/convert.hpp"
 #include "specula/log.hpp"
@@ -17,16 +18,20 @@
 #include "specula/options.hpp"
 #include "specula/sampler.hpp"
 
-// Bumped whenever an interface in sdk/include/specula changes incompatibly.
+// The layout of SpeculaPluginDescriptor and its checks. Interface changes are caught by the interface
+// hash in the fingerprint (SPECULA_INTERFACE_HASH, computed from the headers); the number is bumped for
+// releases that change interfaces, so that messages can name them.
 // 3: option schemas in PluginFactories, ModelLoader::check and DrafterLoader::check
 // 4: Drafter::draft(target, DraftRequest) returns DraftSteps (token + logits); Sampler::distribution;
 //    TopPDraw's min_p; plugin kind "converter" (specula/convert.hpp) and PluginFactories::converter
 //    metadata.hpp: limits::*, require_range, range-checked GgufKeys / JsonFields integer reads
-#define SPECULA_PLUGIN_ABI_VERSION 4u
+// 5: Model::forward_batch, ModelContext::max_rollback, kv_cache.hpp (KvCache, BatchGraph), shape_str;
+//    the interface hash joins the fingerprint
+#define SPECULA_PLUGIN_ABI_VERSION 5u
 #define SPECULA_PLUGIN_ENTRY_SYMBOL "specula_plugin_entry"
 
-// Compiler, standard library and language standard: C++ objects cross the boundary only between
-// binaries that agree on all three.
+// Compiler, standard library, language standard and the SDK's interface hash: C++ objects cross the
+// boundary only between binaries that agree on all four.
 #define SPECULA_STRINGIFY2(x) #x
 #define SPECULA_STRINGIFY(x) SPECULA_STRINGIFY2(x)
 #if defined(__clang__)
@@ -43,7 +48,8 @@
 #else
 #define SPECULA_STDLIB_ID "stdlib-unknown"
 #endif
-#define SPECULA_ABI_FINGERPRINT SPECULA_COMPILER_ID "/" SPECULA_STDLIB_ID "/c++" SPECULA_STRINGIFY(__cplusplus)
+#define SPECULA_ABI_FINGERPRINT \
+  SPECULA_COMPILER_ID "/" SPECULA_STDLIB_ID "/c++" SPECULA_STRINGIFY(__cplusplus) "/sdk-" SPECULA_INTERFACE_HASH
 
 namespace specula {
 
