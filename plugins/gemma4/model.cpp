@@ -5,11 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <map>
-#include <mutex>
 
 #include "specula/error.hpp"
-#include "specula/kv_cache.hpp"
+#include "specula/batched_model.hpp"
 #include "specula/log.hpp"
 #include "specula/metadata.hpp"
 #include "specula/tokenizer.hpp"
@@ -28,52 +26,6 @@ float round_mantissa(float x, int significant) {
   const double m = std::frexp(static_cast<double>(x), &e);
   return static_cast<float>(std::ldexp(std::nearbyint(std::ldexp(m, significant)), e - significant));
 }
-
-class Gemma4Model;
-
-// A graph for one batch shape (which sequences, how many tokens and logits each), reused by every step
-// of that shape. `token` is set when the graph ends in the sampler's device form.
-struct Built {
-  Graph graph;
-  std::unique_ptr<BatchGraph> batch;
-  Value ids, logits;
-  Value sampler_ids, uniform, token;
-  std::string why;  // a sampling graph without `token`: why the sampler cannot run in it
-};
-
-// One sequence's share of a graph run: at most one step of tokens appended to its cache, logits for the
-// last n_logits of them.
-struct Part {
-  KvCache* cache = nullptr;
-  std::span<const int32_t> tokens;
-  int64_t n_logits = 0;
-};
-
-class Gemma4Context final : public ModelContext, public TargetView {
- public:
-  Gemma4Context(std::shared_ptr<const Gemma4Model> model, int64_t capacity);
-  ~Gemma4Context() override;
-
-  std::vector<float> forward(std::span<const int32_t> tokens, int64_t n_logits) override;
-  SampledToken forward_sample(std::span<const int32_t> tokens, const Sampler& sampler, const SamplingState& state,
-                              float uniform, bool require_device) override;
-  int64_t position() const override { return cache_.position(); }
-  int64_t capacity() const override { return cache_.capacity(); }
-  int64_t max_rollback() const override { return cache_.max_rollback(); }
-  void truncate(int64_t pos) override { cache_.truncate(pos); }
-  const TargetView& view() const override { return *this; }
-
-  KvView kv(const std::string& attention_type) const override;
-  BackendTensorPtr last_hidden() const override { return cache_.last_hidden(); }
-  TokenEmbedding token_embedding() const override;
-
-  const Gemma4Model* model() const { return m_.get(); }
-  KvCache& cache() { return cache_; }
-
- private:
-  std::shared_ptr<const Gemma4Model> m_;
-  KvCache cache_;
-};
 
 constexpr int64_t kMaxChunk = 65536;  // prefill_chunk: tokens per graph run
 
@@ -123,11 +75,11 @@ Checked check_model(const ModelFile& file, const ComputeBackend& backend, const 
   return c;
 }
 
-class Gemma4Model final : public Model, public std::enable_shared_from_this<Gemma4Model> {
+class Gemma4Model final : public BatchedModel {
  public:
   Gemma4Model(std::shared_ptr<const ModelFile> file, std::shared_ptr<ComputeBackend> backend,
               const nlohmann::json& options)
-      : file_(std::move(file)), backend_(std::move(backend)) {
+      : BatchedModel("gemma4", backend), file_(std::move(file)), backend_(std::move(backend)) {
     const Checked c = check_model(*file_, *backend_, options);
     cfg_ = c.cfg;
     w_ = load_weights(*file_, cfg_, *backend_);
@@ -146,19 +98,21 @@ class Gemma4Model final : public Model, public std::enable_shared_from_this<Gemm
     }
 
     // One cache layer per layer that stores K/V; KV-shared layers read their producer's.
-    cache_spec_.name = "gemma4.cache";
-    cache_spec_.type = cache_type_;
-    cache_spec_.step_tokens = chunk_;
-    cache_spec_.hidden_size = cfg_.hidden;
+    KvCacheSpec cache;
+    cache.name = "gemma4.cache";
+    cache.type = cache_type_;
+    cache.step_tokens = chunk_;
+    cache.hidden_size = cfg_.hidden;
     for (size_t l = 0; l < cfg_.layers.size(); ++l) {
       const LayerConfig& lc = cfg_.layers[l];
       if (lc.producer >= 0) {
         cache_of_.push_back(cache_of_[static_cast<size_t>(lc.producer)]);
         continue;
       }
-      cache_of_.push_back(cache_spec_.layers.size());
-      cache_spec_.layers.push_back({lc.kv_heads, lc.head_dim, lc.full ? 0 : cfg_.window, fmt::format("gemma4.cache.{}", l)});
+      cache_of_.push_back(cache.layers.size());
+      cache.layers.push_back({lc.kv_heads, lc.head_dim, lc.full ? 0 : cfg_.window, fmt::format("gemma4.cache.{}", l)});
     }
+    set_cache(std::move(cache), cfg_.vocab);
 
     info_ = c.info;
     try {
@@ -188,23 +142,8 @@ class Gemma4Model final : public Model, public std::enable_shared_from_this<Gemm
     if (cap > cfg_.context)
       fail("gemma4: context length {} exceeds the model's {} ({})", cap, cfg_.context, file_->path().string());
     check_context_fits(cap, options.context_length > 0);
-    return std::make_unique<Gemma4Context>(shared_from_this(), cap);
+    return make_context(cap);
   }
-
-  std::vector<std::vector<float>> forward_batch(std::span<const BatchEntry> batch) override;
-
-  // One sequence: `tokens` in steps of prefill_chunk, logits for the last n_logits.
-  std::vector<float> forward(KvCache& cache, std::span<const int32_t> tokens, int64_t n_logits) const;
-  SampledToken forward_sample(KvCache& cache, std::span<const int32_t> tokens, const Sampler& sampler,
-                              const SamplingState& state, float uniform, bool require_device) const;
-  // Drops the graphs that write into a cache that is going away.
-  void forget(uint64_t cache_id) const;
-
-  const KvCacheSpec& cache_spec() const { return cache_spec_; }
-  size_t cache_of(size_t layer) const { return cache_of_[layer]; }
-
-  const Config& cfg() const { return cfg_; }
-  ComputeBackend& backend() const { return *backend_; }
 
   // Before a context allocates its caches: positions are int32, and the persistent tensors must fit the
   // device. The model's own context length (or a hostile one) can ask for far more than either.
@@ -215,16 +154,13 @@ class Gemma4Model final : public Model, public std::enable_shared_from_this<Gemm
     if (cap > limits::kTokens)
       fail("gemma4: {} exceeds the {} positions the model can address ({}); {}", what, limits::kTokens,
            file_->path().string(), fix);
-    const double bytes = cache_spec_.bytes(cap);  // what the context's KvCache allocates
+    const double bytes = cache_spec().bytes(cap);  // what the context's KvCache allocates
     const DeviceInfo device = backend_->device();
     if (device.memory_bytes > 0 && bytes > static_cast<double>(device.memory_bytes))
       fail("gemma4: {} needs {:.0f} bytes ({:.1f} GiB) of KV cache, more than the {:.1f} GiB of {} ({}); {}", what,
            bytes, bytes / (1 << 30), static_cast<double>(device.memory_bytes) / (1 << 30), device.name,
            file_->path().string(), fix);
   }
-  TokenEmbedding token_embedding() const { return {w_.embed, embed_scale_}; }
-  int64_t chunk() const { return chunk_; }
-  DType cache_type() const { return cache_type_; }
 
  private:
   Value mlp(Graph& g, const LayerWeights& lw, Value x) const {
@@ -233,14 +169,10 @@ class Gemma4Model final : public Model, public std::enable_shared_from_this<Gemm
     return g.matmul(g.constant(lw.down), g.mul(gate, up));
   }
   Value moe(Graph& g, const LayerWeights& lw, Value r, int64_t T) const;
-  // Records the forward pass of a batch: every part's tokens, logits for the last n_logits of each.
-  void build(Built& b, std::span<const Part> parts) const;
-  // The graph of a batch shape, ending in `sampler`'s device form when one is given.
-  Built& graph_for(std::span<const Part> parts, const Sampler* sampler, const SamplingState* state) const;
-  // Runs a graph of parts of at most one step each, advances their caches; extra inputs besides tokens.
-  void execute(Built& b, std::span<const Part> parts, std::vector<std::pair<Value, std::span<const std::byte>>> extra) const;
-  std::vector<float> run(std::span<const Part> parts) const;  // their logits, in order
-  void check_tokens(const KvCache& cache, std::span<const int32_t> tokens, int64_t n_logits) const;
+  // The forward pass of a batch of sequences (BatchedModel): spec §3.
+  Value build_forward(BatchGraph& batch, Value ids, std::span<const int64_t> n_logits) const override;
+  size_t target_cache_layer(const std::string& attention_type) const override;
+  TokenEmbedding target_embedding() const override { return {w_.embed, embed_scale_}; }
 
   std::shared_ptr<const ModelFile> file_;
   std::shared_ptr<ComputeBackend> backend_;
@@ -253,11 +185,7 @@ class Gemma4Model final : public Model, public std::enable_shared_from_this<Gemm
   float embed_scale_ = 1.0f, ple_scale_ = 1.0f;
   int64_t chunk_ = 256;
   DType cache_type_ = DType::F32;
-  KvCacheSpec cache_spec_;
   std::vector<size_t> cache_of_;  // by layer: the cache layer it writes or reads
-  // Graphs by batch shape (cache id, tokens, logits of each part) and sampler device key.
-  mutable std::mutex graphs_mu_;
-  mutable std::map<std::pair<std::vector<int64_t>, std::string>, std::unique_ptr<Built>> graphs_;
 };
 
 // The MoE block of 26B-A4B on the post-attention residual r [T, H] (spec 3.8).
@@ -288,26 +216,17 @@ Value Gemma4Model::moe(Graph& g, const LayerWeights& lw, Value r, int64_t T) con
   return sum;
 }
 
-void Gemma4Model::build(Built& b, std::span<const Part> parts) const {
-  Graph& g = b.graph;
-  std::vector<BatchGraph::Entry> entries;
-  std::vector<int64_t> n_logits;
-  for (const Part& part : parts) {
-    entries.push_back({part.cache, static_cast<int64_t>(part.tokens.size())});
-    n_logits.push_back(part.n_logits);
-  }
-  b.batch = std::make_unique<BatchGraph>(g, std::move(entries));
-  BatchGraph& batch = *b.batch;
+Value Gemma4Model::build_forward(BatchGraph& batch, Value ids, std::span<const int64_t> n_logits) const {
+  Graph& g = batch.graph();
   const Config& c = cfg_;
   const int64_t T = batch.rows(), H = c.hidden, L = static_cast<int64_t>(c.layers.size()), P = c.ple;
   const Value pos = batch.positions();
-  b.ids = g.input(DType::I32, {T}, "tokens");
 
-  Value h = g.scale(g.get_rows(g.constant(w_.embed), b.ids), embed_scale_);
+  Value h = g.scale(g.get_rows(g.constant(w_.embed), ids), embed_scale_);
   Value ple;
   if (P > 0) {
     // Per-layer inputs: token part (x sqrt(P)) plus the normed projection of the scaled embedding.
-    Value tok = g.scale(g.get_rows(g.constant(w_.ple_embed), b.ids), ple_scale_);
+    Value tok = g.scale(g.get_rows(g.constant(w_.ple_embed), ids), ple_scale_);
     Value proj = g.scale(g.matmul(g.constant(w_.ple_model_proj), h), 1.0f / std::sqrt(static_cast<float>(H)));
     proj = g.rms_norm(g.reshape(proj, {T, L, P}), g.constant(w_.ple_proj_norm), c.eps);
     ple = g.scale(g.add(g.reshape(proj, {T, L * P}), tok), 1.0f / std::sqrt(2.0f));
@@ -361,174 +280,18 @@ void Gemma4Model::build(Built& b, std::span<const Part> parts) const {
   // row (gemma4-assistant-spec §2.1), and the cache restores the right one after a rollback.
   Value normed = g.rms_norm(h, g.constant(w_.output_norm), c.eps);
   batch.keep_hidden(normed);
-  if (Value rows = batch.last_rows(normed, n_logits)) {
-    Value logits = g.matmul(g.constant(w_.embed), rows);
-    if (c.softcap > 0.0f) logits = g.softcap(logits, c.softcap);
-    b.logits = g.named(logits, "logits");
-    g.mark_output(b.logits);
-  }
+  Value rows = batch.last_rows(normed, n_logits);
+  if (!rows) return {};
+  Value logits = g.matmul(g.constant(w_.embed), rows);  // the tied head
+  return c.softcap > 0.0f ? g.softcap(logits, c.softcap) : logits;
 }
 
-Built& Gemma4Model::graph_for(std::span<const Part> parts, const Sampler* sampler, const SamplingState* state) const {
-  std::vector<int64_t> shape;
-  for (const Part& p : parts)
-    shape.insert(shape.end(), {static_cast<int64_t>(p.cache->id()), static_cast<int64_t>(p.tokens.size()), p.n_logits});
-  std::lock_guard<std::mutex> lock(graphs_mu_);
-  auto& slot = graphs_[{std::move(shape), sampler ? "sampler:" + sampler->device_key(*state) : std::string()}];
-  if (slot) return *slot;
-  auto b = std::make_unique<Built>();
-  build(*b, parts);
-  if (sampler) {
-    Graph& g = b->graph;
-    const std::vector<int32_t> ids = sampler->device_ids(*state);
-    b->sampler_ids = ids.empty() ? Value{} : g.input(DType::I32, {static_cast<int64_t>(ids.size())}, "sampler_ids");
-    b->uniform = g.input(DType::F32, {1}, "uniform");
-    b->token = sampler->sample_in_graph(g, g.reshape(b->logits, {cfg_.vocab}), b->sampler_ids, b->uniform, *state,
-                                        *backend_, &b->why);
-    if (b->token) g.mark_output(b->token);
-  }
-  slot = std::move(b);
-  return *slot;
-}
-
-void Gemma4Model::forget(uint64_t cache_id) const {
-  std::lock_guard<std::mutex> lock(graphs_mu_);
-  std::erase_if(graphs_, [&](const auto& kv) {
-    const std::vector<int64_t>& shape = kv.first.first;
-    for (size_t i = 0; i < shape.size(); i += 3)
-      if (static_cast<uint64_t>(shape[i]) == cache_id) return true;
-    return false;
-  });
-}
-
-void Gemma4Model::check_tokens(const KvCache& cache, std::span<const int32_t> tokens, int64_t n_logits) const {
-  const int64_t n = static_cast<int64_t>(tokens.size());
-  if (n == 0) fail("gemma4: forward() called with no tokens");
-  if (n_logits < 0 || n_logits > n) fail("gemma4: forward() asked for {} logits of {} tokens", n_logits, n);
-  if (cache.position() + n > cache.capacity())
-    fail("gemma4: context overflow: {} tokens at position {} exceed the context length {}", n, cache.position(),
-         cache.capacity());
-  for (int64_t i = 0; i < n; ++i)
-    if (tokens[i] < 0 || tokens[i] >= cfg_.vocab)
-      fail("gemma4: token id {} at index {} is outside the vocabulary [0, {})", tokens[i], i, cfg_.vocab);
-}
-
-void Gemma4Model::execute(Built& b, std::span<const Part> parts,
-                          std::vector<std::pair<Value, std::span<const std::byte>>> extra) const {
-  std::vector<int32_t> ids;
-  for (const Part& p : parts) ids.insert(ids.end(), p.tokens.begin(), p.tokens.end());
-  RunInputs in;
-  in.inputs.emplace_back(b.ids, bytes_of(ids));
-  b.batch->set_inputs(in);
-  in.inputs.insert(in.inputs.end(), extra.begin(), extra.end());
-  backend_->run(b.graph, in);
-  b.batch->appended();
-}
-
-std::vector<float> Gemma4Model::run(std::span<const Part> parts) const {
-  Built& b = graph_for(parts, nullptr, nullptr);
-  execute(b, parts, {});
-  std::vector<float> logits;
-  if (b.logits) {
-    logits.resize(static_cast<size_t>(b.graph.shape(b.logits)[0] * cfg_.vocab));
-    backend_->read(b.graph, b.logits, std::as_writable_bytes(std::span<float>(logits)));
-  }
-  return logits;
-}
-
-std::vector<float> Gemma4Model::forward(KvCache& cache, std::span<const int32_t> tokens, int64_t n_logits) const {
-  check_tokens(cache, tokens, n_logits);
-  const int64_t n = static_cast<int64_t>(tokens.size());
-  std::vector<float> out;
-  out.reserve(static_cast<size_t>(n_logits * cfg_.vocab));
-  for (int64_t start = 0; start < n; start += chunk_) {
-    const int64_t len = std::min(chunk_, n - start);
-    const Part part{&cache, tokens.subspan(start, len), std::clamp<int64_t>(n_logits - (n - start - len), 0, len)};
-    const std::vector<float> logits = run({&part, 1});
-    out.insert(out.end(), logits.begin(), logits.end());
-  }
-  return out;
-}
-
-SampledToken Gemma4Model::forward_sample(KvCache& cache, std::span<const int32_t> tokens, const Sampler& sampler,
-                                         const SamplingState& state, float uniform, bool require_device) const {
-  check_tokens(cache, tokens, 1);
-  const int64_t n = static_cast<int64_t>(tokens.size());
-  const int64_t last = (n - 1) / chunk_ * chunk_;  // start of the last step
-  const Part tail{&cache, tokens.subspan(last), 1};
-  Built& b = graph_for({&tail, 1}, &sampler, &state);
-  if (!b.token) {
-    if (require_device) fail("gemma4: device sampling required but unavailable: {}", b.why);
-    const std::vector<float> logits = forward(cache, tokens, 1);
-    return {sampler.sample(logits, state, uniform), false, b.why};
-  }
-  for (int64_t start = 0; start < last; start += chunk_) {
-    const Part part{&cache, tokens.subspan(start, chunk_), 0};
-    run({&part, 1});
-  }
-  const std::vector<int32_t> ids = sampler.device_ids(state);
-  std::vector<std::pair<Value, std::span<const std::byte>>> extra{
-      {b.uniform, std::as_bytes(std::span<const float>(&uniform, 1))}};
-  if (b.sampler_ids) extra.emplace_back(b.sampler_ids, bytes_of(ids));
-  execute(b, {&tail, 1}, std::move(extra));
-  int32_t token = -1;
-  backend_->read(b.graph, b.token, std::as_writable_bytes(std::span<int32_t>(&token, 1)));
-  return {token, true, {}};
-}
-
-std::vector<std::vector<float>> Gemma4Model::forward_batch(std::span<const BatchEntry> batch) {
-  std::vector<Part> parts;
-  bool one_step = true;  // every entry fits one step: one graph for the whole batch
-  for (size_t e = 0; e < batch.size(); ++e) {
-    auto* ctx = dynamic_cast<Gemma4Context*>(batch[e].context);
-    if (!ctx || ctx->model() != this) fail("gemma4: forward_batch: entry {} is not a context of this model", e);
-    check_tokens(ctx->cache(), batch[e].tokens, batch[e].n_logits);
-    for (const Part& p : parts)
-      if (p.cache == &ctx->cache()) fail("gemma4: forward_batch: entry {} repeats the context of an earlier entry", e);
-    parts.push_back({&ctx->cache(), batch[e].tokens, batch[e].n_logits});
-    one_step = one_step && static_cast<int64_t>(batch[e].tokens.size()) <= chunk_;
-  }
-  std::vector<std::vector<float>> out;
-  if (!one_step || parts.size() == 1) {
-    for (const Part& p : parts) out.push_back(forward(*p.cache, p.tokens, p.n_logits));
-    return out;
-  }
-  const std::vector<float> logits = run(parts);
-  size_t at = 0;
-  for (const Part& p : parts) {
-    const size_t n = static_cast<size_t>(p.n_logits * cfg_.vocab);
-    out.emplace_back(logits.begin() + static_cast<std::ptrdiff_t>(at), logits.begin() + static_cast<std::ptrdiff_t>(at + n));
-    at += n;
-  }
-  return out;
-}
-
-// ---------------------------------------------------------------------------------------- context
-Gemma4Context::Gemma4Context(std::shared_ptr<const Gemma4Model> model, int64_t capacity)
-    : m_(std::move(model)), cache_(m_->backend(), m_->cache_spec(), capacity) {}
-
-Gemma4Context::~Gemma4Context() { m_->forget(cache_.id()); }
-
-std::vector<float> Gemma4Context::forward(std::span<const int32_t> tokens, int64_t n_logits) {
-  return m_->forward(cache_, tokens, n_logits);
-}
-
-SampledToken Gemma4Context::forward_sample(std::span<const int32_t> tokens, const Sampler& sampler,
-                                           const SamplingState& state, float uniform, bool require_device) {
-  return m_->forward_sample(cache_, tokens, sampler, state, uniform, require_device);
-}
-
-TokenEmbedding Gemma4Context::token_embedding() const { return m_->token_embedding(); }
-
-KvView Gemma4Context::kv(const std::string& attention_type) const {
+size_t Gemma4Model::target_cache_layer(const std::string& attention_type) const {
   if (attention_type != "full" && attention_type != "sliding")
     fail("gemma4: kv('{}'): expected 'full' or 'sliding'", attention_type);
-  const Config& c = m_->cfg();
   const bool full = attention_type == "full";
-  for (int64_t l = static_cast<int64_t>(c.layers.size()) - 1; l >= 0; --l) {
-    if (c.layers[l].full != full) continue;
-    return cache_.view(m_->cache_of(static_cast<size_t>(l)));
-  }
+  for (size_t l = cfg_.layers.size(); l-- > 0;)  // the last layer of that type
+    if (cfg_.layers[l].full == full) return cache_of_[l];
   fail("gemma4: the model has no {} attention layer", attention_type);
 }
 

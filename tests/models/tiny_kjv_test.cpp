@@ -278,9 +278,13 @@ TEST(TinyKjv, BatchedSequencesEqualEachAloneWithAndWithoutTheDrafter) {
       const auto result = running[i].finish();
       EXPECT_EQ(result.tokens, alone[i]) << "sequence " << i << (speculative ? " with the drafter" : "");
       accepted.insert(result.stats.accepted_tokens);
-      if (speculative) EXPECT_GT(result.stats.speculative_steps, 0) << "sequence " << i;
+      if (speculative) {
+        EXPECT_GT(result.stats.speculative_steps, 0) << "sequence " << i;
+      }
     }
-    if (speculative) EXPECT_GT(accepted.size(), 1u) << "every sequence accepted as many drafts";
+    if (speculative) {
+      EXPECT_GT(accepted.size(), 1u) << "every sequence accepted as many drafts";
+    }
   }
 }
 

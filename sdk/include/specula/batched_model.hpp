@@ -1,0 +1,80 @@
+// BatchedModel: what every target model built on KvCache and BatchGraph shares, so that a model plugin
+// writes only its architecture (build_forward). It provides the contexts (a KvCache each, and the
+// TargetView drafters read), the graphs by batch shape, prompts split into steps, the sampler's device
+// form appended to the forward graph (ModelContext::forward_sample) and Model::forward_batch.
+// docs/plugin-authoring.md, "A model".
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "specula/compute.hpp"
+#include "specula/kv_cache.hpp"
+#include "specula/model.hpp"
+
+namespace specula {
+
+class BatchedModel : public Model, public std::enable_shared_from_this<BatchedModel> {
+ public:
+  ~BatchedModel() override;
+  std::vector<std::vector<float>> forward_batch(std::span<const BatchEntry> batch) override;
+
+  // One sequence's share of a graph run: at most one step of tokens appended to its cache, logits for
+  // the last n_logits of them.
+  struct Part {
+    KvCache* cache = nullptr;
+    std::span<const int32_t> tokens;
+    int64_t n_logits = 0;
+  };
+
+ protected:
+  // `name` prefixes errors ("gemma4"). The model's constructor then calls set_cache().
+  BatchedModel(std::string name, std::shared_ptr<ComputeBackend> backend);
+  // The KV cache every context gets, and the width of the logits build_forward returns.
+  void set_cache(KvCacheSpec spec, int64_t vocab);
+  // A context of `capacity` tokens (new_context, after the model's own checks).
+  std::unique_ptr<ModelContext> make_context(int64_t capacity);
+
+  // The architecture: the forward pass of every row of `batch` from the token ids `ids` (I32 [rows]).
+  // It attends through batch.attention, hands the final-normed hidden rows to batch.keep_hidden (what
+  // MTP drafters read) and returns the logits of batch.last_rows(hidden, n_logits) ([sum n_logits,
+  // vocab]), or an empty Value when no logits are wanted.
+  virtual Value build_forward(BatchGraph& batch, Value ids, std::span<const int64_t> n_logits) const = 0;
+  // The cache layer a drafter reads for an attention type ("full", "sliding"); throws for others.
+  virtual size_t target_cache_layer(const std::string& attention_type) const = 0;
+  virtual TokenEmbedding target_embedding() const = 0;
+
+  ComputeBackend& backend() const { return *backend_; }
+  const KvCacheSpec& cache_spec() const { return spec_; }
+
+ private:
+  class Context;
+  struct Built;
+  friend class Context;
+
+  std::vector<float> forward(KvCache& cache, std::span<const int32_t> tokens, int64_t n_logits) const;
+  SampledToken forward_sample(KvCache& cache, std::span<const int32_t> tokens, const Sampler& sampler,
+                              const SamplingState& state, float uniform, bool require_device) const;
+  void check_tokens(const KvCache& cache, std::span<const int32_t> tokens, int64_t n_logits) const;
+  // The graph of a batch shape, ending in `sampler`'s device form when one is given.
+  Built& graph_for(std::span<const Part> parts, const Sampler* sampler, const SamplingState* state) const;
+  void execute(Built& b, std::span<const Part> parts, std::vector<std::pair<Value, std::span<const std::byte>>> extra) const;
+  std::vector<float> run(std::span<const Part> parts) const;  // their logits, in order
+  void forget(uint64_t cache_id) const;  // drops the graphs of a cache that goes away
+
+  std::string name_;
+  std::shared_ptr<ComputeBackend> backend_;
+  KvCacheSpec spec_;
+  int64_t vocab_ = 0;
+  // Graphs by batch shape (cache id, tokens, logits of each part) and sampler device key.
+  mutable std::mutex graphs_mu_;
+  mutable std::map<std::pair<std::vector<int64_t>, std::string>, std::unique_ptr<Built>> graphs_;
+};
+
+}  // namespace specula

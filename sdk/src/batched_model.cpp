@@ -1,0 +1,219 @@
+#include "specula/batched_model.hpp"
+
+#include <algorithm>
+
+#include "specula/error.hpp"
+#include "specula/sampler.hpp"
+
+namespace specula {
+namespace {
+
+template <typename T>
+std::span<const std::byte> bytes_of(const std::vector<T>& v) {
+  return std::as_bytes(std::span<const T>(v));
+}
+
+}  // namespace
+
+// A graph for one batch shape, reused by every step of that shape. `token` is set when it ends in the
+// sampler's device form.
+struct BatchedModel::Built {
+  Graph graph;
+  std::unique_ptr<BatchGraph> batch;
+  Value ids, logits;
+  Value sampler_ids, uniform, token;
+  std::string why;  // a sampling graph without `token`: why the sampler cannot run in it
+};
+
+// A sequence: its cache, and the TargetView drafters read.
+class BatchedModel::Context final : public ModelContext, public TargetView {
+ public:
+  Context(std::shared_ptr<const BatchedModel> model, int64_t capacity)
+      : m_(std::move(model)), cache_(m_->backend(), m_->spec_, capacity) {}
+  ~Context() override { m_->forget(cache_.id()); }
+
+  std::vector<float> forward(std::span<const int32_t> tokens, int64_t n_logits) override {
+    return m_->forward(cache_, tokens, n_logits);
+  }
+  SampledToken forward_sample(std::span<const int32_t> tokens, const Sampler& sampler, const SamplingState& state,
+                              float uniform, bool require_device) override {
+    return m_->forward_sample(cache_, tokens, sampler, state, uniform, require_device);
+  }
+  int64_t position() const override { return cache_.position(); }
+  int64_t capacity() const override { return cache_.capacity(); }
+  int64_t max_rollback() const override { return cache_.max_rollback(); }
+  void truncate(int64_t pos) override { cache_.truncate(pos); }
+  const TargetView& view() const override { return *this; }
+
+  KvView kv(const std::string& attention_type) const override {
+    return cache_.view(m_->target_cache_layer(attention_type));
+  }
+  BackendTensorPtr last_hidden() const override { return cache_.last_hidden(); }
+  TokenEmbedding token_embedding() const override { return m_->target_embedding(); }
+
+  const BatchedModel* model() const { return m_.get(); }
+  KvCache& cache() { return cache_; }
+
+ private:
+  std::shared_ptr<const BatchedModel> m_;
+  KvCache cache_;
+};
+
+BatchedModel::BatchedModel(std::string name, std::shared_ptr<ComputeBackend> backend)
+    : name_(std::move(name)), backend_(std::move(backend)) {}
+
+BatchedModel::~BatchedModel() = default;
+
+void BatchedModel::set_cache(KvCacheSpec spec, int64_t vocab) {
+  spec_ = std::move(spec);
+  vocab_ = vocab;
+}
+
+std::unique_ptr<ModelContext> BatchedModel::make_context(int64_t capacity) {
+  return std::make_unique<Context>(shared_from_this(), capacity);
+}
+
+BatchedModel::Built& BatchedModel::graph_for(std::span<const Part> parts, const Sampler* sampler, const SamplingState* state) const {
+  std::vector<int64_t> shape;
+  for (const Part& p : parts)
+    shape.insert(shape.end(), {static_cast<int64_t>(p.cache->id()), static_cast<int64_t>(p.tokens.size()), p.n_logits});
+  std::lock_guard<std::mutex> lock(graphs_mu_);
+  auto& slot = graphs_[{std::move(shape), sampler ? "sampler:" + sampler->device_key(*state) : std::string()}];
+  if (slot) return *slot;
+  auto b = std::make_unique<Built>();
+  std::vector<BatchGraph::Entry> entries;
+  std::vector<int64_t> n_logits;
+  for (const Part& part : parts) {
+    entries.push_back({part.cache, static_cast<int64_t>(part.tokens.size())});
+    n_logits.push_back(part.n_logits);
+  }
+  b->batch = std::make_unique<BatchGraph>(b->graph, std::move(entries));
+  b->ids = b->graph.input(DType::I32, {b->batch->rows()}, "tokens");
+  b->logits = build_forward(*b->batch, b->ids, n_logits);
+  if (b->logits) b->graph.mark_output(b->graph.named(b->logits, "logits"));
+  if (sampler) {
+    Graph& g = b->graph;
+    const std::vector<int32_t> ids = sampler->device_ids(*state);
+    b->sampler_ids = ids.empty() ? Value{} : g.input(DType::I32, {static_cast<int64_t>(ids.size())}, "sampler_ids");
+    b->uniform = g.input(DType::F32, {1}, "uniform");
+    b->token = sampler->sample_in_graph(g, g.reshape(b->logits, {vocab_}), b->sampler_ids, b->uniform, *state,
+                                        *backend_, &b->why);
+    if (b->token) g.mark_output(b->token);
+  }
+  slot = std::move(b);
+  return *slot;
+}
+
+void BatchedModel::forget(uint64_t cache_id) const {
+  std::lock_guard<std::mutex> lock(graphs_mu_);
+  std::erase_if(graphs_, [&](const auto& kv) {
+    const std::vector<int64_t>& shape = kv.first.first;
+    for (size_t i = 0; i < shape.size(); i += 3)
+      if (static_cast<uint64_t>(shape[i]) == cache_id) return true;
+    return false;
+  });
+}
+
+void BatchedModel::check_tokens(const KvCache& cache, std::span<const int32_t> tokens, int64_t n_logits) const {
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (n == 0) fail("{}: forward() called with no tokens", name_);
+  if (n_logits < 0 || n_logits > n) fail("{}: forward() asked for {} logits of {} tokens", name_, n_logits, n);
+  if (cache.position() + n > cache.capacity())
+    fail("{}: context overflow: {} tokens at position {} exceed the context length {}", name_, n, cache.position(),
+         cache.capacity());
+  for (int64_t i = 0; i < n; ++i)
+    if (tokens[i] < 0 || tokens[i] >= vocab_)
+      fail("{}: token id {} at index {} is outside the vocabulary [0, {})", name_, tokens[i], i, vocab_);
+}
+
+void BatchedModel::execute(Built& b, std::span<const Part> parts,
+                          std::vector<std::pair<Value, std::span<const std::byte>>> extra) const {
+  std::vector<int32_t> ids;
+  for (const Part& p : parts) ids.insert(ids.end(), p.tokens.begin(), p.tokens.end());
+  RunInputs in;
+  in.inputs.emplace_back(b.ids, bytes_of(ids));
+  b.batch->set_inputs(in);
+  in.inputs.insert(in.inputs.end(), extra.begin(), extra.end());
+  backend_->run(b.graph, in);
+  b.batch->appended();
+}
+
+std::vector<float> BatchedModel::run(std::span<const Part> parts) const {
+  Built& b = graph_for(parts, nullptr, nullptr);
+  execute(b, parts, {});
+  std::vector<float> logits;
+  if (b.logits) {
+    logits.resize(static_cast<size_t>(b.graph.shape(b.logits)[0] * vocab_));
+    backend_->read(b.graph, b.logits, std::as_writable_bytes(std::span<float>(logits)));
+  }
+  return logits;
+}
+
+std::vector<float> BatchedModel::forward(KvCache& cache, std::span<const int32_t> tokens, int64_t n_logits) const {
+  check_tokens(cache, tokens, n_logits);
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  std::vector<float> out;
+  out.reserve(static_cast<size_t>(n_logits * vocab_));
+  for (int64_t start = 0; start < n; start += spec_.step_tokens) {
+    const int64_t len = std::min(spec_.step_tokens, n - start);
+    const Part part{&cache, tokens.subspan(start, len), std::clamp<int64_t>(n_logits - (n - start - len), 0, len)};
+    const std::vector<float> logits = run({&part, 1});
+    out.insert(out.end(), logits.begin(), logits.end());
+  }
+  return out;
+}
+
+SampledToken BatchedModel::forward_sample(KvCache& cache, std::span<const int32_t> tokens, const Sampler& sampler,
+                                         const SamplingState& state, float uniform, bool require_device) const {
+  check_tokens(cache, tokens, 1);
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t last = (n - 1) / spec_.step_tokens * spec_.step_tokens;  // start of the last step
+  const Part tail{&cache, tokens.subspan(last), 1};
+  Built& b = graph_for({&tail, 1}, &sampler, &state);
+  if (!b.token) {
+    if (require_device) fail("{}: device sampling required but unavailable: {}", name_, b.why);
+    const std::vector<float> logits = forward(cache, tokens, 1);
+    return {sampler.sample(logits, state, uniform), false, b.why};
+  }
+  for (int64_t start = 0; start < last; start += spec_.step_tokens) {
+    const Part part{&cache, tokens.subspan(start, spec_.step_tokens), 0};
+    run({&part, 1});
+  }
+  const std::vector<int32_t> ids = sampler.device_ids(state);
+  std::vector<std::pair<Value, std::span<const std::byte>>> extra{
+      {b.uniform, std::as_bytes(std::span<const float>(&uniform, 1))}};
+  if (b.sampler_ids) extra.emplace_back(b.sampler_ids, bytes_of(ids));
+  execute(b, {&tail, 1}, std::move(extra));
+  int32_t token = -1;
+  backend_->read(b.graph, b.token, std::as_writable_bytes(std::span<int32_t>(&token, 1)));
+  return {token, true, {}};
+}
+
+std::vector<std::vector<float>> BatchedModel::forward_batch(std::span<const BatchEntry> batch) {
+  std::vector<Part> parts;
+  bool one_step = true;  // every entry fits one step: one graph for the whole batch
+  for (size_t e = 0; e < batch.size(); ++e) {
+    auto* ctx = dynamic_cast<Context*>(batch[e].context);
+    if (!ctx || ctx->model() != this) fail("{}: forward_batch: entry {} is not a context of this model", name_, e);
+    check_tokens(ctx->cache(), batch[e].tokens, batch[e].n_logits);
+    for (const Part& p : parts)
+      if (p.cache == &ctx->cache()) fail("{}: forward_batch: entry {} repeats the context of an earlier entry", name_, e);
+    parts.push_back({&ctx->cache(), batch[e].tokens, batch[e].n_logits});
+    one_step = one_step && static_cast<int64_t>(batch[e].tokens.size()) <= spec_.step_tokens;
+  }
+  std::vector<std::vector<float>> out;
+  if (!one_step || parts.size() == 1) {
+    for (const Part& p : parts) out.push_back(forward(*p.cache, p.tokens, p.n_logits));
+    return out;
+  }
+  const std::vector<float> logits = run(parts);
+  size_t at = 0;
+  for (const Part& p : parts) {
+    const size_t n = static_cast<size_t>(p.n_logits * vocab_);
+    out.emplace_back(logits.begin() + static_cast<std::ptrdiff_t>(at), logits.begin() + static_cast<std::ptrdiff_t>(at + n));
+    at += n;
+  }
+  return out;
+}
+
+}  // namespace specula
