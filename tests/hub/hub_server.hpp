@@ -259,8 +259,9 @@ class HubServer {
     std::unique_lock<std::mutex> lock(parallel_mu_);
     ++in_flight_;
     max_parallel_ = std::max(max_parallel_.load(), in_flight_);
+    if (in_flight_ >= want_parallel_) together_ = true;  // a flag: the first to leave must not strand the others
     parallel_cv_.notify_all();
-    parallel_cv_.wait_for(lock, std::chrono::milliseconds(500), [this] { return in_flight_ >= want_parallel_; });
+    parallel_cv_.wait_for(lock, std::chrono::milliseconds(500), [this] { return together_; });
     --in_flight_;
   }
 
@@ -275,6 +276,7 @@ class HubServer {
   std::mutex parallel_mu_;
   std::condition_variable parallel_cv_;
   int in_flight_ = 0;
+  bool together_ = false;
   std::atomic<int> max_parallel_{0};
 };
 
