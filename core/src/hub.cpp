@@ -393,7 +393,7 @@ class Progress {
     drawn_ = true;
     const uint64_t done = std::min<uint64_t>(done_, total_);
     const double secs = std::chrono::duration<double>(now - start_).count();
-    const double rate = secs > 0.2 ? static_cast<double>(done) / secs : 0;
+    const double rate = secs > 0.05 ? static_cast<double>(done) / secs : 0;
     const double frac = total_ ? static_cast<double>(done) / static_cast<double>(total_) : 1.0;
     constexpr int kWidth = 24;
     const int filled = static_cast<int>(frac * kWidth);
