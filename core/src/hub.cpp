@@ -1074,6 +1074,11 @@ fs::path local_path(const fs::path& path_or_ref, const Settings& settings) {
   return resolve(parse_ref(path_or_ref.string()), settings).path;
 }
 
+fs::path local_path(const fs::path& path_or_ref) {
+  if (!is_ref(path_or_ref.string())) return path_or_ref;
+  return local_path(path_or_ref, Settings::from_env());
+}
+
 std::vector<CachedRepo> list_cache(const fs::path& cache_dir) {
   std::vector<CachedRepo> out;
   std::error_code ec;

@@ -85,7 +85,9 @@ std::vector<ModelRef> assistant_candidates(const ModelRef& target);
 Resolved resolve_assistant(const ModelRef& target, const Settings& settings = Settings::from_env());
 
 // The local path of a model path or id: an id is resolved (downloading), anything else is returned as is.
-std::filesystem::path local_path(const std::filesystem::path& path_or_ref, const Settings& settings = Settings::from_env());
+// Without `settings`, the environment is read only for an id (a local path never depends on HF_*).
+std::filesystem::path local_path(const std::filesystem::path& path_or_ref, const Settings& settings);
+std::filesystem::path local_path(const std::filesystem::path& path_or_ref);
 
 // The files a format needs, from a repository's file list (exposed for tests and `specula pull`):
 // config.json, generation_config.json, tokenizer files, *.safetensors and their index; or the GGUF file
