@@ -12,6 +12,7 @@
 #include <random>
 
 #include "hub_server.hpp"
+#include "specula/api.hpp"
 #include "specula/core/hub.hpp"
 #include "specula/core/pipeline.hpp"
 #include "specula/error.hpp"
@@ -564,6 +565,27 @@ TEST_F(Hub, RunsOfflineFromACacheWrittenByHuggingFaceHub) {
   const auto tokens = last_json(c.output)["tokens"];
   EXPECT_GE(tokens.size(), 1u) << c.output;  // generated (at most 4; an end-of-turn may come first)
   EXPECT_LE(tokens.size(), 4u) << c.output;
+}
+
+// The application API (apps/api) takes an id where it takes a path; the environment says where the Hub is.
+TEST_F(Hub, TheApplicationApiOpensAnId) {
+  server_.add("specula/tiny-kjv-GGUF", kCommit,
+              {{"specula-tiny-kjv-Q8_0.gguf", read_file(std::string(SPECULA_SOURCE_DIR) + "/models/specula-tiny-kjv-q8_0.gguf")}},
+              {"specula-tiny-kjv-Q8_0.gguf"});
+  setenv("HF_HUB_CACHE", settings_.cache_dir.c_str(), 1);
+  setenv("HF_ENDPOINT", server_.endpoint().c_str(), 1);
+  unsetenv("HF_HUB_OFFLINE");
+  std::shared_ptr<specula::api::Model> model;
+  try {
+    model = specula::api::Model::open("hf://specula/tiny-kjv-GGUF", {.plugin_paths = {SPECULA_PLUGIN_DIR}});
+  } catch (const specula::Error& e) {
+    FAIL() << e.what();
+  }
+  unsetenv("HF_HUB_CACHE");
+  unsetenv("HF_ENDPOINT");
+  EXPECT_EQ(model->pipeline().target.model.string(), "hf://specula/tiny-kjv-GGUF");
+  EXPECT_GT(model->info().vocab_size, 0);
+  EXPECT_EQ(server_.count("GET", "/lfs/"), 1u);
 }
 
 }  // namespace
