@@ -98,8 +98,8 @@ std::shared_ptr<Model> Model::from_pipeline(core::Pipeline pipeline, const OpenO
 std::shared_ptr<Model> Model::open(const fs::path& path, const OpenOptions& options) {
   if (!is_model_path(path)) return from_pipeline(core::load_pipeline(path, options.overrides), options);
   std::vector<core::Override> overrides = options.overrides;
-  const std::string model = core::hub::is_ref(path.string()) ? path.string() : fs::absolute(path).lexically_normal().string();
-  overrides.insert(overrides.begin(), {"target.model", model, "model path " + path.string()});
+  const std::string target = core::hub::is_ref(path.string()) ? path.string() : fs::absolute(path).lexically_normal().string();
+  overrides.insert(overrides.begin(), {"target.model", target, "model path " + path.string()});
   auto model = from_pipeline(core::default_pipeline(overrides), options);
   // Opened from its path: the checkpoint's own generation defaults, unless a sampler key was given.
   const bool sampler_set = std::any_of(options.overrides.begin(), options.overrides.end(),
