@@ -9,6 +9,7 @@
 
 #include <fmt/format.h>
 
+#include "specula/core/hub.hpp"
 #include "specula/error.hpp"
 #include "specula/log.hpp"
 
@@ -70,7 +71,9 @@ void add_key(po::options_description& desc, ModelArgs& a, const char* names, con
   const std::string flag = fmt::format("command line (--{})", long_name);
   auto add = [&a, key, flag, path, append](const std::string& v) {
     std::string value = v;
-    if (path && !v.empty()) value = std::filesystem::absolute(v).lexically_normal().string();
+    // hf:// ids and `--drafter auto` are not paths (core/hub.hpp).
+    const bool not_a_path = core::hub::is_ref(v) || (std::string_view(key) == "drafter.model" && v == core::kAutoDrafter);
+    if (path && !v.empty() && !not_a_path) value = std::filesystem::absolute(v).lexically_normal().string();
     a.overrides.push_back({key, value, flag, append});
   };
   if (append) {
@@ -83,6 +86,7 @@ void add_key(po::options_description& desc, ModelArgs& a, const char* names, con
 
 // A pipeline argument that is a checkpoint rather than a YAML file: a directory, or not *.yaml / *.yml.
 bool is_model_path(const std::string& arg) {
+  if (core::hub::is_ref(arg)) return true;
   const std::filesystem::path p(arg);
   std::error_code ec;
   if (std::filesystem::is_directory(p, ec)) return true;
@@ -96,10 +100,13 @@ void add_model_options(po::options_description& desc, ModelArgs& a) {
   desc.add_options()("pipeline", po::value(&a.pipeline),
                      "pipeline YAML, or a model file or directory to run with the default pipeline (also the first "
                      "positional argument)");
-  add_key(desc, a, "model,m", "target.model", "target checkpoint (GGUF file or safetensors directory); overrides target.model", true);
+  add_key(desc, a, "model,m", "target.model",
+          "target checkpoint (GGUF file, safetensors directory or hf://OWNER/REPO[@REV][:QUANT]); overrides target.model", true);
   add_key(desc, a, "backend,b", "backend.plugin", "compute backend plugin (default onednn); overrides backend.plugin");
   add_key(desc, a, "threads,t", "backend.options.threads", "backend threads (backend option threads; 0 = all cores)");
-  add_key(desc, a, "drafter", "drafter.model", "drafter checkpoint for speculative decoding; overrides drafter.model", true);
+  add_key(desc, a, "drafter", "drafter.model",
+          "drafter checkpoint for speculative decoding (a path, an hf:// id, or auto: the hf:// target's -assistant "
+          "repository); overrides drafter.model", true);
   add_key(desc, a, "model-draft", "drafter.model", "the same as --drafter (llama.cpp's name)", true);
   add_key(desc, a, "sampler", "sampler.plugin", "sampler plugin (default standard); overrides sampler.plugin");
   desc.add_options()("plugin-path", po::value(&a.plugin_paths)->composing(), "directory searched for plugins first (repeatable)");
@@ -131,7 +138,9 @@ core::Pipeline resolve_pipeline(const ModelArgs& a) {
     for (const auto& o : overrides) {
       if (o.key == "target.model") fail("{} and --model both name the model; give one", a.pipeline);
     }
-    overrides.insert(overrides.begin(), {"target.model", std::filesystem::absolute(a.pipeline).lexically_normal().string(),
+    const std::string model =
+        core::hub::is_ref(a.pipeline) ? a.pipeline : std::filesystem::absolute(a.pipeline).lexically_normal().string();
+    overrides.insert(overrides.begin(), {"target.model", model,
                                          fmt::format("command line (model {})", a.pipeline)});
     return core::default_pipeline(overrides);
   }

@@ -10,6 +10,7 @@
 
 #include "cli_common.hpp"
 #include "command.hpp"
+#include "specula/core/hub.hpp"
 #include "specula/error.hpp"
 #include "specula/log.hpp"
 #include "specula/tokenizer.hpp"
@@ -49,7 +50,7 @@ class TokenizerJsonFile final : public specula::ModelFile {
 
 std::shared_ptr<const specula::Tokenizer> open_tokenizer(const std::string& path, const std::vector<std::string>& plugin_paths) {
   const fs::path p(path);
-  if (!fs::exists(p)) specula::fail("--model {}: no such file or directory", path);
+  if (!specula::core::hub::is_ref(path) && !fs::exists(p)) specula::fail("--model {}: no such file or directory", path);
   if (p.filename() == "tokenizer.json") return specula::make_tokenizer(TokenizerJsonFile(p));
   specula::core::PluginHost host;
   std::vector<fs::path> first(plugin_paths.begin(), plugin_paths.end());

@@ -12,6 +12,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "specula/core/draft_length.hpp"
+#include "specula/core/hub.hpp"
 #include "specula/core/plugin_host.hpp"
 #include "specula/error.hpp"
 #include "specula/log.hpp"
@@ -191,6 +192,20 @@ class Reader {
     fs::path p = expand_env(n.Scalar(), where(n, key));
     if (p.empty()) fail("{}: key '{}' must be a path, got an empty string", where(n, key), key);
     return p.is_absolute() ? p : (base_ / p).lexically_normal();
+  }
+  // A model: a path, an hf:// id (kept as written; PluginHost::open_model resolves it) or, for the
+  // drafter, `auto` (the target's -assistant repository).
+  fs::path model_path(const YAML::Node& n, const std::string& key, bool allow_auto) const {
+    if (!n.IsScalar()) wrong_type(n, key, Kind::Path);
+    const std::string text = expand_env(n.Scalar(), where(n, key));
+    if (allow_auto && text == kAutoDrafter) return text;
+    if (!hub::is_ref(text)) return path(n, key);
+    try {
+      hub::parse_ref(text);
+    } catch (const Error& e) {
+      fail("{}: key '{}': {}", where(n, key), key, e.what());
+    }
+    return text;
   }
   // An integer in [lo, hi], or (integer_or_auto) the word auto: nullopt.
   std::optional<int64_t> integer_or_auto(const YAML::Node& n, const std::string& key, int64_t lo, int64_t hi) const {
@@ -399,7 +414,7 @@ Pipeline read_pipeline(YAML::Node root, const fs::path& source, const Reader& r)
     auto s = root["target"];
     r.check_section(s, "target", {{"model", Kind::Path, true}, {"format", Kind::String}, {"plugin", Kind::String},
                                   {"context_length", Kind::Int}, {"options", Kind::Map}});
-    p.target.model = r.path(s["model"], "target.model");
+    p.target.model = r.model_path(s["model"], "target.model", false);
     if (auto n = s["format"]) p.target.format = r.string(n, "target.format");
     if (auto n = s["plugin"]) p.target.plugin = r.string(n, "target.plugin");
     if (auto n = s["context_length"]) p.target.context_length = r.integer(n, "target.context_length", 0, kMaxInt);
@@ -410,7 +425,10 @@ Pipeline read_pipeline(YAML::Node root, const fs::path& source, const Reader& r)
                                    {"draft_tokens", Kind::IntOrAuto}, {"draft_max", Kind::Int},
                                    {"convention", Kind::String}, {"options", Kind::Map}});
     DrafterConfig d;
-    d.model = r.path(s["model"], "drafter.model");
+    d.model = r.model_path(s["model"], "drafter.model", true);
+    if (d.model == kAutoDrafter && !hub::is_ref(p.target.model.string()))
+      fail("{}: drafter.model auto pairs an hf:// target with its -assistant repository, and target.model {} is a "
+           "path; give the drafter's file or id", r.where(s["model"], "drafter.model"), p.target.model.string());
     if (auto n = s["format"]) d.format = r.string(n, "drafter.format");
     if (auto n = s["plugin"]) d.plugin = r.string(n, "drafter.plugin");
     if (auto n = s["draft_tokens"]) {
@@ -516,6 +534,8 @@ ModelInfo check_target(const Pipeline& p, const ModelLoader& loader, const Model
 }
 
 std::shared_ptr<const ModelFile> open_drafter(const Pipeline& p, const PluginHost& host) {
+  if (p.drafter->model == kAutoDrafter)
+    return host.open_model(hub::resolve_assistant(hub::parse_ref(p.target.model.string())).path, p.drafter->format);
   return host.open_model(p.drafter->model, p.drafter->format);
 }
 

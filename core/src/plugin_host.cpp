@@ -9,6 +9,7 @@
 
 #include <boost/dll/shared_library.hpp>
 
+#include "specula/core/hub.hpp"
 #include "specula/core/version.hpp"
 #include "specula/error.hpp"
 #include "specula/log.hpp"
@@ -395,7 +396,8 @@ std::shared_ptr<Sampler> PluginHost::make_sampler(std::string_view name, const S
   return out;
 }
 
-std::shared_ptr<const ModelFile> PluginHost::open_model(const fs::path& path, std::string_view format) const {
+std::shared_ptr<const ModelFile> PluginHost::open_model(const fs::path& given, std::string_view format) const {
+  const fs::path path = hub::local_path(given);  // an hf:// id: resolved (downloaded) into the HF cache first
   std::error_code ec;
   if (!fs::exists(path, ec)) fail("model file {} does not exist", path.string());
   if (!format.empty()) {

@@ -4,6 +4,7 @@
 #include <mutex>
 #include <optional>
 
+#include "specula/core/hub.hpp"
 #include "specula/core/plugin_host.hpp"
 #include "specula/error.hpp"
 #include "specula/log.hpp"
@@ -36,6 +37,7 @@ namespace {
 
 // As the CLI decides: a directory, or a file that is not *.yaml / *.yml, is a checkpoint.
 bool is_model_path(const fs::path& p) {
+  if (core::hub::is_ref(p.string())) return true;  // hf://OWNER/REPO...: resolved when the target opens
   std::error_code ec;
   if (fs::is_directory(p, ec)) return true;
   const std::string ext = p.extension().string();
@@ -96,8 +98,8 @@ std::shared_ptr<Model> Model::from_pipeline(core::Pipeline pipeline, const OpenO
 std::shared_ptr<Model> Model::open(const fs::path& path, const OpenOptions& options) {
   if (!is_model_path(path)) return from_pipeline(core::load_pipeline(path, options.overrides), options);
   std::vector<core::Override> overrides = options.overrides;
-  overrides.insert(overrides.begin(), {"target.model", fs::absolute(path).lexically_normal().string(),
-                                       "model path " + path.string()});
+  const std::string target = core::hub::is_ref(path.string()) ? path.string() : fs::absolute(path).lexically_normal().string();
+  overrides.insert(overrides.begin(), {"target.model", target, "model path " + path.string()});
   auto model = from_pipeline(core::default_pipeline(overrides), options);
   // Opened from its path: the checkpoint's own generation defaults, unless a sampler key was given.
   const bool sampler_set = std::any_of(options.overrides.begin(), options.overrides.end(),

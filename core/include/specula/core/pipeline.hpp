@@ -36,8 +36,11 @@ struct BackendConfig {
   OptionLocations options_at;          // where each option was written, for the host's schema check
 };
 
+// drafter.model: auto (--drafter auto): the -assistant repository of an hf:// target (core/hub.hpp).
+inline constexpr const char* kAutoDrafter = "auto";
+
 struct TargetConfig {
-  std::filesystem::path model;         // required: GGUF file or safetensors directory
+  std::filesystem::path model;         // required: GGUF file, safetensors directory or hf:// id (core/hub.hpp)
   std::string format;                  // format plugin; "" = the first whose can_open accepts the file
   std::string plugin;                  // model plugin; "" = the first whose loader accepts the file
   int64_t context_length = 0;          // 0 = the model's own
@@ -46,7 +49,7 @@ struct TargetConfig {
 };
 
 struct DrafterConfig {
-  std::filesystem::path model;         // required when the section is present
+  std::filesystem::path model;         // required when the section is present; a path, an hf:// id or kAutoDrafter
   std::string format;
   std::string plugin;                  // drafter plugin; "" = the first whose loader accepts the file
   int draft_tokens = 3;                // tokens proposed per speculative step (the first, with draft_auto)

@@ -82,7 +82,8 @@ class PluginHost {
 
   // Opens a checkpoint with the first format plugin whose can_open accepts it, or with the named
   // format plugin when `format` is not empty. When none accepts it, throws naming the path and, for each
-  // format plugin, why it declined (the error its open() gives).
+  // format plugin, why it declined (the error its open() gives). `path` may be an hf:// id: it is
+  // resolved into the Hugging Face cache first, downloading what is missing (core/hub.hpp).
   std::shared_ptr<const ModelFile> open_model(const std::filesystem::path& path, std::string_view format = {}) const;
   // The first model (drafter) plugin whose loader accepts `file`, made with `options`; throws naming the
   // file's architecture (general.architecture / config.json model_type when present) and the plugins tried.
