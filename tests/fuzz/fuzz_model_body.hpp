@@ -139,7 +139,10 @@ inline bool model_one(const uint8_t* data, size_t size) {
       // real target would have.
       if (static_cast<double>(c.vocab) * static_cast<double>(c.backbone) * 4 > FuzzBackend::kMemory / 2) return true;
       FuzzTarget target(*backend, c);
-      drafter->draft(target, DraftRequest{.last_token = 0, .n = 2});
+      DraftRequest request;
+      request.last_token = 0;
+      request.n = 2;
+      drafter->draft(target, request);
     } else {
       gemma4::check(*file, *backend, nlohmann::json::object());
       auto model = gemma4::load_model(file, backend, nlohmann::json::object());

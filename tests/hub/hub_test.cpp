@@ -577,7 +577,9 @@ TEST_F(Hub, TheApplicationApiOpensAnId) {
   unsetenv("HF_HUB_OFFLINE");
   std::shared_ptr<specula::api::Model> model;
   try {
-    model = specula::api::Model::open("hf://specula/tiny-kjv-GGUF", {.plugin_paths = {SPECULA_PLUGIN_DIR}});
+    specula::api::OpenOptions options;
+    options.plugin_paths = {SPECULA_PLUGIN_DIR};
+    model = specula::api::Model::open("hf://specula/tiny-kjv-GGUF", options);
   } catch (const specula::Error& e) {
     FAIL() << e.what();
   }

@@ -188,7 +188,9 @@ TEST(Serve, StreamedChatIsFramedAsServerSentEventsAndConcatenatesToThePlainAnswe
   std::string streamed;
   for (size_t i = 0; i + 1 < ev.size(); ++i) {
     const json e = json::parse(ev[i]);
-    if (i + 2 < ev.size()) EXPECT_TRUE(e["usage"].is_null());  // null on every chunk but the last
+    if (i + 2 < ev.size()) {
+      EXPECT_TRUE(e["usage"].is_null());  // null on every chunk but the last
+    }
     if (!e["choices"].empty() && e["choices"][0]["delta"].contains("content"))
       streamed += e["choices"][0]["delta"]["content"].get<std::string>();
   }
