@@ -43,6 +43,11 @@ class BatchedModel::Context final : public ModelContext, public TargetView {
   int64_t capacity() const override { return cache_.capacity(); }
   int64_t max_rollback() const override { return cache_.max_rollback(); }
   void truncate(int64_t pos) override { cache_.truncate(pos); }
+  void copy_prefix(const ModelContext& from, int64_t n) override {
+    auto* other = dynamic_cast<const Context*>(&from);
+    if (!other || other->m_ != m_) fail("{}: copy_prefix: the source is not a context of this model", m_->name_);
+    cache_.copy_prefix(other->cache_, n);
+  }
   const TargetView& view() const override { return *this; }
 
   KvView kv(const std::string& attention_type) const override {

@@ -350,6 +350,36 @@ TEST_P(Cache, BatchOfSequencesEqualsEachAlone) {
   EXPECT_THROW(model->forward_batch(foreign), specula::Error);
 }
 
+// Prefix sharing: a context that copies another's first n positions continues exactly as the source
+// would after a rollback to n (the same logits, the drafter's hidden row of position n - 1), and leaves
+// the source untouched; a copy deeper than the ring keeps is refused.
+TEST_P(Cache, CopiedPrefixContinuesAsTheSource) {
+  const auto tokens = long_tokens(GetParam());
+  auto model = ring_model();
+  const int64_t V = model->info().vocab_size, H = model->info().hidden_size;
+  auto source = model->new_context({64});
+  source->forward(std::span(tokens).first(22), 1);
+  auto copy = model->new_context({64});
+  copy->copy_prefix(*source, 21);  // inside the source's last step (positions 20, 21)
+  EXPECT_EQ(copy->position(), 21);
+  EXPECT_EQ(source->position(), 22);
+  auto alone = model->new_context({64});
+  alone->forward(std::span(tokens).first(21), 1);
+  auto& be = *backend();
+  std::vector<float> h_copy(H), h_alone(H);
+  be.read(*copy->view().last_hidden(), std::as_writable_bytes(std::span<float>(h_copy)));
+  be.read(*alone->view().last_hidden(), std::as_writable_bytes(std::span<float>(h_alone)));
+  EXPECT_LE(max_abs_diff(h_copy.data(), h_alone.data(), H), kCacheTol);
+  const auto got = copy->forward(std::span(tokens).subspan(21, 6), 6);
+  const auto want = alone->forward(std::span(tokens).subspan(21, 6), 6);
+  EXPECT_LE(max_abs_diff(got.data(), want.data(), 6 * V), kCacheTol);
+  source->forward(std::span(tokens).subspan(22, 1), 1);  // the source goes on as before
+  EXPECT_EQ(source->position(), 23);
+  EXPECT_THROW(copy->copy_prefix(*source, 5), specula::Error);  // 18 back: past the 4-slot ring margin
+  auto other = flat_model()->new_context({64});
+  EXPECT_THROW(other->copy_prefix(*source, 21), specula::Error);  // another model's context
+}
+
 INSTANTIATE_TEST_SUITE_P(Gemma4, Cache, testing::Values("e2b", "26b"));
 
 TEST(Gemma4View, KvViewsAndLastHidden) {

@@ -76,6 +76,14 @@ class ModelContext {
   // The deepest truncate() allowed from the current position (a sliding-window ring has overwritten
   // older keys). The default: any.
   virtual int64_t max_rollback() const { return position(); }
+  // Prefix sharing: this context takes the first n positions of `from` (a context of the same model
+  // and capacity; from.position() - n <= from.max_rollback()), so a shared prompt prefix (a system
+  // prompt) is processed once. The default: not supported.
+  virtual void copy_prefix(const ModelContext& from, int64_t n) {
+    (void)from;
+    (void)n;
+    fail("this model's contexts cannot share a prefix (no ModelContext::copy_prefix)");
+  }
   virtual const TargetView& view() const = 0;
   // One step that ends in a token: processes `tokens` like forward() and returns what `sampler` picks
   // from the last position's logits with `state` and `uniform`. Models that can append the sampler's
