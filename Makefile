@@ -1,7 +1,7 @@
 # Specula: two commands on a fresh Debian 12 machine (as root, or with sudo):
 #   make run    install missing packages, build, run the default pipeline (configs/default.yaml)
 #   make test   install missing packages, build, run every test, then again under ASan+UBSan
-# Other targets: deps, build, build-asan, test-asan, fixture, clean.
+# Other targets: deps, node-deps, build, build-asan, test-asan, fixture, clean.
 
 # Debian packages the build and the tests need. Add yours here (one list, installed only when missing).
 # (ocl-icd-opencl-dev: Debian's oneDNN CMake config looks for OpenCL; it is only a Recommends of libdnnl-dev.)
@@ -24,7 +24,7 @@ FIXTURE    := $(BUILD)/fixtures/gemma4-e2b
 PYTHON     ?= /usr/bin/python3
 SUDO       := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps build build-asan run fixture test test-asan clean
+.PHONY: all deps node-deps build build-asan run fixture test test-asan clean
 
 all: build
 
@@ -33,6 +33,7 @@ deps:
 	for p in $(DEB_PACKAGES); do \
 	  dpkg-query -W -f='$${Status}\n' "$$p" 2>/dev/null | grep -q "install ok installed" || missing="$$missing $$p"; \
 	done; \
+	command -v npm > /dev/null || missing="$$missing nodejs npm"; \
 	if [ -n "$$missing" ]; then \
 	  echo "installing missing Debian packages:$$missing"; \
 	  $(SUDO) apt-get update && \
@@ -75,7 +76,13 @@ run: deps
 	@echo
 	@$(BUILD)/bin/specula run $(PIPELINE) --prompt "$(PROMPT)" --speedup --quiet $(RUN_ARGS)
 
-test: build
+# The npm packages of the client tests in tests/node (the openai client, the Kubernetes schema validators),
+# pinned by its package-lock.json; installed again only when the lock file changes.
+node-deps: deps
+	@cd tests/node && { [ node_modules/.package-lock.json -nt package-lock.json ] || \
+	  npm ci --ignore-scripts --no-audit --no-fund --loglevel=error; }
+
+test: build node-deps
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 	$(MAKE) test-asan
 

@@ -1,18 +1,22 @@
-// `specula chat`: a multi-turn conversation on stdin/stdout. Each turn re-renders the whole history with
-// the model's chat format and reuses the KV cache for the prefix the context already holds.
+// `specula chat`: a multi-turn conversation on stdin/stdout, on the application API (specula/api.hpp). Each
+// turn re-renders the whole history with the model's chat format; the session reuses the KV cache for the
+// prefix its context already holds.
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
+#include <thread>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "cli_common.hpp"
 #include "command.hpp"
-#include "specula/core/generator.hpp"
+#include "specula/api.hpp"
 #include "specula/error.hpp"
 #include "specula/log.hpp"
 
@@ -52,29 +56,27 @@ int run_chat(const std::vector<std::string>& args) {
   if (!cli::parse_args(args, desc, pos, vm)) return 0;
   if (vm.count("system")) model.overrides.push_back({"chat.system", vm["system"].as<std::string>(), "command line (--system)"});
 
-  cli::Session s = cli::open_session(model, !no_drafter);
-  auto& target = s.built.target;
-  const auto tokenizer = target->tokenizer();
-  const auto chat = target->chat_format();
-  if (!tokenizer || !chat) specula::fail("the model has no tokenizer or chat format; `specula chat` needs both");
-  if (think) s.pipeline.chat.enable_thinking = true;
-
-  specula::core::GenerationOptions options;
-  options.max_tokens = s.pipeline.sampler.max_tokens;
-  options.show_thoughts = show_thoughts || s.pipeline.chat.show_thoughts;
-  options.stop_strings = s.pipeline.sampler.stop;
-  options.interrupt = cli::interrupt_flag();
-  specula::core::apply_drafting(s.pipeline, options);
-  specula::core::Generator generator(target, s.built.sampler, s.built.drafter);
-  specula::ContextOptions context_options;
-  context_options.context_length = s.pipeline.target.context_length;
-  auto context = target->new_context(context_options);
-  const int64_t capacity = context->capacity();
+  specula::core::Pipeline pipeline = cli::resolve_pipeline(model);
+  if (think) pipeline.chat.enable_thinking = true;
+  std::string system = pipeline.chat.system;
+  pipeline.chat.system.clear();  // the conversation below holds it (and /system changes it)
+  const int max_tokens = pipeline.sampler.max_tokens;
+  const bool drop_old_turns = pipeline.chat.drop_old_turns;
+  specula::api::OpenOptions open;
+  open.plugin_paths.assign(model.plugin_paths.begin(), model.plugin_paths.end());
+  open.load_drafter = !no_drafter;
+  const auto llm = specula::api::Model::from_pipeline(std::move(pipeline), open);
+  if (!llm->built().target->tokenizer() || !llm->built().target->chat_format())
+    specula::fail("the model has no tokenizer or chat format; `specula chat` needs both");
+  specula::api::SamplingConfig sampling = llm->default_sampling();
+  sampling.show_thoughts = sampling.show_thoughts || show_thoughts;
+  // One session: each turn's prompt is the whole conversation, and the session reuses the prefix its
+  // context already holds (the earlier turns), so only the new message is processed.
+  const auto session = llm->new_session();
+  const int64_t capacity = session->capacity();
   cli::install_interrupt_handler();
 
-  std::string system = s.pipeline.chat.system;
   std::vector<specula::ChatMessage> turns;  // user and assistant messages, oldest first
-  std::vector<int32_t> held;                // the ids the context has processed, in order
   auto conversation = [&] {
     std::vector<specula::ChatMessage> all;
     if (!system.empty()) all.push_back({"system", system});
@@ -83,10 +85,8 @@ int run_chat(const std::vector<std::string>& args) {
   };
   auto reset = [&] {
     turns.clear();
-    context->truncate(0);
-    held.clear();
+    session->reset();
   };
-
   const bool interactive = isatty(STDIN_FILENO);
   if (interactive) fmt::print(stderr, "specula chat: /help lists the commands, /exit quits.\n");
   std::string line;
@@ -130,44 +130,48 @@ int run_chat(const std::vector<std::string>& args) {
     if (line.empty()) continue;
 
     turns.push_back({"user", line});
-    auto render = [&] { return tokenizer->encode(chat->render(conversation(), true, s.pipeline.chat.enable_thinking), false, true); };
-    std::vector<int32_t> ids = render();
+    auto prompt_tokens = [&] { return static_cast<int64_t>(llm->chat_prompt(conversation()).size()); };
+    int64_t needed = prompt_tokens();
     // Leave room for a whole reply: drop the oldest exchanges first (or refuse, with context_full: error).
     int dropped = 0;
-    while (static_cast<int64_t>(ids.size()) + options.max_tokens > capacity && turns.size() > 1 &&
-           s.pipeline.chat.drop_old_turns) {
+    while (needed + max_tokens > capacity && turns.size() > 1 && drop_old_turns) {
       turns.erase(turns.begin(), turns.begin() + std::min<size_t>(2, turns.size() - 1));
       ++dropped;
-      ids = render();
+      needed = prompt_tokens();
     }
     if (dropped) {
       fmt::print(stderr, "(context full: dropped the {} oldest exchange{} to make room)\n", dropped, dropped > 1 ? "s" : "");
     }
-    if (static_cast<int64_t>(ids.size()) >= capacity ||
-        (!s.pipeline.chat.drop_old_turns && static_cast<int64_t>(ids.size()) + options.max_tokens > capacity)) {
+    if (needed >= capacity || (!drop_old_turns && needed + max_tokens > capacity)) {
       fmt::print(stderr, "specula chat: the conversation needs {} tokens{} but the context holds {}; /reset starts over\n",
-                 ids.size(), s.pipeline.chat.drop_old_turns ? "" : " plus room for a reply", capacity);
+                 needed, drop_old_turns ? "" : " plus room for a reply", capacity);
       turns.pop_back();
       continue;
     }
-    // Keep what the context already holds of this prompt; feed only the rest (at least one token).
-    size_t common = 0;
-    while (common < held.size() && common < ids.size() && held[common] == ids[common]) ++common;
-    common = std::min(common, ids.size() - 1);
-    context->truncate(static_cast<int64_t>(common));
-    held.resize(common);
-    const std::span<const int32_t> fresh(ids.data() + common, ids.size() - common);
-    specula::core::GenerationResult result;
+    // Ctrl+C ends the reply after its current step (the handler only sets a flag).
+    std::atomic<bool> generating{true};
+    std::thread watcher([&] {
+      while (generating.load()) {
+        if (cli::interrupt_flag()->load()) session->cancel();
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    });
+    specula::api::Result result;
+    std::string error;
     try {
-      result = generator.generate(*context, fresh, options, [&](int32_t, std::string_view text) {
+      result = session->generate_stream(conversation(), sampling, [](std::string_view text) {
         std::fwrite(text.data(), 1, text.size(), stdout);
         std::fflush(stdout);
       });
     } catch (const specula::Error& e) {
-      fmt::print(stderr, "\nspecula chat: {} (use /reset to start over)\n", e.what());
+      error = e.what();
+    }
+    generating = false;
+    watcher.join();
+    if (!error.empty()) {
+      fmt::print(stderr, "\nspecula chat: {} (use /reset to start over)\n", error);
       turns.pop_back();
-      context->truncate(0);
-      held.clear();
+      session->reset();
       continue;
     }
     fmt::print("\n");
@@ -176,14 +180,10 @@ int run_chat(const std::vector<std::string>& args) {
       fmt::print(stderr, "(reply interrupted)\n");
       cli::clear_interrupt();
     }
-    // The context holds a prefix of prompt + generated tokens (the last one may not have been fed).
-    held.insert(held.end(), fresh.begin(), fresh.end());
-    held.insert(held.end(), result.tokens.begin(), result.tokens.end());
-    held.resize(std::min(held.size(), static_cast<size_t>(context->position())));
     // The raw reply, thought channel included: the chat format strips it from history as the template does.
-    turns.push_back({"assistant", tokenizer->decode(result.tokens, false)});
+    turns.push_back({"assistant", llm->detokenize(result.tokens, false)});
     const auto& st = result.stats;
-    specula::log_info("{} prompt tokens ({} reused), {} generated, {:.1f} tok/s, stop: {}", ids.size(), common,
+    specula::log_info("{} prompt tokens ({} reused), {} generated, {:.1f} tok/s, stop: {}", needed, result.cached_tokens,
                       st.generated_tokens, st.decode_tokens_per_second(),
                       specula::core::stop_reason_name(result.stop_reason));
   }

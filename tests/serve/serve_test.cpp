@@ -12,6 +12,8 @@
 #include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <fstream>
+#include <mutex>
 #include <regex>
 #include <thread>
 
@@ -418,6 +420,101 @@ TEST(Serve, MetricsMoveWithTheRequests) {
   EXPECT_EQ(sample(m, "specula:spec_decode_num_accepted_tokens_per_pos_total{position=\"0\"}"),
             sample(m, "specula:spec_decode_num_accepted_tokens_total"));
   EXPECT_NE(m.find("# TYPE specula:time_to_first_token_seconds histogram"), std::string::npos);
+}
+
+// The text a streamed chat answer's chunks carry, concatenated.
+std::string streamed_content(const std::string& body) {
+  std::string text;
+  for (const std::string& e : events(body)) {
+    if (e == "[DONE]") break;
+    const json chunk = json::parse(e);
+    if (!chunk["choices"].empty() && chunk["choices"][0]["delta"].contains("content"))
+      text += chunk["choices"][0]["delta"]["content"].get<std::string>();
+  }
+  return text;
+}
+
+// Resident memory of this process, from /proc/self/status.
+long resident_mib() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stol(line.substr(6)) / 1024;
+  }
+  return -1;
+}
+
+// A bounded load on loopback: 8 clients send 4 requests each (half streamed) to 4 slots over 8 prompts,
+// so requests queue, share slots and reuse each other's prompts. Every answer must be the one its prompt
+// gets alone, the counters must add up, and memory must not grow with the number of requests.
+TEST(Serve, ThirtyTwoRequestsFromEightClientsEachGetTheAnswerTheyGetAlone) {
+  specula::serve::ServerOptions o;
+  o.parallel = 4;
+  Running s(o);
+  const std::vector<std::string> prompts = {"And God said",        "Blessed are the meek", "The LORD is my shepherd",
+                                            "In the beginning",    "And Moses said",       "Honour thy father",
+                                            "Let there be light",  "And Noah begat"};
+  constexpr int kTokens = 12, kClients = 8, kPerClient = 4;
+  std::vector<std::string> alone;
+  for (const auto& p : prompts) alone.push_back(api_answer(p, kTokens));
+
+  // One round of every prompt first, so that each slot has its context before memory is measured.
+  auto serve = [&](int client_count, int per_client, std::vector<std::string>& failures, int& tokens) {
+    std::mutex mu;
+    std::vector<std::thread> clients;
+    for (int c = 0; c < client_count; ++c) {
+      clients.emplace_back([&, c] {
+        for (int k = 0; k < per_client; ++k) {
+          const size_t which = (c + 3 * k) % prompts.size();
+          json body = chat_body(prompts[which], kTokens);
+          const bool stream = (c + k) % 2 == 1;
+          if (stream) body["stream"] = true, body["stream_options"] = {{"include_usage", true}};
+          auto client = s.client();
+          auto r = client.Post("/v1/chat/completions", body.dump(), "application/json");
+          std::lock_guard lock(mu);
+          if (!r || r->status != 200) {
+            failures.push_back(prompts[which] + ": " + (r ? std::to_string(r->status) + " " + r->body : httplib::to_string(r.error())));
+            continue;
+          }
+          std::string text;
+          if (stream) {
+            text = streamed_content(r->body);
+            const auto ev = events(r->body);
+            tokens += json::parse(ev.at(ev.size() - 2))["usage"]["completion_tokens"].get<int>();
+          } else {
+            const json j = json::parse(r->body);
+            text = j["choices"][0]["message"]["content"];
+            tokens += j["usage"]["completion_tokens"].get<int>();
+          }
+          if (text != alone[which]) failures.push_back(prompts[which] + ": got \"" + text + "\", alone \"" + alone[which] + "\"");
+        }
+      });
+    }
+    for (auto& t : clients) t.join();
+  };
+  std::vector<std::string> failures;
+  int warm_tokens = 0, tokens = 0;
+  serve(static_cast<int>(prompts.size()), 1, failures, warm_tokens);
+  const long warm_rss = resident_mib();
+  const std::string before = metrics(s);
+  serve(kClients, kPerClient, failures, tokens);
+  const long rss = resident_mib();
+  for (const auto& f : failures) ADD_FAILURE() << f;
+
+  const std::string m = metrics(s);
+  auto delta = [&](const std::string& series) { return sample(m, series) - std::max(0.0, sample(before, series)); };
+  EXPECT_EQ(delta("specula:request_success_total{finished_reason=\"length\"}") +
+                delta("specula:request_success_total{finished_reason=\"stop\"}"),
+            kClients * kPerClient);
+  EXPECT_EQ(delta("specula:generation_tokens_total"), tokens);
+  EXPECT_EQ(delta("specula:time_to_first_token_seconds_count"), kClients * kPerClient);
+  EXPECT_GT(delta("specula:prompt_tokens_cached_total"), 0);  // prompts met again in a slot's kept context
+  EXPECT_EQ(sample(m, "specula:num_requests_running"), 0);
+  EXPECT_EQ(sample(m, "specula:num_requests_waiting"), 0);
+  EXPECT_EQ(sample(m, "specula:request_success_total{finished_reason=\"error\"}"), 0);
+  EXPECT_EQ(sample(m, "specula:request_success_total{finished_reason=\"abort\"}"), 0);
+#if !defined(__SANITIZE_ADDRESS__)  // AddressSanitizer's quarantine keeps freed memory on purpose
+  EXPECT_LT(rss - warm_rss, 64) << "resident memory grew from " << warm_rss << " MiB to " << rss << " MiB over 32 requests";
+#endif
 }
 
 TEST(Serve, ShutdownRefusesNewRequestsAndLetsRunningOnesFinish) {
