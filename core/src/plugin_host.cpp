@@ -34,7 +34,8 @@ struct PluginHost::Entry {
 
 namespace {
 
-const std::vector<std::string_view> kKnownKinds = {"format", "backend", "model", "drafter", "sampler", "converter"};
+const std::vector<std::string_view> kKnownKinds = {"format", "backend", "model", "drafter", "sampler", "converter",
+                                                   "lm_head"};
 
 // Accepted libraries stay loaded for the life of the process even when every object and host is gone:
 // plugins may leave thread-locals, atexit handlers or objects created by plugin code (contexts,
@@ -106,8 +107,8 @@ class PinnedModelLoader final : public ModelLoader {
     return inner_->check(file, backend, options);
   }
   std::shared_ptr<Model> load(std::shared_ptr<const ModelFile> file, std::shared_ptr<ComputeBackend> backend,
-                              const nlohmann::json& options) const override {
-    return pinned(inner_->load(std::move(file), std::move(backend), options), library_);
+                              const nlohmann::json& options, const ModelParts& parts) const override {
+    return pinned(inner_->load(std::move(file), std::move(backend), options, parts), library_);
   }
 
  private:
@@ -126,8 +127,9 @@ class PinnedDrafterLoader final : public DrafterLoader {
     inner_->check(file, backend, target, options);
   }
   std::shared_ptr<Drafter> load(std::shared_ptr<const ModelFile> file, std::shared_ptr<ComputeBackend> backend,
-                                const ModelInfo& target, const nlohmann::json& options) const override {
-    return pinned(inner_->load(std::move(file), std::move(backend), target, options), library_);
+                                const ModelInfo& target, const nlohmann::json& options,
+                                const ModelParts& parts) const override {
+    return pinned(inner_->load(std::move(file), std::move(backend), target, options, parts), library_);
   }
 
  private:
@@ -257,7 +259,7 @@ bool PluginHost::add_library(const fs::path& file) {
   for (const auto& k : info.kinds) {
     if (std::find(kKnownKinds.begin(), kKnownKinds.end(), k) == kKnownKinds.end()) {
       return reject(fmt::format("{}: plugin '{}' declares unknown kind '{}' (expected one of format, backend, "
-                                "model, drafter, sampler, converter)", where, info.name, k));
+                                "model, drafter, sampler, converter, lm_head)", where, info.name, k));
     }
   }
   if (const PluginInfo* first = find(info.name)) {
@@ -278,6 +280,7 @@ bool PluginHost::add_library(const fs::path& file) {
     if (kind == "model") return factories->model != nullptr;
     if (kind == "drafter") return factories->drafter != nullptr;
     if (kind == "converter") return factories->converter != nullptr;
+    if (kind == "lm_head") return factories->lm_head != nullptr;
     return factories->sampler != nullptr;
   };
   for (const auto& k : info.kinds) {
@@ -349,6 +352,7 @@ const OptionSchema* PluginHost::option_schema(std::string_view name, std::string
   if (kind == "model") return f->model_options;
   if (kind == "drafter") return f->drafter_options;
   if (kind == "sampler") return f->sampler_options;
+  if (kind == "lm_head") return f->lm_head_options;
   return nullptr;
 }
 
@@ -393,6 +397,15 @@ std::shared_ptr<Sampler> PluginHost::make_sampler(std::string_view name, const S
   check_against(e.factories->sampler_options, options, "sampler", name, where);
   auto out = pinned(e.factories->sampler(params, options), e.library);
   if (!out) fail("sampler plugin '{}' returned no object", name);
+  return out;
+}
+
+std::shared_ptr<const LmHead> PluginHost::make_lm_head(std::string_view name, const nlohmann::json& options,
+                                                       const OptionLocations& where) const {
+  const Entry& e = entry(name, "lm_head");
+  check_against(e.factories->lm_head_options, options, "lm_head", name, where);
+  std::shared_ptr<const LmHead> out = pinned(e.factories->lm_head(options), e.library);
+  if (!out) fail("lm_head plugin '{}' returned no object", name);
   return out;
 }
 

@@ -78,11 +78,14 @@ Checked check_model(const ModelFile& file, const ComputeBackend& backend, const 
 class Gemma4Model final : public BatchedModel {
  public:
   Gemma4Model(std::shared_ptr<const ModelFile> file, std::shared_ptr<ComputeBackend> backend,
-              const nlohmann::json& options)
+              const nlohmann::json& options, const ModelParts& parts)
       : BatchedModel("gemma4", backend), file_(std::move(file)), backend_(std::move(backend)) {
     const Checked c = check_model(*file_, *backend_, options);
     cfg_ = c.cfg;
     w_ = load_weights(*file_, cfg_, *backend_);
+    head_weights_ = {w_.embed, cfg_.softcap, {}, 0};  // the tied head
+    require_lm_head(parts, head_weights_, "gemma4");
+    head_ = parts.lm_head ? parts.lm_head : standard_lm_head();
     chunk_ = c.chunk;
     cache_type_ = c.cache_type;
     embed_scale_ = c.embed_scale;
@@ -181,6 +184,8 @@ class Gemma4Model final : public BatchedModel {
   ModelInfo info_;
   std::shared_ptr<const Tokenizer> tokenizer_;
   std::shared_ptr<const ChatFormat> chat_;
+  std::shared_ptr<const LmHead> head_;
+  LmHeadWeights head_weights_;
   BackendTensorPtr onehot_;
   float embed_scale_ = 1.0f, ple_scale_ = 1.0f;
   int64_t chunk_ = 256;
@@ -282,8 +287,7 @@ Value Gemma4Model::build_forward(BatchGraph& batch, Value ids, std::span<const i
   batch.keep_hidden(normed);
   Value rows = batch.last_rows(normed, n_logits);
   if (!rows) return {};
-  Value logits = g.matmul(g.constant(w_.embed), rows);  // the tied head
-  return c.softcap > 0.0f ? g.softcap(logits, c.softcap) : logits;
+  return head_->build(g, rows, head_weights_).logits;
 }
 
 size_t Gemma4Model::target_cache_layer(const std::string& attention_type) const {
@@ -345,12 +349,13 @@ ModelInfo check(const ModelFile& file, const ComputeBackend& backend, const nloh
 }
 
 std::shared_ptr<Model> load_model(std::shared_ptr<const ModelFile> file, std::shared_ptr<ComputeBackend> backend,
-                                  const nlohmann::json& options) {
+                                  const nlohmann::json& options, const ModelParts& parts) {
   if (!file || !backend) fail("gemma4: load() needs a file and a backend");
   if (!is_gemma4(*file))
     fail("gemma4: {} is not a Gemma 4 text model (GGUF general.architecture 'gemma4' or config.json "
          "model_type 'gemma4' / 'gemma4_text')", file->path().string());
-  return std::make_shared<Gemma4Model>(std::move(file), std::move(backend), options.is_object() ? options : nlohmann::json::object());
+  return std::make_shared<Gemma4Model>(std::move(file), std::move(backend),
+                                       options.is_object() ? options : nlohmann::json::object(), parts);
 }
 
 }  // namespace specula::gemma4

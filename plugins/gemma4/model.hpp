@@ -20,8 +20,9 @@ namespace specula::gemma4 {
 //   embedding_scale: "auto" (default: sqrt(hidden) rounded to the embedding table's dtype for
 //                  safetensors/MLX as transformers does, exact for GGUF as llama.cpp does),
 //                  "exact" or "bf16"
+// `parts.lm_head` computes the logits (the tied embedding, with the final softcap).
 std::shared_ptr<Model> load_model(std::shared_ptr<const ModelFile> file, std::shared_ptr<ComputeBackend> backend,
-                                  const nlohmann::json& options);
+                                  const nlohmann::json& options, const ModelParts& parts = {});
 
 // What load_model checks, without loading a weight (ModelLoader::check): the configuration, every
 // tensor's presence and shape, the options, the KV cache dtype against the backend. Returns the

@@ -15,8 +15,8 @@ class Gemma4Loader final : public specula::ModelLoader {
   }
   std::shared_ptr<specula::Model> load(std::shared_ptr<const specula::ModelFile> file,
                                        std::shared_ptr<specula::ComputeBackend> backend,
-                                       const nlohmann::json& options) const override {
-    return specula::gemma4::load_model(std::move(file), std::move(backend), options);
+                                       const nlohmann::json& options, const specula::ModelParts& parts) const override {
+    return specula::gemma4::load_model(std::move(file), std::move(backend), options, parts);
   }
 };
 

@@ -97,9 +97,10 @@ class AssistantDrafter : public Drafter {
   virtual bool centroid_head() const = 0;
 };
 
+// `parts.lm_head` computes the draft logits (dense or centroid-masked; the standard head when empty).
 std::shared_ptr<AssistantDrafter> load_drafter(std::shared_ptr<const ModelFile> file,
                                                std::shared_ptr<ComputeBackend> backend, const ModelInfo& target,
-                                               const nlohmann::json& options);
+                                               const nlohmann::json& options, const ModelParts& parts = {});
 
 // The centroid head's full-vocabulary output (§2.6 step 5): every id not selected gets
 // min(selected) - 1 (HF's filler), the selected ids their logits.

@@ -146,7 +146,7 @@ struct Built {
 class Drafter final : public AssistantDrafter {
  public:
   Drafter(std::shared_ptr<const ModelFile> file, std::shared_ptr<ComputeBackend> backend, const ModelInfo& target,
-          const Options& options)
+          const Options& options, const ModelParts& parts)
       : file_(std::move(file)), backend_(std::move(backend)), opt_(options) {
     const std::string where = file_->path().string();
     cfg_ = read_config(*file_);
@@ -201,10 +201,12 @@ class Drafter final : public AssistantDrafter {
         oi.quant.scales = cluster_order(embed, embed.quant.scales, ordered_scales_);
         oi.quant.biases = cluster_order(embed, embed.quant.biases, ordered_biases_);
       }
-      head_ = backend_->load_weight(oi);
+      head_weights_ = {backend_->load_weight(oi), 0.0f, centroids_, c.centroid_top_k};
     } else {
-      head_ = backend_->load_weight(embed);
+      head_weights_ = {backend_->load_weight(embed), 0.0f, {}, 0};  // no softcap (§2.5)
     }
+    require_lm_head(parts, head_weights_, fmt::format("gemma4-assistant ({})", where));
+    head_ = parts.lm_head ? parts.lm_head : standard_lm_head();
     h_ = backend_->allocate("gemma4_assistant.h", DType::F32, {1, Hb});
     log_info("gemma4-assistant: {} layers, hidden {}, backbone {}, {} head{} ({}, query position {})", c.layers.size(),
              Hd, Hb, centroid_ ? "centroid" : "dense",
@@ -320,7 +322,7 @@ class Drafter final : public AssistantDrafter {
   void build(Built& b, const Bound& t, bool first) const {
     const Config& c = cfg_;
     Graph& g = b.graph;
-    const int64_t Hd = c.hidden, Hb = c.backbone;
+    const int64_t Hb = c.backbone;
     b.x = g.input(DType::I32, {1}, "token");
     b.qpos = g.input(DType::I32, {1}, "query_position");
     b.zero = g.input(DType::I32, {1}, "row0");
@@ -352,16 +354,10 @@ class Drafter final : public AssistantDrafter {
     Value n = g.named(g.rms_norm(r, g.constant(norm_), c.eps), "norm");
     // §2.5: the next step's h is post_projection(n), kept on the backend.
     g.mark_output(g.write_rows(h_, g.matmul(g.constant(post_), n), b.zero));
-    if (centroid_) {
-      const int64_t S = c.vocab / c.centroids, K = c.centroid_top_k;
-      b.top = g.top_k(g.matmul(g.constant(centroids_), n), K);  // [1, K] cluster ids
-      Value rows = g.get_rows(g.constant(head_), g.reshape(b.top, {K}));  // [K, S * Hd]
-      b.logits = g.matmul(g.reshape(rows, {K * S, Hd}), n);                // [1, K * S]
-      g.mark_output(b.top);
-    } else {
-      b.logits = g.matmul(g.constant(head_), n);  // [1, V], no softcap (§2.5)
-    }
-    b.logits = g.named(b.logits, "logits");
+    const LmHeadOutput head = head_->build(g, n, head_weights_);  // dense [1, V]; centroid [1, K * S]
+    b.top = head.clusters;
+    if (b.top) g.mark_output(b.top);
+    b.logits = g.named(head.logits, "logits");
     b.token = g.argmax(b.logits);
     g.mark_output(b.logits);
     g.mark_output(b.token);
@@ -441,7 +437,9 @@ class Drafter final : public AssistantDrafter {
   Options opt_;
   Config cfg_;
   bool centroid_ = false;
-  BackendTensorPtr pre_, post_, norm_, head_, centroids_, h_;
+  BackendTensorPtr pre_, post_, norm_, centroids_, h_;
+  std::shared_ptr<const LmHead> head_;
+  LmHeadWeights head_weights_;
   std::vector<LayerWeights> layers_;
   std::vector<int32_t> ordering_;
   std::vector<std::byte> ordered_;  // the reordered head; the CPU backend maps weights in place
@@ -454,10 +452,10 @@ class Drafter final : public AssistantDrafter {
 
 std::shared_ptr<AssistantDrafter> load_drafter(std::shared_ptr<const ModelFile> file,
                                                std::shared_ptr<ComputeBackend> backend, const ModelInfo& target,
-                                               const nlohmann::json& options) {
+                                               const nlohmann::json& options, const ModelParts& parts) {
   if (!file || !backend) fail("gemma4-assistant: load() needs a file and a backend");
   const Options o = parse_options(options);
-  return std::make_shared<Drafter>(std::move(file), std::move(backend), target, o);
+  return std::make_shared<Drafter>(std::move(file), std::move(backend), target, o, parts);
 }
 
 std::vector<float> scatter_logits(int64_t vocab, std::span<const int32_t> ids, std::span<const float> logits) {

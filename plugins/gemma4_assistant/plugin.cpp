@@ -17,8 +17,9 @@ class AssistantLoader final : public specula::DrafterLoader {
   }
   std::shared_ptr<specula::Drafter> load(std::shared_ptr<const specula::ModelFile> file,
                                          std::shared_ptr<specula::ComputeBackend> backend,
-                                         const specula::ModelInfo& target, const nlohmann::json& options) const override {
-    return ga::load_drafter(std::move(file), std::move(backend), target, options);
+                                         const specula::ModelInfo& target, const nlohmann::json& options,
+                                         const specula::ModelParts& parts) const override {
+    return ga::load_drafter(std::move(file), std::move(backend), target, options, parts);
   }
 };
 

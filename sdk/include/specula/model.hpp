@@ -14,6 +14,7 @@
 #include "specula/compute.hpp"
 #include "specula/error.hpp"
 #include "specula/kv_cache.hpp"
+#include "specula/lm_head.hpp"
 #include "specula/model_file.hpp"
 #include "specula/sampler.hpp"
 #include "specula/tokenizer.hpp"
@@ -143,9 +144,10 @@ class ModelLoader {
     info.architecture = architecture();
     return info;
   }
+  // `parts`: the LM head (and further parts) the pipeline chose; the host fills in its defaults.
   virtual std::shared_ptr<Model> load(std::shared_ptr<const ModelFile> file,
                                       std::shared_ptr<ComputeBackend> backend,
-                                      const nlohmann::json& options) const = 0;
+                                      const nlohmann::json& options, const ModelParts& parts = {}) const = 0;
 };
 
 // What the engine asks of Drafter::draft.
@@ -192,7 +194,8 @@ class DrafterLoader {
   }
   virtual std::shared_ptr<Drafter> load(std::shared_ptr<const ModelFile> file,
                                         std::shared_ptr<ComputeBackend> backend,
-                                        const ModelInfo& target, const nlohmann::json& options) const = 0;
+                                        const ModelInfo& target, const nlohmann::json& options,
+                                        const ModelParts& parts = {}) const = 0;
 };
 
 }  // namespace specula

@@ -91,7 +91,8 @@ class ToyLoader final : public specula::ModelLoader {
     return info;
   }
   std::shared_ptr<specula::Model> load(std::shared_ptr<const specula::ModelFile> file,
-                                       std::shared_ptr<specula::ComputeBackend>, const nlohmann::json& options) const override {
+                                       std::shared_ptr<specula::ComputeBackend>, const nlohmann::json& options,
+                                       const specula::ModelParts&) const override {
     for (const auto& [key, value] : options.items()) specula::fail("toy model: unknown option '{}'", key);
     return std::make_shared<toy::Model>(config_of(*file));
   }
@@ -113,7 +114,7 @@ class ToyDrafterLoader final : public specula::DrafterLoader {
   }
   std::shared_ptr<specula::Drafter> load(std::shared_ptr<const specula::ModelFile> file,
                                          std::shared_ptr<specula::ComputeBackend> backend, const specula::ModelInfo& target,
-                                         const nlohmann::json& options) const override {
+                                         const nlohmann::json& options, const specula::ModelParts&) const override {
     if (target.architecture != "toy") specula::fail("toy drafter needs a toy target, got '{}'", target.architecture);
     if (backend) check(*file, *backend, target, options);
     // The drafter must know the target's logit function; the toy target file sits next to it.
