@@ -69,12 +69,14 @@ def main():
     ap.add_argument("--tokens", type=int, default=32, help="tokens each request generates")
     ap.add_argument("--prompt-words", type=int, default=24, help="about this many words of prompt per request")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--context", type=int, default=1024, help="each slot's context length")
     ap.add_argument("--rounds", type=int, default=2, help="rounds per concurrency; the best one is reported")
     ap.add_argument("--extra", default="", help="more arguments for specula serve, e.g. '--drafter FILE'")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     streams = [int(s) for s in a.streams.split(",")]
     cmd = [a.specula, "serve", a.model, "--port", "0", "--parallel", str(max(streams)), "-t", str(a.threads),
+           "-c", str(a.context),
            "--queue-limit", str(4 * max(streams))] + a.extra.split()
     server = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
     try:
@@ -102,7 +104,7 @@ def main():
             print(f"{'streams':>8} {'tok/s':>8} {'ratio':>6} {'TTFT mean':>10} {'TTFT max':>9}")
             for r in rows:
                 print(f"{r['streams']:>8} {r['tokens_per_second']:>8.2f} {r['ratio_to_first']:>5.2f}x "
-                      f"{r['ttft_mean_s']:>9.2f}s {r['ttft_max_s']:>8.2f}s")
+                      f"{1000 * r['ttft_mean_s']:>7.0f} ms {1000 * r['ttft_max_s']:>6.0f} ms")
     finally:
         server.terminate()
         server.wait(timeout=60)

@@ -413,17 +413,19 @@ Pipeline read_pipeline(YAML::Node root, const fs::path& source, const Reader& r)
   {
     auto s = root["target"];
     r.check_section(s, "target", {{"model", Kind::Path, true}, {"format", Kind::String}, {"plugin", Kind::String},
-                                  {"lm_head", Kind::String}, {"context_length", Kind::Int}, {"options", Kind::Map}});
+                                  {"lm_head", Kind::String}, {"attention", Kind::String}, {"context_length", Kind::Int},
+                                  {"options", Kind::Map}});
     p.target.model = r.model_path(s["model"], "target.model", false);
     if (auto n = s["format"]) p.target.format = r.string(n, "target.format");
     if (auto n = s["plugin"]) p.target.plugin = r.string(n, "target.plugin");
     if (auto n = s["lm_head"]) p.target.lm_head = r.string(n, "target.lm_head");
+    if (auto n = s["attention"]) p.target.attention = r.string(n, "target.attention");
     if (auto n = s["context_length"]) p.target.context_length = r.integer(n, "target.context_length", 0, kMaxInt);
     if (auto o = s["options"]) p.target.options = r.json(o, "target.options", p.target.options_at);
   }
   if (auto s = root["drafter"]; s && !s.IsNull()) {
     r.check_section(s, "drafter", {{"model", Kind::Path, true}, {"format", Kind::String}, {"plugin", Kind::String},
-                                   {"lm_head", Kind::String}, {"draft_tokens", Kind::IntOrAuto}, {"draft_max", Kind::Int},
+                                   {"lm_head", Kind::String}, {"attention", Kind::String}, {"draft_tokens", Kind::IntOrAuto}, {"draft_max", Kind::Int},
                                    {"convention", Kind::String}, {"options", Kind::Map}});
     DrafterConfig d;
     d.model = r.model_path(s["model"], "drafter.model", true);
@@ -433,6 +435,7 @@ Pipeline read_pipeline(YAML::Node root, const fs::path& source, const Reader& r)
     if (auto n = s["format"]) d.format = r.string(n, "drafter.format");
     if (auto n = s["plugin"]) d.plugin = r.string(n, "drafter.plugin");
     if (auto n = s["lm_head"]) d.lm_head = r.string(n, "drafter.lm_head");
+    if (auto n = s["attention"]) d.attention = r.string(n, "drafter.attention");
     if (auto n = s["draft_tokens"]) {
       const auto k = r.integer_or_auto(n, "drafter.draft_tokens", 1, 64);
       d.draft_auto = !k;
@@ -581,6 +584,7 @@ BuiltPipeline build_pipeline(const Pipeline& p, const PluginHost& host, const Bu
     b.target_file = open_target(p, host);
     target = target_loader(p, host, *b.target_file);
     if (!p.target.lm_head.empty()) target_parts.lm_head = host.make_lm_head(p.target.lm_head);
+    if (!p.target.attention.empty()) target_parts.attention = host.make_attention(p.target.attention);
     info = check_target(p, *target, *b.target_file, *b.backend);
   });
   const bool with_drafter = p.drafter && options.load_drafter;
@@ -589,6 +593,7 @@ BuiltPipeline build_pipeline(const Pipeline& p, const PluginHost& host, const Bu
       b.drafter_file = open_drafter(p, host);
       drafter = drafter_loader(p, host, *b.drafter_file);
       if (!p.drafter->lm_head.empty()) drafter_parts.lm_head = host.make_lm_head(p.drafter->lm_head);
+      if (!p.drafter->attention.empty()) drafter_parts.attention = host.make_attention(p.drafter->attention);
       check_drafter(p, *drafter, *b.drafter_file, *b.backend, info);
     });
   }

@@ -35,7 +35,7 @@ struct PluginHost::Entry {
 namespace {
 
 const std::vector<std::string_view> kKnownKinds = {"format", "backend", "model", "drafter", "sampler", "converter",
-                                                   "lm_head"};
+                                                   "lm_head", "attention"};
 
 // Accepted libraries stay loaded for the life of the process even when every object and host is gone:
 // plugins may leave thread-locals, atexit handlers or objects created by plugin code (contexts,
@@ -259,7 +259,7 @@ bool PluginHost::add_library(const fs::path& file) {
   for (const auto& k : info.kinds) {
     if (std::find(kKnownKinds.begin(), kKnownKinds.end(), k) == kKnownKinds.end()) {
       return reject(fmt::format("{}: plugin '{}' declares unknown kind '{}' (expected one of format, backend, "
-                                "model, drafter, sampler, converter, lm_head)", where, info.name, k));
+                                "model, drafter, sampler, converter, lm_head, attention)", where, info.name, k));
     }
   }
   if (const PluginInfo* first = find(info.name)) {
@@ -281,6 +281,7 @@ bool PluginHost::add_library(const fs::path& file) {
     if (kind == "drafter") return factories->drafter != nullptr;
     if (kind == "converter") return factories->converter != nullptr;
     if (kind == "lm_head") return factories->lm_head != nullptr;
+    if (kind == "attention") return factories->attention != nullptr;
     return factories->sampler != nullptr;
   };
   for (const auto& k : info.kinds) {
@@ -353,6 +354,7 @@ const OptionSchema* PluginHost::option_schema(std::string_view name, std::string
   if (kind == "drafter") return f->drafter_options;
   if (kind == "sampler") return f->sampler_options;
   if (kind == "lm_head") return f->lm_head_options;
+  if (kind == "attention") return f->attention_options;
   return nullptr;
 }
 
@@ -406,6 +408,15 @@ std::shared_ptr<const LmHead> PluginHost::make_lm_head(std::string_view name, co
   check_against(e.factories->lm_head_options, options, "lm_head", name, where);
   std::shared_ptr<const LmHead> out = pinned(e.factories->lm_head(options), e.library);
   if (!out) fail("lm_head plugin '{}' returned no object", name);
+  return out;
+}
+
+std::shared_ptr<const Attention> PluginHost::make_attention(std::string_view name, const nlohmann::json& options,
+                                                            const OptionLocations& where) const {
+  const Entry& e = entry(name, "attention");
+  check_against(e.factories->attention_options, options, "attention", name, where);
+  std::shared_ptr<const Attention> out = pinned(e.factories->attention(options), e.library);
+  if (!out) fail("attention plugin '{}' returned no object", name);
   return out;
 }
 

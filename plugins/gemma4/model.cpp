@@ -84,8 +84,8 @@ class Gemma4Model final : public BatchedModel {
     cfg_ = c.cfg;
     w_ = load_weights(*file_, cfg_, *backend_);
     head_weights_ = {w_.embed, cfg_.softcap, {}, 0};  // the tied head
-    require_lm_head(parts, head_weights_, "gemma4");
-    head_ = parts.lm_head ? parts.lm_head : standard_lm_head();
+    head_ = choose_lm_head(parts.lm_head, head_weights_, "gemma4");
+    set_attention(parts.attention);
     chunk_ = c.chunk;
     cache_type_ = c.cache_type;
     embed_scale_ = c.embed_scale;
@@ -118,6 +118,8 @@ class Gemma4Model final : public BatchedModel {
     set_cache(std::move(cache), cfg_.vocab);
 
     info_ = c.info;
+    info_.details["lm_head"] = head_->name();  // the parts it runs with (ModelParts)
+    info_.details["attention"] = attention().name();
     try {
       tokenizer_ = make_tokenizer(*file_);
     } catch (const Error& e) {

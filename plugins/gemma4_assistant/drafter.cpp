@@ -205,8 +205,8 @@ class Drafter final : public AssistantDrafter {
     } else {
       head_weights_ = {backend_->load_weight(embed), 0.0f, {}, 0};  // no softcap (§2.5)
     }
-    require_lm_head(parts, head_weights_, fmt::format("gemma4-assistant ({})", where));
-    head_ = parts.lm_head ? parts.lm_head : standard_lm_head();
+    head_ = choose_lm_head(parts.lm_head, head_weights_, fmt::format("gemma4-assistant ({})", where));
+    attention_ = parts.attention ? parts.attention : standard_attention();
     h_ = backend_->allocate("gemma4_assistant.h", DType::F32, {1, Hb});
     log_info("gemma4-assistant: {} layers, hidden {}, backbone {}, {} head{} ({}, query position {})", c.layers.size(),
              Hd, Hb, centroid_ ? "centroid" : "dense",
@@ -341,8 +341,8 @@ class Drafter final : public AssistantDrafter {
       q = g.rms_norm(q, g.constant(w.q_norm), c.eps);
       q = g.rope(q, b.qpos, rope.rotated_pairs, rope.theta, rope.exponent_divisor, rope.freq_scale);
       // Scale 1, no mask beyond the window: causality comes from what the target's cache holds (§2.4).
-      Value o = g.attention(q, g.constant(kv.k), g.constant(kv.v), g.constant(kv.positions), b.qpos, 1.0f,
-                            ly.full ? 0 : c.window, false);
+      Value o = attention_->build(g, {q, g.constant(kv.k), g.constant(kv.v), g.constant(kv.positions), b.qpos, 1.0f,
+                                      ly.full ? 0 : c.window, false});
       r = g.add(r, g.rms_norm(g.matmul(g.constant(w.o), o), g.constant(w.post_attn_norm), c.eps));
       Value f = g.rms_norm(r, g.constant(w.ffn_norm), c.eps);
       Value m = g.matmul(g.constant(w.down),
@@ -440,6 +440,7 @@ class Drafter final : public AssistantDrafter {
   BackendTensorPtr pre_, post_, norm_, centroids_, h_;
   std::shared_ptr<const LmHead> head_;
   LmHeadWeights head_weights_;
+  std::shared_ptr<const Attention> attention_;
   std::vector<LayerWeights> layers_;
   std::vector<int32_t> ordering_;
   std::vector<std::byte> ordered_;  // the reordered head; the CPU backend maps weights in place

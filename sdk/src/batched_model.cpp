@@ -69,6 +69,10 @@ BatchedModel::BatchedModel(std::string name, std::shared_ptr<ComputeBackend> bac
 
 BatchedModel::~BatchedModel() = default;
 
+void BatchedModel::set_attention(std::shared_ptr<const Attention> attention) {
+  attention_ = attention ? std::move(attention) : standard_attention();
+}
+
 void BatchedModel::set_cache(KvCacheSpec spec, int64_t vocab) {
   spec_ = std::move(spec);
   vocab_ = vocab;
@@ -92,7 +96,7 @@ BatchedModel::Built& BatchedModel::graph_for(std::span<const Part> parts, const 
     entries.push_back({part.cache, static_cast<int64_t>(part.tokens.size())});
     n_logits.push_back(part.n_logits);
   }
-  b->batch = std::make_unique<BatchGraph>(b->graph, std::move(entries));
+  b->batch = std::make_unique<BatchGraph>(b->graph, std::move(entries), attention_);
   b->ids = b->graph.input(DType::I32, {b->batch->rows()}, "tokens");
   b->logits = build_forward(*b->batch, b->ids, n_logits);
   if (b->logits) b->graph.mark_output(b->graph.named(b->logits, "logits"));

@@ -143,7 +143,8 @@ void KvCache::appended(int64_t n) {
 }
 
 // ------------------------------------------------------------------------------------------ batch
-BatchGraph::BatchGraph(Graph& g, std::vector<Entry> entries) : g_(g), entries_(std::move(entries)) {
+BatchGraph::BatchGraph(Graph& g, std::vector<Entry> entries, std::shared_ptr<const Attention> attention)
+    : g_(g), entries_(std::move(entries)), attention_(attention ? std::move(attention) : standard_attention()) {
   if (entries_.empty()) fail("BatchGraph: a batch needs at least one sequence");
   int64_t hidden = 0;
   for (const Entry& e : entries_) {
@@ -238,7 +239,7 @@ Value BatchGraph::attention(size_t layer, Value q, Value k, Value v, float scale
     } else if (!w.k) {
       fail("BatchGraph::attention: cache layer {} was not written in this graph before being read", layer);
     }
-    Value a = g_.attention(rows(q, off, n), w.k, w.v, w.pos, pos, scale, l.window, true);
+    Value a = attention_->build(g_, {rows(q, off, n), w.k, w.v, w.pos, pos, scale, l.window, true});
     if (entries_.size() == 1) return a;
     a = g_.reshape(a, {1, n * C});
     out = out ? g_.concat(out, a) : a;

@@ -49,13 +49,14 @@ std::shared_ptr<const LmHead> standard_lm_head() {
   return head;
 }
 
-const LmHead& require_lm_head(const ModelParts& parts, const LmHeadWeights& weights, const std::string& who) {
-  const LmHead& head = parts.lm_head ? *parts.lm_head : *standard_lm_head();
-  const std::string why = head.refuses(weights);
+std::shared_ptr<const LmHead> choose_lm_head(std::shared_ptr<const LmHead> chosen, const LmHeadWeights& weights,
+                                             const std::string& who) {
+  if (!chosen) chosen = standard_lm_head();
+  const std::string why = chosen->refuses(weights);
   if (!why.empty())
-    fail("{}: the LM head '{}' cannot serve this model's {} head: {}", who, head.name(),
+    fail("{}: the LM head '{}' cannot serve this model's {} head: {}", who, chosen->name(),
          weights.centroid() ? "centroid-masked" : "dense", why);
-  return head;
+  return chosen;
 }
 
 }  // namespace specula

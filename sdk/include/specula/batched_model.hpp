@@ -38,6 +38,9 @@ class BatchedModel : public Model, public std::enable_shared_from_this<BatchedMo
   BatchedModel(std::string name, std::shared_ptr<ComputeBackend> backend);
   // The KV cache every context gets, and the width of the logits build_forward returns.
   void set_cache(KvCacheSpec spec, int64_t vocab);
+  // What BatchGraph::attention computes with (ModelParts::attention; null: standard_attention()).
+  void set_attention(std::shared_ptr<const Attention> attention);
+  const Attention& attention() const { return *attention_; }
   // A context of `capacity` tokens (new_context, after the model's own checks).
   std::unique_ptr<ModelContext> make_context(int64_t capacity);
 
@@ -72,6 +75,7 @@ class BatchedModel : public Model, public std::enable_shared_from_this<BatchedMo
   std::shared_ptr<ComputeBackend> backend_;
   KvCacheSpec spec_;
   int64_t vocab_ = 0;
+  std::shared_ptr<const Attention> attention_ = standard_attention();
   // Graphs by batch shape (cache id, tokens, logits of each part) and sampler device key.
   mutable std::mutex graphs_mu_;
   mutable std::map<std::pair<std::vector<int64_t>, std::string>, std::unique_ptr<Built>> graphs_;

@@ -6,11 +6,13 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "specula/attention.hpp"
 #include "specula/compute.hpp"
 
 namespace specula {
@@ -112,8 +114,9 @@ class BatchGraph {
     KvCache* cache = nullptr;
     int64_t tokens = 0;
   };
-  // Adds the Inputs positions [T] and the slots of each distinct layer geometry to `g`.
-  BatchGraph(Graph& g, std::vector<Entry> entries);
+  // Adds the Inputs positions [T] and the slots of each distinct layer geometry to `g`. `attention`
+  // computes each entry's attention (null: standard_attention()).
+  BatchGraph(Graph& g, std::vector<Entry> entries, std::shared_ptr<const Attention> attention = nullptr);
 
   Graph& graph() const { return g_; }
   int64_t rows() const { return rows_; }
@@ -130,7 +133,7 @@ class BatchGraph {
   // Causal attention of q [T, Hq, D] over cache layer `layer` of every entry after writing this step's
   // k [T, Hkv, D] and v [T, Hkv, Dv] into it (at each row's slot); with k and v unset, over what an
   // earlier call wrote to that layer in this graph (a layer sharing another's cache). The layer's
-  // window applies. -> [T, Hq * Dv].
+  // window applies; the batch's Attention computes it. -> [T, Hq * Dv].
   Value attention(size_t layer, Value q, Value k, Value v, float scale);
 
   // Stores the final hidden rows h [T, hidden_size] of every entry in its cache (KvCacheSpec::hidden_size).
@@ -149,6 +152,7 @@ class BatchGraph {
 
   Graph& g_;
   std::vector<Entry> entries_;
+  std::shared_ptr<const Attention> attention_;
   std::vector<int64_t> offsets_;
   int64_t rows_ = 0;
   Value pos_;

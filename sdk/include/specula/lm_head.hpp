@@ -44,17 +44,12 @@ class LmHead {
   virtual LmHeadOutput build(Graph& g, Value rows, const LmHeadWeights& weights) const = 0;
 };
 
-// The parts a model or drafter is loaded with, besides its file and backend: chosen by the pipeline and
-// made by the host from their plugins. Empty = the standard part.
-struct ModelParts {
-  std::shared_ptr<const LmHead> lm_head;  // null: standard_lm_head()
-};
-
 // Dense and centroid-masked, as specified above; stateless, shared.
 std::shared_ptr<const LmHead> standard_lm_head();
 
-// The head `parts` names (or the standard one), checked against `weights`: throws naming `who` (e.g.
-// "gemma4") and the head when it refuses them. The reference stays valid while `parts` holds the head.
-const LmHead& require_lm_head(const ModelParts& parts, const LmHeadWeights& weights, const std::string& who);
+// `chosen` (the pipeline's head; null: the standard one), checked against `weights`: throws naming `who`
+// (e.g. "gemma4") and the head when it refuses them.
+std::shared_ptr<const LmHead> choose_lm_head(std::shared_ptr<const LmHead> chosen, const LmHeadWeights& weights,
+                                             const std::string& who);
 
 }  // namespace specula

@@ -13,6 +13,7 @@
 
 #include "specula/compute.hpp"
 #include "specula/error.hpp"
+#include "specula/attention.hpp"
 #include "specula/kv_cache.hpp"
 #include "specula/lm_head.hpp"
 #include "specula/model_file.hpp"
@@ -125,6 +126,14 @@ class Model {
     for (const BatchEntry& e : batch) out.push_back(e.context->forward(e.tokens, e.n_logits));
     return out;
   }
+};
+
+// The parts a model or drafter is loaded with besides its file and backend, as the pipeline names them
+// (target.lm_head, target.attention, the same under drafter) and the host makes them from their plugins.
+// Empty: the standard part.
+struct ModelParts {
+  std::shared_ptr<const LmHead> lm_head;      // null: standard_lm_head()
+  std::shared_ptr<const Attention> attention; // null: standard_attention()
 };
 
 // Loads a Model of this plugin's architecture. Checks every tensor it needs and throws naming the

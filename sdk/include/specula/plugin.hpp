@@ -12,6 +12,7 @@
 #include "specula/abi_hash.hpp"
 #include "specula/compute.hpp"
 #include "specula/convert.hpp"
+#include "specula/attention.hpp"
 #include "specula/lm_head.hpp"
 #include "specula/log.hpp"
 #include "specula/model.hpp"
@@ -28,7 +29,7 @@
 //    metadata.hpp: limits::*, require_range, range-checked GgufKeys / JsonFields integer reads
 // 5: Model::forward_batch, ModelContext::max_rollback, kv_cache.hpp (KvCache, BatchGraph), shape_str;
 //    the interface hash joins the fingerprint
-// 6: plugin kind "lm_head" (specula/lm_head.hpp, PluginFactories::lm_head); ModelParts in
+// 6: plugin kinds "lm_head" and "attention" (specula/lm_head.hpp, specula/attention.hpp); ModelParts in
 //    ModelLoader::load and DrafterLoader::load
 #define SPECULA_PLUGIN_ABI_VERSION 6u
 #define SPECULA_PLUGIN_ENTRY_SYMBOL "specula_plugin_entry"
@@ -71,7 +72,8 @@ struct PluginFactories {
   std::unique_ptr<DrafterLoader> (*drafter)(const nlohmann::json& options) = nullptr;
   std::unique_ptr<Sampler> (*sampler)(const SamplingParams& params, const nlohmann::json& options) = nullptr;
   std::unique_ptr<Converter> (*converter)() = nullptr;  // checkpoint -> GGUF (specula convert)
-  std::unique_ptr<LmHead> (*lm_head)(const nlohmann::json& options) = nullptr;  // specula/lm_head.hpp
+  std::unique_ptr<LmHead> (*lm_head)(const nlohmann::json& options) = nullptr;        // specula/lm_head.hpp
+  std::unique_ptr<Attention> (*attention)(const nlohmann::json& options) = nullptr;  // specula/attention.hpp
   // The options each kind takes (specula/options.hpp). The host checks a pipeline's options section
   // against them before calling the factory; null = no schema: the options reach the factory unchecked
   // and the plugin must refuse unknown keys itself.
@@ -80,6 +82,7 @@ struct PluginFactories {
   const OptionSchema* drafter_options = nullptr;
   const OptionSchema* sampler_options = nullptr;
   const OptionSchema* lm_head_options = nullptr;
+  const OptionSchema* attention_options = nullptr;
 };
 
 }  // namespace specula
@@ -91,7 +94,7 @@ struct SpeculaPluginDescriptor {
   const char* fingerprint;     // SPECULA_ABI_FINGERPRINT the plugin was built with
   const char* name;            // unique plugin name, e.g. "gguf"
   const char* kinds;           // comma-separated: "format", "backend", "model", "drafter", "sampler", "converter",
-                               // "lm_head"
+                               // "lm_head", "attention"
   const char* version;         // semantic version of the plugin, "1.2.0"
   const char* description;     // one line for `specula plugins`
   // Only called after the checks pass.

@@ -44,6 +44,7 @@ struct TargetConfig {
   std::string format;                  // format plugin; "" = the first whose can_open accepts the file
   std::string plugin;                  // model plugin; "" = the first whose loader accepts the file
   std::string lm_head;                 // lm_head plugin; "" = the standard head (specula/lm_head.hpp)
+  std::string attention;               // attention plugin; "" = the standard one (specula/attention.hpp)
   int64_t context_length = 0;          // 0 = the model's own
   nlohmann::json options = nlohmann::json::object();
   OptionLocations options_at;
@@ -54,6 +55,7 @@ struct DrafterConfig {
   std::string format;
   std::string plugin;                  // drafter plugin; "" = the first whose loader accepts the file
   std::string lm_head;                 // lm_head plugin; "" = the standard head
+  std::string attention;               // attention plugin; "" = the standard one
   int draft_tokens = 3;                // tokens proposed per speculative step (the first, with draft_auto)
   bool draft_auto = false;             // draft_tokens: auto: the length per step from measured costs
   int draft_max = 8;                   // the longest draft_auto may choose

@@ -78,6 +78,8 @@ class PluginHost {
                                         const nlohmann::json& options = {}, const OptionLocations& where = {}) const;
   std::shared_ptr<const LmHead> make_lm_head(std::string_view name, const nlohmann::json& options = {},
                                              const OptionLocations& where = {}) const;
+  std::shared_ptr<const Attention> make_attention(std::string_view name, const nlohmann::json& options = {},
+                                                  const OptionLocations& where = {}) const;
   // The option schema plugin `name` declares for `kind`; nullptr when it declares none. Throws as the
   // factories do for an unknown name or a wrong kind.
   const OptionSchema* option_schema(std::string_view name, std::string_view kind) const;

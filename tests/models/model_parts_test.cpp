@@ -1,10 +1,14 @@
-// The LM head as a plugin kind (specula/lm_head.hpp) on the shipped tiny pair: the pipeline names the
-// head of the target and of the drafter (target.lm_head, drafter.lm_head). The standard head named
-// explicitly equals the default; a third head (test-half-head: the dense head, halved) replaces the
-// target's and the dense drafter's and changes exactly their logits; a head that refuses the drafter's
-// centroid weights, or an unknown head plugin, fails the pipeline with a message naming it.
+// The LM head and attention as plugin kinds (specula/lm_head.hpp, specula/attention.hpp) on the shipped
+// tiny pair: the pipeline names the head and the attention of the target and of the drafter
+// (target.lm_head, target.attention, the same under drafter). The standard parts named explicitly equal
+// the defaults; a third head (test-half-head: the dense head, halved) changes exactly the target's and
+// the dense drafter's logits; a third attention (test-row-split-attention: the standard one by halves of
+// the query rows) gives the standard logits by another graph; a head that refuses the drafter's centroid
+// weights, or an unknown plugin, fails the pipeline with a message naming it.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 
 #include "specula/core/pipeline.hpp"
@@ -20,7 +24,7 @@ using specula::core::Override;
 const specula::core::PluginHost& host() {
   static auto* h = [] {
     auto* p = new specula::core::PluginHost();
-    p->discover({fs::path(TEST_HEAD_PLUGIN_DIR), fs::path(SPECULA_PLUGIN_DIR)});
+    p->discover({fs::path(TEST_PARTS_PLUGIN_DIR), fs::path(SPECULA_PLUGIN_DIR)});
     return p;
   }();
   return *h;
@@ -42,13 +46,15 @@ const std::vector<int32_t>& prompt() {
 
 struct Outputs {
   std::vector<float> target;  // the target's logits after the prompt
+  std::vector<float> prompt;  // the target's logits at every prompt position (a multi-row step)
   std::vector<specula::DraftStep> draft;
 };
 
 Outputs run(const specula::core::BuiltPipeline& b) {
   Outputs out;
   auto ctx = b.target->new_context({});
-  out.target = ctx->forward(prompt(), 1);
+  out.prompt = ctx->forward(prompt(), static_cast<int64_t>(prompt().size()));
+  out.target.assign(out.prompt.end() - b.target->info().vocab_size, out.prompt.end());
   const int32_t next = static_cast<int32_t>(std::max_element(out.target.begin(), out.target.end()) - out.target.begin());
   specula::DraftRequest request;
   request.last_token = next;
@@ -58,9 +64,14 @@ Outputs run(const specula::core::BuiltPipeline& b) {
   return out;
 }
 
-TEST(LmHead, TheStandardHeadNamedByThePipelineEqualsTheDefault) {
+TEST(ModelParts, TheStandardPartsNamedByThePipelineEqualTheDefaults) {
   const Outputs def = run(build({}));
-  const Outputs named = run(build({{"target.lm_head", "lm-head", "test"}, {"drafter.lm_head", "lm-head", "test"}}));
+  const auto b = build({{"target.lm_head", "lm-head", "test"}, {"drafter.lm_head", "lm-head", "test"},
+                        {"target.attention", "attention", "test"}, {"drafter.attention", "attention", "test"}});
+  EXPECT_EQ(b.target->info().details["lm_head"], "lm-head");
+  EXPECT_EQ(b.target->info().details["attention"], "attention");
+  const Outputs named = run(b);
+  EXPECT_EQ(named.prompt, def.prompt);
   EXPECT_EQ(named.target, def.target);
   ASSERT_EQ(named.draft.size(), def.draft.size());
   for (size_t k = 0; k < def.draft.size(); ++k) {
@@ -69,7 +80,7 @@ TEST(LmHead, TheStandardHeadNamedByThePipelineEqualsTheDefault) {
   }
 }
 
-TEST(LmHead, AThirdHeadReplacesTheTargetsAndTheDraftersHead) {
+TEST(ModelParts, AThirdHeadReplacesTheTargetsAndTheDraftersHead) {
   const Outputs def = run(build({}));
   const Outputs half = run(build({{"target.lm_head", "test-half-head", "test"}, {"drafter.lm_head", "test-half-head", "test"}}));
   ASSERT_EQ(half.target.size(), def.target.size());
@@ -87,7 +98,24 @@ TEST(LmHead, AThirdHeadReplacesTheTargetsAndTheDraftersHead) {
   EXPECT_EQ(mixed.draft[0].logits[0], 0.5f * def.draft[0].logits[0]);
 }
 
-TEST(LmHead, AHeadThatRefusesTheWeightsOrAnUnknownHeadFailsThePipelineNamingIt) {
+TEST(ModelParts, AThirdAttentionReplacesTheTargetsAndTheDraftersAndGivesTheSameLogits) {
+  const auto def_pipeline = build({});
+  EXPECT_EQ(def_pipeline.target->info().details["attention"], "attention");  // the standard one
+  const Outputs def = run(def_pipeline);
+  const auto b = build({{"target.attention", "test-row-split-attention", "test"},
+                        {"drafter.attention", "test-row-split-attention", "test"}});
+  EXPECT_EQ(b.target->info().details["attention"], "test-row-split-attention");
+  const Outputs split = run(b);
+  ASSERT_EQ(split.prompt.size(), def.prompt.size());
+  // Another graph for the same values: the kernels see other row counts, so allow float rounding.
+  double worst = 0;
+  for (size_t i = 0; i < def.prompt.size(); ++i) worst = std::max(worst, std::abs(double(split.prompt[i]) - def.prompt[i]));
+  EXPECT_LT(worst, 1e-4) << "max |logit difference| over " << prompt().size() << " prompt positions";
+  ASSERT_EQ(split.draft.size(), def.draft.size());
+  for (size_t k = 0; k < def.draft.size(); ++k) EXPECT_EQ(split.draft[k].token, def.draft[k].token);
+}
+
+TEST(ModelParts, APartThatRefusesTheWeightsOrAnUnknownPluginFailsThePipelineNamingIt) {
   try {
     auto p = specula::core::load_pipeline(fs::path(SPECULA_SOURCE_DIR) / "configs/default.yaml",
                                           {{"drafter.options.head", "centroid", "test"},
@@ -113,6 +141,14 @@ TEST(LmHead, AHeadThatRefusesTheWeightsOrAnUnknownHeadFailsThePipelineNamingIt) 
     FAIL() << "a sampler plugin was accepted as an LM head";
   } catch (const specula::Error& e) {
     EXPECT_NE(std::string(e.what()).find("lm_head"), std::string::npos) << e.what();
+  }
+  try {
+    build({{"drafter.attention", "test-half-head", "test"}});
+    FAIL() << "an LM head plugin was accepted as attention";
+  } catch (const specula::Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("test-half-head"), std::string::npos) << m;
+    EXPECT_NE(m.find("attention"), std::string::npos) << m;
   }
 }
 
