@@ -1,5 +1,7 @@
 #include "vk_backend.hpp"
 
+#include <dlfcn.h>
+#include <link.h>
 #include <vulkan/vulkan.h>
 
 #include <algorithm>
@@ -7,6 +9,7 @@
 #include <cstring>
 #include <list>
 #include <map>
+#include <set>
 #include <unordered_map>
 
 #include "shaders.hpp"
@@ -1192,6 +1195,26 @@ int type_rank(VkPhysicalDeviceType t) {
   }
 }
 
+// The shared objects mapped into the process, by path.
+std::set<std::string> loaded_objects() {
+  std::set<std::string> out;
+  dl_iterate_phdr(
+      [](dl_phdr_info* info, size_t, void* data) {
+        if (info->dlpi_name && *info->dlpi_name) static_cast<std::set<std::string>*>(data)->insert(info->dlpi_name);
+        return 0;
+      },
+      &out);
+  return out;
+}
+
+// Keeps the libraries the Vulkan loader mapped for the driver (the ICD, and LLVM for lavapipe) mapped
+// until exit, as the host keeps plugins: a driver unloaded by vkDestroyInstance takes with it the static
+// data that still points at its allocations (LeakSanitizer then reports them) and may leave handlers.
+void keep_mapped_since(const std::set<std::string>& before) {
+  for (const std::string& name : loaded_objects())
+    if (!before.count(name)) dlopen(name.c_str(), RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE);
+}
+
 }  // namespace
 
 std::unique_ptr<ComputeBackend> make_vulkan_backend(const nlohmann::json& options) {
@@ -1222,12 +1245,14 @@ std::unique_ptr<ComputeBackend> make_vulkan_backend(const nlohmann::json& option
   app.apiVersion = VK_API_VERSION_1_2;
   VkInstanceCreateInfo ii{VK_STRUCTURE_TYPE_INSTANCE_CREATE_INFO};
   ii.pApplicationInfo = &app;
+  const std::set<std::string> before = loaded_objects();
   const VkResult ir = vkCreateInstance(&ii, nullptr, &dev->instance);
   if (ir != VK_SUCCESS) fail("vulkan backend: {} (vkCreateInstance: VkResult {})", no_device, static_cast<int>(ir));
   uint32_t count = 0;
   vkEnumeratePhysicalDevices(dev->instance, &count, nullptr);
   std::vector<VkPhysicalDevice> phys(count);
   if (count) vkEnumeratePhysicalDevices(dev->instance, &count, phys.data());
+  keep_mapped_since(before);
   std::vector<VkPhysicalDeviceProperties> props(count);
   std::string listing;
   for (uint32_t i = 0; i < count; ++i) {
