@@ -105,6 +105,19 @@ int run_validate(const std::vector<std::string>& args) {
     backend = core::make_backend(p, *host);
     return backend->device().name;
   });
+  // The LM head and attention a section names (the standard ones need no check).
+  auto check_parts = [&](const char* section, const std::string& lm_head, const std::string& attention) {
+    if (!lm_head.empty())
+      report.check(fmt::format("{}: lm_head plugin '{}'", section, lm_head), [&] {
+        host->make_lm_head(lm_head);
+        return plugin_file(lm_head);
+      });
+    if (!attention.empty())
+      report.check(fmt::format("{}: attention plugin '{}'", section, attention), [&] {
+        host->make_attention(attention);
+        return plugin_file(attention);
+      });
+  };
   std::shared_ptr<const specula::ModelFile> target_file;
   std::shared_ptr<specula::ModelLoader> target_loader;
   specula::ModelInfo target_info;
@@ -125,6 +138,7 @@ int run_validate(const std::vector<std::string>& args) {
     }
     if (backend) check_weights(report, "target", *target_file, *backend);
   }
+  check_parts("target", p.target.lm_head, p.target.attention);
   if (p.drafter && !no_drafter) {
     std::shared_ptr<const specula::ModelFile> drafter_file;
     if (report.check("drafter: " + p.drafter->model.string() + " opens", [&] {
@@ -143,6 +157,7 @@ int run_validate(const std::vector<std::string>& args) {
       }
       if (backend) check_weights(report, "drafter", *drafter_file, *backend);
     }
+    check_parts("drafter", p.drafter->lm_head, p.drafter->attention);
   }
   report.check(fmt::format("sampler: plugin '{}'", p.sampler.plugin), [&] {
     core::make_sampler(p, *host);

@@ -10,7 +10,9 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 
+#include "../foundation/test_util.hpp"
 #include "specula/core/pipeline.hpp"
 #include "specula/core/plugin_host.hpp"
 #include "specula/error.hpp"
@@ -150,6 +152,27 @@ TEST(ModelParts, APartThatRefusesTheWeightsOrAnUnknownPluginFailsThePipelineNami
     EXPECT_NE(m.find("test-half-head"), std::string::npos) << m;
     EXPECT_NE(m.find("attention"), std::string::npos) << m;
   }
+}
+
+// `specula validate` checks the parts a pipeline names, as the pipeline's build would.
+TEST(ModelParts, ValidateChecksTheNamedParts) {
+  const fs::path dir = fs::path(SPECULA_BINARY_DIR) / "model-parts";
+  fs::create_directories(dir);
+  auto pipeline = [&](const std::string& head) {
+    const fs::path p = dir / (head + ".yaml");
+    std::ofstream(p) << "backend: {plugin: onednn}\n"
+                     << "target:\n  model: " << (fs::path(SPECULA_SOURCE_DIR) / "models/specula-tiny-kjv-q8_0.gguf").string()
+                     << "\n  lm_head: " << head << "\n  attention: attention\n";
+    return test::run_command(test::cli() + " validate " + test::quote(p.string()));
+  };
+  const auto good = pipeline("lm-head");
+  EXPECT_EQ(good.status, 0) << good.output;
+  EXPECT_NE(good.output.find("ok    target: lm_head plugin 'lm-head'"), std::string::npos) << good.output;
+  EXPECT_NE(good.output.find("ok    target: attention plugin 'attention'"), std::string::npos) << good.output;
+  const auto bad = pipeline("no-such-head");
+  EXPECT_NE(bad.status, 0) << bad.output;
+  EXPECT_NE(bad.output.find("FAIL  target: lm_head plugin 'no-such-head': no lm_head plugin named 'no-such-head'"),
+            std::string::npos) << bad.output;
 }
 
 }  // namespace
