@@ -132,6 +132,18 @@ void add_sampling_options(po::options_description& desc, ModelArgs& a) {
   add_key(desc, a, "stop", "sampler.stop", "stop string: generation ends before it (repeatable)", false, true);
 }
 
+bool parse_model_command(const std::vector<std::string>& args, po::options_description& desc, ModelArgs& model,
+                         po::variables_map& vm, bool sampling) {
+  add_model_options(desc, model);
+  if (sampling) add_sampling_options(desc, model);
+  add_log_options(desc);
+  po::positional_options_description pos;
+  pos.add("pipeline", 1);
+  if (!parse_args(args, desc, pos, vm)) return false;
+  if (vm.count("system")) model.overrides.push_back({"chat.system", vm["system"].as<std::string>(), "command line (--system)"});
+  return true;
+}
+
 core::Pipeline resolve_pipeline(const ModelArgs& a) {
   std::vector<core::Override> overrides = a.overrides;
   if (!a.pipeline.empty() && is_model_path(a.pipeline)) {

@@ -63,6 +63,13 @@ void add_model_options(po::options_description& desc, ModelArgs& args);
 // --repeat-penalty, --seed (-1 = random), -n/--n-predict (--max-tokens).
 void add_sampling_options(po::options_description& desc, ModelArgs& args);
 
+// What every command that runs a model does with its flags: adds the model options (with `sampling`, the
+// sampling options too) and the log options to `desc`, takes the pipeline as the first positional
+// argument, parses, and turns --system (for a command that declares it) into the chat.system override.
+// Returns false after --help.
+bool parse_model_command(const std::vector<std::string>& args, po::options_description& desc, ModelArgs& model,
+                         po::variables_map& vm, bool sampling = true);
+
 // The pipeline the flags describe: the YAML (if any) with the flag overrides applied and checked.
 // Throws when neither a pipeline nor a model was given.
 core::Pipeline resolve_pipeline(const ModelArgs& args);

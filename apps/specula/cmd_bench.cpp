@@ -84,12 +84,8 @@ int run_bench(const std::vector<std::string>& args) {
       "time verification forwards of 2..9 tokens against a decode step (always with a drafter: the MTP cost model)")(
       "profile", cli::po::bool_switch(&profile),
       "print time per op kind, weight and layer when the backend ends (CPU backend; includes the untimed run)");
-  cli::add_model_options(desc, model);
-  cli::add_log_options(desc);
-  cli::po::positional_options_description pos;
-  pos.add("pipeline", 1);
   cli::po::variables_map vm;
-  if (!cli::parse_args(args, desc, pos, vm)) return 0;
+  if (!cli::parse_model_command(args, desc, model, vm, false)) return 0;
   if (prompt_tokens < 1 || gen_tokens < 1 || repetitions < 1 || sequences < 1)
     specula::fail("--prompt-tokens, --gen-tokens, --repetitions and --sequences must be at least 1");
   if (sequences > 1) no_drafter = true, verify = false;

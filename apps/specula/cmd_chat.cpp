@@ -47,14 +47,8 @@ int run_chat(const std::vector<std::string>& args) {
       "think", cli::po::bool_switch(&think), "enable the model's thinking (overrides chat.enable_thinking)")(
       "show-thoughts", cli::po::bool_switch(&show_thoughts), "also print the model's thought channel")(
       "no-drafter", cli::po::bool_switch(&no_drafter), "ignore the pipeline's drafter (plain decoding)");
-  cli::add_model_options(desc, model);
-  cli::add_sampling_options(desc, model);
-  cli::add_log_options(desc);
-  cli::po::positional_options_description pos;
-  pos.add("pipeline", 1);
   cli::po::variables_map vm;
-  if (!cli::parse_args(args, desc, pos, vm)) return 0;
-  if (vm.count("system")) model.overrides.push_back({"chat.system", vm["system"].as<std::string>(), "command line (--system)"});
+  if (!cli::parse_model_command(args, desc, model, vm)) return 0;
 
   specula::core::Pipeline pipeline = cli::resolve_pipeline(model);
   if (think) pipeline.chat.enable_thinking = true;

@@ -45,12 +45,8 @@ int run_eval(const std::vector<std::string>& args) {
       "tokens", po::value(&tokens_text)->required(), "token ids, comma- or space-separated")(
       "top", po::value(&top)->default_value(20), "how many tokens per position")(
       "json", "one JSON line per position: {\"pos\": i, \"top\": [[id, logprob], ...]}");
-  cli::add_log_options(desc);
-  cli::add_model_options(desc, model);
-  po::positional_options_description pos;
-  pos.add("pipeline", 1);
   po::variables_map vm;
-  if (!cli::parse_args(args, desc, pos, vm)) return 0;
+  if (!cli::parse_model_command(args, desc, model, vm, false)) return 0;
   if (top < 1) specula::fail("--top {}: expected a positive number", top);
   const std::vector<int32_t> tokens = cli::parse_token_list(tokens_text);
   if (tokens.empty()) specula::fail("--tokens: no token ids given");

@@ -76,14 +76,8 @@ int run_run(const std::vector<std::string>& args) {
       "speedup", cli::po::bool_switch(&speedup),
       "then generate again without the drafter (same prompt and sampler, output not shown) and end with one "
       "line: acceptance rate and speed-up of the drafter");
-  cli::add_model_options(desc, model);
-  cli::add_sampling_options(desc, model);
-  cli::add_log_options(desc);
-  cli::po::positional_options_description pos;
-  pos.add("pipeline", 1);
   cli::po::variables_map vm;
-  if (!cli::parse_args(args, desc, pos, vm)) return 0;
-  if (vm.count("system")) model.overrides.push_back({"chat.system", vm["system"].as<std::string>(), "command line (--system)"});
+  if (!cli::parse_model_command(args, desc, model, vm)) return 0;
   if (!prompt_file.empty()) {
     if (!prompt.empty()) specula::fail("give either --prompt TEXT or --file FILE, not both");
     prompt = cli::read_text_file(prompt_file, "--file");

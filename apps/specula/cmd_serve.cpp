@@ -42,13 +42,8 @@ int run_serve(const std::vector<std::string>& args) {
       "alias,a", cli::po::value(&so.model_name), "the model's id in /v1/models and requests (default: the file's stem)")(
       "shutdown-timeout", cli::po::value(&drain_seconds)->default_value(10),
       "seconds running requests may take to finish at shutdown");
-  cli::add_model_options(desc, model);
-  cli::add_sampling_options(desc, model);
-  cli::add_log_options(desc);
-  cli::po::positional_options_description pos;
-  pos.add("pipeline", 1);
   cli::po::variables_map vm;
-  if (!cli::parse_args(args, desc, pos, vm)) return 0;
+  if (!cli::parse_model_command(args, desc, model, vm)) return 0;
   if (so.port < 0 || so.port > 65535) specula::fail("--port must be between 0 and 65535, got {}", so.port);
   if (so.parallel < 1 || so.parallel > 256) specula::fail("--parallel must be between 1 and 256, got {}", so.parallel);
   if (so.queue_limit < 0) specula::fail("--queue-limit must not be negative, got {}", so.queue_limit);

@@ -72,14 +72,8 @@ int run_validate(const std::vector<std::string>& args) {
   desc.add_options()("help,h", "show this help")(
       "system,s", cli::po::value<std::string>(), "system message (as run and chat take it)")(
       "no-drafter", cli::po::bool_switch(&no_drafter), "skip the drafter (as run --no-drafter)");
-  cli::add_model_options(desc, model);
-  cli::add_sampling_options(desc, model);
-  cli::add_log_options(desc);
-  cli::po::positional_options_description pos;
-  pos.add("pipeline", 1);
   cli::po::variables_map vm;
-  if (!cli::parse_args(args, desc, pos, vm)) return 0;
-  if (vm.count("system")) model.overrides.push_back({"chat.system", vm["system"].as<std::string>(), "command line (--system)"});
+  if (!cli::parse_model_command(args, desc, model, vm)) return 0;
 
   namespace core = specula::core;
   Report report;

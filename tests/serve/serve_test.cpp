@@ -13,6 +13,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <regex>
 #include <thread>
@@ -301,12 +302,20 @@ TEST(Serve, TokenizeAndDetokenizeRoundTrip) {
   EXPECT_EQ(d.body["content"], "And God said");
 }
 
-// A streamed request that only a cancel (or its client going away) ends early.
-json endless(const std::string& user) {
-  json b = chat_body(user, 400);
-  b["min_tokens"] = 400;
-  b["stream"] = true;
-  return b;
+// A streamed chat request that only a cancel (or its client going away) ends early: the client reads it
+// while `keep_reading()` (asked at each chunk) says so, then drops the connection.
+void stream_until(const Running& s, const std::string& user, const std::function<bool()>& keep_reading) {
+  json body = chat_body(user, 400);
+  body["min_tokens"] = 400;
+  body["stream"] = true;
+  auto c = s.client();
+  httplib::Request req;
+  req.method = "POST";
+  req.path = "/v1/chat/completions";
+  req.body = body.dump();
+  req.set_header("Content-Type", "application/json");
+  req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return keep_reading(); };
+  c.send(req);
 }
 
 TEST(Serve, AFullQueueAnswers429) {
@@ -315,16 +324,7 @@ TEST(Serve, AFullQueueAnswers429) {
   o.queue_limit = 1;
   Running s(o);
   std::atomic<bool> stop_a{false};
-  std::thread a([&] {  // occupies the slot until told to go away
-    auto c = s.client();
-    httplib::Request req;
-    req.method = "POST";
-    req.path = "/v1/chat/completions";
-    req.body = endless("And God said").dump();
-    req.set_header("Content-Type", "application/json");
-    req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return !stop_a.load(); };
-    c.send(req);
-  });
+  std::thread a([&] { stream_until(s, "And God said", [&] { return !stop_a.load(); }); });  // holds the slot
   ASSERT_TRUE(wait_metric(s, "specula:num_requests_running", [](double v) { return v == 1; }));
   Reply b;
   std::thread tb([&] { b = post(s, "/v1/chat/completions", chat_body("And Moses said", 2)); });
@@ -341,15 +341,8 @@ TEST(Serve, AFullQueueAnswers429) {
 
 TEST(Serve, AClientThatDisconnectsMidStreamIsCancelled) {
   Running s;
-  auto c = s.client();
-  httplib::Request req;
-  req.method = "POST";
-  req.path = "/v1/chat/completions";
-  req.body = endless("And God said").dump();
-  req.set_header("Content-Type", "application/json");
   int chunks = 0;
-  req.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++chunks < 3; };
-  c.send(req);
+  stream_until(s, "And God said", [&] { return ++chunks < 3; });
   EXPECT_EQ(chunks, 3);
   ASSERT_TRUE(wait_metric(s, "specula:num_requests_running", [](double v) { return v == 0; }));
   const std::string m = metrics(s);

@@ -1,5 +1,8 @@
 #include "specula/serve/metrics.hpp"
 
+#include <initializer_list>
+#include <map>
+
 #include <fmt/format.h>
 
 namespace specula::serve {
@@ -38,6 +41,23 @@ std::vector<double> e2e_bounds() { return {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.
 
 void header(std::string& out, const char* name, const char* type, const char* help) {
   out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+}
+
+// A metric of one sample.
+template <typename T>
+void single(std::string& out, const char* name, const char* type, const char* help, T value) {
+  header(out, name, type, help);
+  out += fmt::format("{} {}\n", name, value);
+}
+
+// A counter with one sample per value of `label`, every value in `values` shown (0 when not counted yet).
+void by_label(std::string& out, const char* name, const char* help, const char* label,
+              std::initializer_list<const char*> values, const std::map<std::string, int64_t>& counts) {
+  header(out, name, "counter", help);
+  for (const char* v : values) {
+    auto it = counts.find(v);
+    out += fmt::format("{}{{{}=\"{}\"}} {}\n", name, label, v, it == counts.end() ? 0 : it->second);
+  }
 }
 }  // namespace
 
@@ -78,43 +98,30 @@ void Metrics::rejected(const std::string& why) {
 std::string Metrics::render(const Gauges& g) const {
   std::lock_guard lock(mu_);
   std::string out;
-  header(out, "specula:num_requests_waiting", "gauge", "Requests queued, not yet in a slot.");
-  out += fmt::format("specula:num_requests_waiting {}\n", g.waiting);
-  header(out, "specula:num_requests_running", "gauge", "Requests generating in a slot.");
-  out += fmt::format("specula:num_requests_running {}\n", g.running);
-  header(out, "specula:kv_cache_usage_perc", "gauge",
-         "KV-cache usage, 0..1: tokens held by the slots' contexts (running and cached prefixes) over their capacity.");
-  out += fmt::format("specula:kv_cache_usage_perc {}\n", g.kv_cache_usage);
-  header(out, "specula:num_slots", "gauge", "Sequences generated at once (--parallel).");
-  out += fmt::format("specula:num_slots {}\n", g.slots);
-  header(out, "specula:prompt_tokens_total", "counter", "Prompt tokens of admitted requests.");
-  out += fmt::format("specula:prompt_tokens_total {}\n", prompt_tokens_);
-  header(out, "specula:prompt_tokens_cached_total", "counter", "Prompt tokens reused from a slot's context (prefix reuse).");
-  out += fmt::format("specula:prompt_tokens_cached_total {}\n", cached_tokens_);
-  header(out, "specula:generation_tokens_total", "counter", "Generated tokens.");
-  out += fmt::format("specula:generation_tokens_total {}\n", generation_tokens_);
-  header(out, "specula:request_success_total", "counter", "Requests that ended, by finish reason (stop, length, abort, error).");
-  for (const char* r : {"stop", "length", "abort", "error"}) {
-    auto it = finished_.find(r);
-    out += fmt::format("specula:request_success_total{{finished_reason=\"{}\"}} {}\n", r, it == finished_.end() ? 0 : it->second);
-  }
-  header(out, "specula:request_rejected_total", "counter", "Requests refused before queueing (queue_full: 429, shutting_down: 503).");
-  for (const char* r : {"queue_full", "shutting_down"}) {
-    auto it = rejected_.find(r);
-    out += fmt::format("specula:request_rejected_total{{reason=\"{}\"}} {}\n", r, it == rejected_.end() ? 0 : it->second);
-  }
+  single(out, "specula:num_requests_waiting", "gauge", "Requests queued, not yet in a slot.", g.waiting);
+  single(out, "specula:num_requests_running", "gauge", "Requests generating in a slot.", g.running);
+  single(out, "specula:kv_cache_usage_perc", "gauge",
+         "KV-cache usage, 0..1: tokens held by the slots' contexts (running and cached prefixes) over their capacity.",
+         g.kv_cache_usage);
+  single(out, "specula:num_slots", "gauge", "Sequences generated at once (--parallel).", g.slots);
+  single(out, "specula:prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", prompt_tokens_);
+  single(out, "specula:prompt_tokens_cached_total", "counter", "Prompt tokens reused from a slot's context (prefix reuse).",
+         cached_tokens_);
+  single(out, "specula:generation_tokens_total", "counter", "Generated tokens.", generation_tokens_);
+  by_label(out, "specula:request_success_total", "Requests that ended, by finish reason (stop, length, abort, error).",
+           "finished_reason", {"stop", "length", "abort", "error"}, finished_);
+  by_label(out, "specula:request_rejected_total", "Requests refused before queueing (queue_full: 429, shutting_down: 503).",
+           "reason", {"queue_full", "shutting_down"}, rejected_);
   header(out, "specula:time_to_first_token_seconds", "histogram", "From arrival to the first generated token.");
   ttft_.render(out, "specula:time_to_first_token_seconds");
   header(out, "specula:inter_token_latency_seconds", "histogram", "Between consecutive generated tokens of a request.");
   itl_.render(out, "specula:inter_token_latency_seconds");
   header(out, "specula:e2e_request_latency_seconds", "histogram", "From arrival to the end of a request.");
   e2e_.render(out, "specula:e2e_request_latency_seconds");
-  header(out, "specula:spec_decode_num_drafts_total", "counter", "Speculative rounds (drafts verified).");
-  out += fmt::format("specula:spec_decode_num_drafts_total {}\n", spec_drafts_);
-  header(out, "specula:spec_decode_num_draft_tokens_total", "counter", "Tokens proposed by the drafter.");
-  out += fmt::format("specula:spec_decode_num_draft_tokens_total {}\n", spec_draft_tokens_);
-  header(out, "specula:spec_decode_num_accepted_tokens_total", "counter", "Drafted tokens the target accepted.");
-  out += fmt::format("specula:spec_decode_num_accepted_tokens_total {}\n", spec_accepted_);
+  single(out, "specula:spec_decode_num_drafts_total", "counter", "Speculative rounds (drafts verified).", spec_drafts_);
+  single(out, "specula:spec_decode_num_draft_tokens_total", "counter", "Tokens proposed by the drafter.", spec_draft_tokens_);
+  single(out, "specula:spec_decode_num_accepted_tokens_total", "counter", "Drafted tokens the target accepted.",
+         spec_accepted_);
   header(out, "specula:spec_decode_num_accepted_tokens_per_pos_total", "counter",
          "Rounds whose draft at this position (0 = first) was accepted.");
   for (size_t i = 0; i < spec_accepted_by_position_.size(); ++i)
