@@ -132,12 +132,12 @@ void Scheduler::admit() {
   while (true) {
     std::shared_ptr<Job> job;
     Slot* best = nullptr;
+    size_t best_common = 0;
     {
       std::lock_guard lock(mu_);
       if (waiting_.empty()) return;
       job = waiting_.front();
       // The free slot whose context already holds the longest prefix of this prompt (prefix reuse).
-      size_t best_common = 0;
       for (auto& s : slots_) {
         if (s.job) continue;
         const size_t common = s.session->reusable_prefix(job->prompt);
@@ -155,15 +155,14 @@ void Scheduler::admit() {
       complete(*best, std::nullopt, {});
       continue;
     }
-    start(*best, std::move(job));
+    start(*best, std::move(job), best_common);
   }
 }
 
-void Scheduler::start(Slot& slot, std::shared_ptr<Job> job) {
+void Scheduler::start(Slot& slot, std::shared_ptr<Job> job, size_t cached) {
   slot.job = job;
   slot.first = true;
   Job* j = job.get();
-  const auto cached = static_cast<int64_t>(slot.session->reusable_prefix(job->prompt));
   try {
     slot.session->begin(job->prompt, job->sampling, [this, &slot, j](const api::Chunk& c) {
       if (c.token >= 0) {
@@ -180,7 +179,7 @@ void Scheduler::start(Slot& slot, std::shared_ptr<Job> job) {
       }
       j->cv.notify_all();
     });
-    metrics_.prompt_tokens(static_cast<int64_t>(job->prompt.size()), cached);
+    metrics_.prompt_tokens(static_cast<int64_t>(job->prompt.size()), static_cast<int64_t>(cached));
   } catch (const std::exception& e) {
     complete(slot, std::nullopt, e.what());
     return;
@@ -222,8 +221,7 @@ void Scheduler::update_usage() {
 }
 
 void Scheduler::complete(Slot& slot, std::optional<api::Result> result, const std::string& error) {
-  std::shared_ptr<Job> job = std::move(slot.job);
-  slot.job.reset();
+  std::shared_ptr<Job> job = std::move(slot.job);  // leaves the slot free
   if (slot.session->active()) {  // cancelled before its first step, or failed: end it quietly
     try {
       slot.session->cancel();

@@ -76,7 +76,8 @@ class Scheduler {
   void loop();
   void admit();          // waiting requests into free slots
   void step_running();   // one step of every running request
-  void start(Slot& slot, std::shared_ptr<Job> job);
+  // `cached`: the prompt tokens the slot's context already holds (what admit() chose it for).
+  void start(Slot& slot, std::shared_ptr<Job> job, size_t cached);
   void complete(Slot& slot, std::optional<api::Result> result, const std::string& error);
   void update_usage();  // kv_cache_usage_perc from the slots' contexts
 
