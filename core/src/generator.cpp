@@ -172,38 +172,38 @@ struct Generation::State {
 
   GenerationStats& stats() { return result.stats; }
 
-  int32_t sample_row(std::span<const float> row) {
+  // One uniform per plain step, greedy or not, on the host as in the device graph.
+  int32_t sample_row(std::span<const float> row) { return sample_row(row, sampler->next_uniform()); }
+  int32_t sample_row(std::span<const float> row, float u) {
     if (static_cast<int64_t>(row.size()) != vocab) {
       fail("model returned {} logits per position, expected vocab_size {}", row.size(), vocab);
     }
     SamplingState state{history, static_cast<int32_t>(result.tokens.size()), info.end_tokens};
-    float u = sampler->next_uniform();  // one uniform per plain step, greedy or not, on the host as in
-                                        // the device graph
     int32_t t = sampler->sample(row, state, u);
     if (t < 0 || t >= vocab) fail("sampler returned token {} outside the vocabulary [0, {})", t, vocab);
     return t;
   }
   // Plain steps (prefill's last chunk, undrafted decode steps): forward and sampling in one graph unless
-  // sampler.device is off; speculative verification samples its n + 1 rows on the host.
+  // sampler.device is off or the model cannot; then (and for speculative verification, n + 1 rows) the
+  // host samples, here and only here.
   int32_t forward_sample(std::span<const int32_t> tokens) {
     if (device == SamplingDevice::Off) {
-      std::vector<float> row = ctx.forward(tokens, 1);
       ++stats().host_sampled_tokens;
-      return sample_row(row);
+      return sample_row(ctx.forward(tokens, 1));
     }
     SamplingState state{history, static_cast<int32_t>(result.tokens.size()), info.end_tokens};
     const float u = sampler->next_uniform();
-    const SampledToken s = ctx.forward_sample(tokens, *sampler, state, u, device == SamplingDevice::On);
-    if (s.token < 0 || s.token >= vocab)
-      fail("{} sampling returned token {} outside the vocabulary [0, {})", s.on_device ? "device" : "host", s.token,
-           vocab);
+    const SampledToken s = ctx.forward_sample(tokens, *sampler, state, u);
     if (s.on_device) {
+      if (s.token < 0 || s.token >= vocab)
+        fail("device sampling returned token {} outside the vocabulary [0, {})", s.token, vocab);
       ++stats().device_sampled_tokens;
-    } else {
-      ++stats().host_sampled_tokens;
-      if (stats().host_sampling_reason.empty()) stats().host_sampling_reason = s.host_reason;
+      return s.token;
     }
-    return s.token;
+    if (device == SamplingDevice::On) fail("device sampling required but unavailable: {}", s.host_reason);
+    ++stats().host_sampled_tokens;
+    if (stats().host_sampling_reason.empty()) stats().host_sampling_reason = s.host_reason;
+    return sample_row(ctx.forward(tokens, 1), u);
   }
   // Hands visible text to the result and the callback; false when it completed a stop string (the text
   // is cut before it). `last_piece`: nothing follows, so nothing is held back.

@@ -518,7 +518,7 @@ std::shared_ptr<ModelLoader> target_loader(const Pipeline& p, const PluginHost& 
   auto loader = host.make_model_loader(t.plugin, t.options, t.options_at);
   if (!loader->accepts(file)) {
     fail("model plugin '{}' ({}) does not accept {} (its architecture: '{}')", t.plugin, loader->architecture(),
-         t.model.string(), declared_architecture(file));
+         t.model.string(), file.architecture());
   }
   return loader;
 }
@@ -550,7 +550,7 @@ std::shared_ptr<DrafterLoader> drafter_loader(const Pipeline& p, const PluginHos
   auto loader = host.make_drafter_loader(d.plugin, d.options, d.options_at);
   if (!loader->accepts(file)) {
     fail("drafter plugin '{}' ({}) does not accept {} (its architecture: '{}')", d.plugin, loader->architecture(),
-         d.model.string(), declared_architecture(file));
+         d.model.string(), file.architecture());
   }
   return loader;
 }

@@ -454,17 +454,6 @@ std::shared_ptr<const ModelFile> PluginHost::open_model(const fs::path& given, s
   fail("no format plugin can open {} ({})", path.string(), join(reasons, "; "));
 }
 
-std::string declared_architecture(const ModelFile& file) {
-  const auto& m = file.metadata();
-  if (!m.is_object()) return {};
-  if (auto it = m.find("general.architecture"); it != m.end() && it->is_string()) return it->get<std::string>();
-  if (auto c = m.find("config"); c != m.end() && c->is_object()) {
-    if (auto t = c->find("model_type"); t != c->end() && t->is_string()) return t->get<std::string>();
-  }
-  if (auto it = m.find("architecture"); it != m.end() && it->is_string()) return it->get<std::string>();
-  return {};
-}
-
 std::shared_ptr<ModelLoader> PluginHost::find_model_loader(const ModelFile& file, const nlohmann::json& options,
                                                            const OptionLocations& where) const {
   std::vector<std::string> tried;
@@ -474,7 +463,7 @@ std::shared_ptr<ModelLoader> PluginHost::find_model_loader(const ModelFile& file
     tried.push_back(fmt::format("{} ({})", e.info.name, loader->architecture()));
     if (loader->accepts(file)) return make_model_loader(e.info.name, options, where);
   }
-  std::string arch = declared_architecture(file);
+  std::string arch = file.architecture();
   fail("no model plugin accepts {} (its architecture: '{}'; model plugins tried: {})", file.path().string(),
        arch.empty() ? "not declared" : arch, tried.empty() ? std::string("none was found") : join(tried, ", "));
 }
@@ -488,7 +477,7 @@ std::shared_ptr<Converter> PluginHost::find_converter(const ModelFile& file) con
     tried.push_back(fmt::format("{} ({})", e.info.name, converter->architecture()));
     if (converter->accepts(file)) return converter;
   }
-  std::string declared = declared_architecture(file);
+  std::string declared = file.architecture();
   const auto& md = file.metadata();
   if (auto c = md.find("config"); c != md.end() && c->is_object() && c->contains("architectures"))
     declared = fmt::format("architectures {}, model_type '{}'", (*c)["architectures"].dump(), declared);
@@ -507,7 +496,7 @@ std::shared_ptr<DrafterLoader> PluginHost::find_drafter_loader(const ModelFile& 
     tried.push_back(fmt::format("{} ({})", e.info.name, loader->architecture()));
     if (loader->accepts(file)) return make_drafter_loader(e.info.name, options, where);
   }
-  std::string arch = declared_architecture(file);
+  std::string arch = file.architecture();
   fail("no drafter plugin accepts {} (its architecture: '{}'; drafter plugins tried: {})", file.path().string(),
        arch.empty() ? "not declared" : arch, tried.empty() ? std::string("none was found") : join(tried, ", "));
 }

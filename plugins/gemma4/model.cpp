@@ -317,18 +317,13 @@ float embedding_scale(int64_t n, DType type, const std::string& mode) {
 }
 
 bool is_gemma4(const ModelFile& file) {
-  const nlohmann::json& md = file.metadata();
-  if (file.format() == "gguf") {
-    auto it = md.find("general.architecture");
-    return it != md.end() && it->is_string() && *it == "gemma4";
-  }
-  auto cfg = md.find("config");
-  if (cfg == md.end() || !cfg->is_object()) return false;
-  auto type_of = [](const nlohmann::json& j) {
-    auto t = j.is_object() ? j.find("model_type") : j.end();
-    return t != j.end() && t->is_string() ? t->get<std::string>() : std::string();
-  };
-  const std::string t = type_of(*cfg), tt = type_of(cfg->value("text_config", nlohmann::json()));
+  const std::string t = file.architecture();
+  if (file.format() == "gguf") return t == "gemma4";
+  // A multimodal config names the text model in text_config.
+  const nlohmann::json cfg = file.metadata().value("config", nlohmann::json());
+  const nlohmann::json text = cfg.is_object() ? cfg.value("text_config", nlohmann::json()) : nlohmann::json();
+  const auto type = text.is_object() ? text.find("model_type") : text.end();
+  const std::string tt = type != text.end() && type->is_string() ? type->get<std::string>() : std::string();
   return t == "gemma4" || t == "gemma4_text" || t == "gemma4_unified" || t == "gemma4_unified_text" ||
          tt == "gemma4_text" || tt == "gemma4_unified_text";
 }

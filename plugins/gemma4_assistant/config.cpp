@@ -206,15 +206,7 @@ Config from_hf(const ModelFile& file) {
 }  // namespace
 
 bool is_assistant(const ModelFile& file) {
-  const json& md = file.metadata();
-  if (file.format() == "gguf") {
-    auto it = md.find("general.architecture");
-    return it != md.end() && it->is_string() && *it == kArch;
-  }
-  auto cfg = md.find("config");
-  if (cfg == md.end() || !cfg->is_object()) return false;
-  auto type = cfg->find("model_type");
-  return type != cfg->end() && *type == "gemma4_assistant";  // false for a model_type that is no string
+  return file.architecture() == (file.format() == "gguf" ? kArch : "gemma4_assistant");
 }
 
 Config read_config(const ModelFile& file) {

@@ -137,6 +137,7 @@ std::vector<int32_t> read_ordering(const ModelFile& file, const TensorInfo& t, i
 // drafter's own persistent h (the previous step's post_projection).
 struct Built {
   Graph graph;
+  std::unique_ptr<CompiledGraph> plan;  // after `graph`: destroyed before it
   Value x, qpos, zero;
   Value token;   // I32 [1, 1]: argmax over the head's logits (dense: a vocab id; centroid: a candidate index)
   Value top;     // centroid: I32 [1, Kc] selected clusters
@@ -374,7 +375,7 @@ class Drafter final : public AssistantDrafter {
     StepLogits out;
     const int64_t S = centroid_ ? c.vocab / c.centroids : 0, K = c.centroid_top_k;
     out.logits.resize(static_cast<size_t>(centroid_ ? K * S : c.vocab));
-    backend_->read(b.graph, b.logits, std::as_writable_bytes(std::span(out.logits)));
+    b.plan->read(b.logits, std::as_writable_bytes(std::span(out.logits)));
     if (centroid_)
       for (int32_t cl : read_top(b))
         for (int64_t j = 0; j < S; ++j) out.ids.push_back(ordering_[static_cast<size_t>(cl * S + j)]);
@@ -382,7 +383,7 @@ class Drafter final : public AssistantDrafter {
   }
   std::vector<int32_t> read_top(const Built& b) const {
     std::vector<int32_t> top(static_cast<size_t>(cfg_.centroid_top_k));
-    backend_->read(b.graph, b.top, std::as_writable_bytes(std::span(top)));
+    b.plan->read(b.top, std::as_writable_bytes(std::span(top)));
     return top;
   }
 
@@ -407,6 +408,7 @@ class Drafter final : public AssistantDrafter {
       if (!graphs_[first]) {
         graphs_[first] = std::make_unique<Built>();
         build(*graphs_[first], t, first == 1);
+        graphs_[first]->plan = backend_->compile(graphs_[first]->graph);
       }
     const int64_t vocab_t = t.embed.table->shape()[0];
     const int32_t qpos = static_cast<int32_t>(std::max<int64_t>(0, target.position() - opt_.query_offset));
@@ -420,9 +422,9 @@ class Drafter final : public AssistantDrafter {
       RunInputs in;
       in.inputs = {{b.x, std::as_bytes(std::span(&x, 1))}, {b.qpos, std::as_bytes(std::span(&qpos, 1))},
                    {b.zero, std::as_bytes(std::span(&zero, 1))}};
-      backend_->run(b.graph, in);
+      b.plan->run(in);
       int32_t am = 0;
-      backend_->read(b.graph, b.token, std::as_writable_bytes(std::span(&am, 1)));
+      b.plan->read(b.token, std::as_writable_bytes(std::span(&am, 1)));
       int32_t token = am;
       if (centroid_) {
         const int32_t cluster = read_top(b)[static_cast<size_t>(am / S)];

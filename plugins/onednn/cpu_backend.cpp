@@ -10,6 +10,7 @@
 #include <limits>
 #include <span>
 #include <thread>
+#include <unordered_map>
 
 #include "convert.hpp"
 #include "kernels.hpp"
@@ -104,6 +105,8 @@ void check_mlx(const TensorInfo& info, int64_t rows, int64_t cols) {
          q.scales.size(), q.biases.size(), want);
 }
 
+class CpuPlan;
+
 class CpuBackend final : public ComputeBackend {
  public:
   CpuBackend(int threads, const KernelSet& kernels, bool profile)
@@ -197,8 +200,7 @@ class CpuBackend final : public ComputeBackend {
     return t;
   }
 
-  void run(const Graph& graph, const RunInputs& inputs) override;
-  void read(const Graph& graph, Value output, std::span<std::byte> dst) override;
+  std::unique_ptr<CompiledGraph> compile(const Graph& graph) override;
   void read(const BackendTensor& tensor, std::span<std::byte> dst) override;
   void write(BackendTensor& tensor, std::span<const std::byte> src) override;
 
@@ -210,6 +212,8 @@ class CpuBackend final : public ComputeBackend {
     CpuTensor* tensor = nullptr;  // the persistent tensor this value is (Constant, WriteRows, reshapes of them)
   };
 
+  friend class CpuPlan;
+  void run(CpuPlan& plan, const RunInputs& inputs);
   const float* floats(const Graph& g, int32_t id);
   Matrix matrix(const Graph& g, int32_t id, int64_t rows, int64_t cols);
   std::byte* output(const Node& n, int32_t id);
@@ -221,9 +225,79 @@ class CpuBackend final : public ComputeBackend {
   BufferPool buffers_;
   std::vector<Slot> slots_;
   std::vector<std::vector<float>> scratch_;  // conversions for the node being executed
-  const Graph* last_graph_ = nullptr;
-  size_t last_size_ = 0;
+  CpuPlan* running_ = nullptr;               // the plan run() is executing: its outputs go to its buffers
 };
+
+// A graph with its buffer liveness worked out once, and the outputs of its last run: each a host copy
+// as F32/I32, so that running other graphs (the backend's buffers are shared) leaves them readable.
+class CpuPlan final : public CompiledGraph {
+ public:
+  CpuPlan(CpuBackend& backend, const Graph& graph);
+  void run(const RunInputs& inputs) override { backend_.run(*this, inputs); }
+  void read(Value output, std::span<std::byte> dst) const override;
+
+ private:
+  friend class CpuBackend;
+  CpuBackend& backend_;
+  const Graph& graph_;
+  size_t nodes_;                                // the graph's size when compiled: it must not change
+  std::vector<int32_t> root_, last_use_;        // per node: the value it reshapes; the last node reading it
+  // The buffers of the values the outputs are (reshapes of): written by the run in place, kept after it.
+  struct Owned {
+    AlignedBytes data;
+    size_t capacity = 0;
+  };
+  std::unordered_map<int32_t, Owned> owned_;
+  // Where each output's data lies after a run: an owned buffer, or a persistent tensor's current contents.
+  struct Out {
+    const std::byte* data = nullptr;
+    const CpuTensor* tensor = nullptr;
+  };
+  std::unordered_map<int32_t, Out> outputs_;
+  bool ran_ = false;
+};
+
+CpuPlan::CpuPlan(CpuBackend& backend, const Graph& graph)
+    : backend_(backend), graph_(graph), nodes_(graph.nodes().size()), root_(nodes_), last_use_(nodes_) {
+  // Liveness: a buffer is released after the last node that reads it (through reshapes).
+  const auto& nodes = graph.nodes();
+  const int32_t count = static_cast<int32_t>(nodes_);
+  for (int32_t i = 0; i < count; ++i) {
+    const Node& n = nodes[static_cast<size_t>(i)];
+    root_[static_cast<size_t>(i)] = n.op == Op::Reshape ? root_[static_cast<size_t>(n.src[0])] : i;
+    last_use_[static_cast<size_t>(i)] = i;
+    for (int32_t s : n.src)
+      if (s >= 0) last_use_[static_cast<size_t>(root_[static_cast<size_t>(s)])] = i;
+  }
+  for (int32_t o : graph.outputs()) last_use_[static_cast<size_t>(root_[static_cast<size_t>(o)])] = count;
+}
+
+void CpuPlan::read(Value output, std::span<std::byte> dst) const {
+  const Node& n = graph_.node(output);
+  if (!ran_) fail("CPU backend: read: '{}' before the graph has run", n.name);
+  const auto it = outputs_.find(output.id);
+  if (it == outputs_.end())
+    fail("CPU backend: read: '{}' was not marked as an output of the graph (Graph::mark_output)", n.name);
+  const size_t want = static_cast<size_t>(elements(n.shape)) * 4;
+  if (dst.size() != want)
+    fail("CPU backend: read: '{}' {} {} needs {} bytes ({} as {}) but the destination has {}", n.name,
+         dtype_name(n.type), shape_str(n.shape), want, elements(n.shape), n.type == DType::I32 ? "I32" : "F32", dst.size());
+  const Out& o = it->second;
+  if (n.type == DType::F32 || n.type == DType::I32) {
+    std::memcpy(dst.data(), o.data, want);
+    return;
+  }
+  const int64_t cols = n.shape.back(), rows = elements(n.shape) / cols;
+  const QuantParams* quant = o.tensor ? &o.tensor->quant : nullptr;
+  const size_t rb = *row_bytes(n.type, cols, quant);
+  for (int64_t r = 0; r < rows; ++r)
+    decode_row(n.type, o.data + static_cast<size_t>(r) * rb, cols, reinterpret_cast<float*>(dst.data()) + r * cols,
+               quant, r);
+}
+
+std::unique_ptr<CompiledGraph> CpuBackend::compile(const Graph& graph) {
+  return std::make_unique<CpuPlan>(*this, graph);
+}
 
 CpuTensor& cpu_tensor(const BackendTensor& t) {
   auto* c = dynamic_cast<const CpuTensor*>(&t);
@@ -264,16 +338,33 @@ Matrix CpuBackend::matrix(const Graph& g, int32_t id, int64_t rows, int64_t cols
 
 std::byte* CpuBackend::output(const Node& n, int32_t id) {
   Slot& s = slots_[static_cast<size_t>(id)];
-  s.buffer = buffers_.acquire(static_cast<size_t>(elements(n.shape)) * plain_size(n.type));
-  s.mut = buffers_.data(s.buffer);
+  const size_t bytes = static_cast<size_t>(elements(n.shape)) * plain_size(n.type);
+  if (running_ && running_->last_use_[static_cast<size_t>(id)] == static_cast<int32_t>(running_->nodes_)) {
+    // An output: into the plan's own buffer, which outlives this run.
+    CpuPlan::Owned& o = running_->owned_[id];
+    if (o.capacity < bytes) {
+      o.data = aligned_alloc_bytes(bytes);
+      o.capacity = bytes;
+    }
+    s.mut = o.data.get();
+  } else {
+    s.buffer = buffers_.acquire(bytes);
+    s.mut = buffers_.data(s.buffer);
+  }
   s.data = s.mut;
   return s.mut;
 }
 
-void CpuBackend::run(const Graph& graph, const RunInputs& inputs) {
+void CpuBackend::run(CpuPlan& plan, const RunInputs& inputs) {
+  const Graph& graph = plan.graph_;
   const auto& nodes = graph.nodes();
+  if (nodes.size() != plan.nodes_)
+    fail("CPU backend: a graph of {} nodes was compiled, it has {} now; compile it again after changing it",
+         plan.nodes_, nodes.size());
   const int32_t count = static_cast<int32_t>(nodes.size());
-  last_graph_ = nullptr;
+  plan.ran_ = false;
+  running_ = &plan;
+  const std::unique_ptr<CpuBackend, void (*)(CpuBackend*)> done(this, [](CpuBackend* b) { b->running_ = nullptr; });
   buffers_.release_all();
   slots_.assign(nodes.size(), Slot{});
 
@@ -291,18 +382,13 @@ void CpuBackend::run(const Graph& graph, const RunInputs& inputs) {
     if (!s.data) s.data = reinterpret_cast<const std::byte*>("");  // zero-size spans still count as given
   }
 
-  // Liveness: a buffer is released after the last node that reads it (through reshapes).
-  std::vector<int32_t> root(nodes.size()), last_use(nodes.size());
   for (int32_t i = 0; i < count; ++i) {
     const Node& n = nodes[static_cast<size_t>(i)];
     if (n.op == Op::Input && !slots_[static_cast<size_t>(i)].data)
       fail("CPU backend: input '{}' {} {} was not given to run()", n.name, dtype_name(n.type), shape_str(n.shape));
-    root[static_cast<size_t>(i)] = n.op == Op::Reshape ? root[static_cast<size_t>(n.src[0])] : i;
-    last_use[static_cast<size_t>(i)] = i;
-    for (int32_t s : n.src)
-      if (s >= 0) last_use[static_cast<size_t>(root[static_cast<size_t>(s)])] = i;
   }
-  for (int32_t o : graph.outputs()) last_use[static_cast<size_t>(root[static_cast<size_t>(o)])] = count;
+  const std::vector<int32_t>& root = plan.root_;
+  const std::vector<int32_t>& last_use = plan.last_use_;
 
   if (profile_) {
     int64_t rows = 0;  // of the first matrix product: 1 for a decode step
@@ -346,8 +432,25 @@ void CpuBackend::run(const Graph& graph, const RunInputs& inputs) {
       if (s >= 0) release(s);
     release(i);
   }
-  last_graph_ = &graph;
-  last_size_ = nodes.size();
+  // Where the outputs lie; an Input's bytes are the caller's, so they are copied.
+  for (int32_t o : graph.outputs()) {
+    const int32_t r = root[static_cast<size_t>(o)];
+    const Slot& s = slots_[static_cast<size_t>(r)];
+    if (nodes[static_cast<size_t>(r)].op == Op::Input) {
+      CpuPlan::Owned& own = plan.owned_[r];
+      const size_t bytes = static_cast<size_t>(elements(nodes[static_cast<size_t>(r)].shape)) *
+                           plain_size(nodes[static_cast<size_t>(r)].type);
+      if (own.capacity < bytes) {
+        own.data = aligned_alloc_bytes(bytes);
+        own.capacity = bytes;
+      }
+      std::memcpy(own.data.get(), s.data, bytes);
+      plan.outputs_[o] = {own.data.get(), nullptr};
+    } else {
+      plan.outputs_[o] = {s.data, s.tensor};
+    }
+  }
+  plan.ran_ = true;
 }
 
 void CpuBackend::execute(const Graph& g, int32_t id) {
@@ -527,30 +630,6 @@ void CpuBackend::execute(const Graph& g, int32_t id) {
     }
   }
   fail("CPU backend: node '{}' has unknown op {}", n.name, static_cast<uint32_t>(n.op));
-}
-
-void CpuBackend::read(const Graph& graph, Value output, std::span<std::byte> dst) {
-  if (last_graph_ != &graph || last_size_ != graph.nodes().size())
-    fail("CPU backend: read: this graph was not the last one run");
-  const Node& n = graph.node(output);
-  const auto& outs = graph.outputs();
-  const Slot& s = slots_[static_cast<size_t>(output.id)];
-  const bool persistent = s.tensor != nullptr || n.op == Op::Input;
-  if (!persistent && std::find(outs.begin(), outs.end(), output.id) == outs.end())
-    fail("CPU backend: read: '{}' was not marked as an output of the graph (Graph::mark_output)", n.name);
-  const size_t want = static_cast<size_t>(elements(n.shape)) * 4;
-  if (dst.size() != want)
-    fail("CPU backend: read: '{}' {} {} needs {} bytes ({} as {}) but the destination has {}", n.name,
-         dtype_name(n.type), shape_str(n.shape), want, elements(n.shape), n.type == DType::I32 ? "I32" : "F32", dst.size());
-  if (n.type == DType::F32 || n.type == DType::I32) {
-    std::memcpy(dst.data(), s.data, want);
-    return;
-  }
-  const int64_t cols = n.shape.back(), rows = elements(n.shape) / cols;
-  const size_t rb = *row_bytes(n.type, cols, s.tensor ? &s.tensor->quant : nullptr);
-  for (int64_t r = 0; r < rows; ++r)
-    decode_row(n.type, s.data + static_cast<size_t>(r) * rb, cols,
-               reinterpret_cast<float*>(dst.data()) + r * cols, s.tensor ? &s.tensor->quant : nullptr, r);
 }
 
 void CpuBackend::read(const BackendTensor& tensor, std::span<std::byte> dst) {

@@ -153,12 +153,19 @@ inline __m256i dot4_avx2(__m256i u, __m256i s) {
 }
 
 // The f16 values at p, p + s, p + 2s, p + 3s.
+// Assembled in a register: four 2-byte stores read back as one 8-byte load would stall store forwarding
+// (a third of a small matrix's time).
 inline __m128 f16x4(const std::byte* p, size_t s) {
-  uint16_t h[4];
-  for (int k = 0; k < 4; ++k) std::memcpy(&h[k], p + k * s, 2);
-  int64_t v;
-  std::memcpy(&v, h, 8);
-  return _mm_cvtph_ps(_mm_cvtsi64_si128(v));
+  auto h = [&](int k) {
+    uint16_t v;
+    std::memcpy(&v, p + k * s, 2);
+    return static_cast<int>(v);
+  };
+  __m128i v = _mm_cvtsi32_si128(h(0));
+  v = _mm_insert_epi16(v, h(1), 1);
+  v = _mm_insert_epi16(v, h(2), 2);
+  v = _mm_insert_epi16(v, h(3), 3);
+  return _mm_cvtph_ps(v);
 }
 
 // Blocks of 32 values, B bytes each, the f16 scale first (Q8_0, Q4_0, Q5_0, IQ4_NL). at(row, b) is what
@@ -391,8 +398,10 @@ inline __m256i dot_avx2(__m256i w, __m256i x) {
 
 // A tile of RW weight rows x RX activation rows. Chunks (b1 < nb) leave their accumulators in the
 // carry, the next chunk starts from them: the same operations in the same order as one pass.
+// Inlined into rows(): a short row (a small model's 256 columns) would otherwise pay the call and the
+// pointer setup per weight row.
 template <class Unpack, int RW, int RX>
-void tile_x32(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t cols, float* y, int64_t ldy,
+[[gnu::always_inline]] inline void tile_x32(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t cols, float* y, int64_t ldy,
               const Chunk& chunk) {
   constexpr bool kAffine = Unpack::kAffine;
   const X32Layout lay(cols, kAffine);
@@ -457,11 +466,12 @@ void tile_x32(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int
     for (int r = 0; r < RX; ++r)
       for (int h = 0; h < 2; ++h) {
         const __m256i xlo = loadu256(xq[r] + 128 * g + 32 * h), xhi = loadu256(xq[r] + 128 * g + 64 + 32 * h);
-        const __m256i in = loadu256(xi[r] + 16 * g + 8 * h);
+        // The storage offset's correction (Q8_0 has none here: AVX2 dots its signed values).
+        const __m256i in = Unpack::kOffset ? loadu256(xi[r] + 16 * g + 8 * h) : _mm256_setzero_si256();
         const __m256 dx = _mm256_loadu_ps(xd[r] + 16 * g + 8 * h);
         for (int i = 0; i < RW; ++i) {
-          const __m256i p = _mm256_add_epi32(
-              in, _mm256_add_epi32(dot_avx2<Unpack>(lo[i][h], xlo), dot_avx2<Unpack>(hi[i][h], xhi)));
+          __m256i p = _mm256_add_epi32(dot_avx2<Unpack>(lo[i][h], xlo), dot_avx2<Unpack>(hi[i][h], xhi));
+          if constexpr (Unpack::kOffset != 0) p = _mm256_add_epi32(in, p);
           acc[h][i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw[i][h], dx), acc[h][i][r]);
           if constexpr (kAffine)
             acc[h][i][r] = _mm256_fmadd_ps(bw[i][h], _mm256_loadu_ps(xm[r] + 16 * g + 8 * h), acc[h][i][r]);

@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <list>
 #include <map>
 #include <set>
 #include <unordered_map>
@@ -266,15 +265,9 @@ struct Dispatch {
   int32_t node = -1;
 };
 
-// A graph compiled for this device: built on the first run of a graph structure, replayed after.
+// A graph compiled for this device (ComputeBackend::compile), replayed by every run.
 struct Plan {
   std::shared_ptr<Device> dev;
-  // Tensors the descriptors point at. Weak: a plan must not keep a dead context's KV caches alive; a
-  // plan whose tensor died is dropped (its key could match a new tensor at the same address).
-  std::vector<std::weak_ptr<BackendTensor>> keep;
-  bool stale() const {
-    return std::any_of(keep.begin(), keep.end(), [](const auto& w) { return w.expired(); });
-  }
   std::vector<Loc> loc;                // per node
   std::vector<Dispatch> dispatches;
   struct InputCopy {
@@ -296,30 +289,30 @@ struct Plan {
   }
 };
 
-std::string graph_key(const Graph& g) {
-  std::string k;
-  auto put = [&](const void* p, size_t n) { k.append(static_cast<const char*>(p), n); };
-  for (const Node& n : g.nodes()) {
-    put(&n.op, sizeof n.op);
-    put(&n.type, sizeof n.type);
-    const uint32_t rank = static_cast<uint32_t>(n.shape.size());
-    put(&rank, 4);
-    put(n.shape.data(), n.shape.size() * 8);
-    put(n.src.data(), sizeof n.src);
-    put(n.i.data(), sizeof n.i);
-    put(n.f.data(), sizeof n.f);
-    const BackendTensor* t = n.tensor.get();
-    put(&t, sizeof t);
-  }
-  for (int32_t o : g.outputs()) put(&o, 4);
-  return k;
-}
+class VulkanBackend;
+
+// A graph with its Plan: buffers, descriptor sets and a recorded command buffer, and the host-visible
+// readback of its outputs, which runs of other graphs leave alone.
+class VkCompiled final : public CompiledGraph {
+ public:
+  VkCompiled(VulkanBackend& backend, const Graph& graph, std::unique_ptr<Plan> plan)
+      : backend_(backend), graph_(graph), nodes_(graph.nodes().size()), plan_(std::move(plan)) {}
+  void run(const RunInputs& inputs) override;
+  void read(Value output, std::span<std::byte> dst) const override;
+
+ private:
+  friend class VulkanBackend;
+  VulkanBackend& backend_;
+  const Graph& graph_;
+  size_t nodes_;  // the graph's size when compiled: it must not change
+  std::unique_ptr<Plan> plan_;
+  bool ran_ = false;
+};
 
 class VulkanBackend final : public ComputeBackend {
  public:
   VulkanBackend(std::shared_ptr<Device> dev) : dev_(std::move(dev)) { create_layouts(); }
   ~VulkanBackend() override {
-    plans_.clear();
     VkDevice d = dev_->dev;
     vkDeviceWaitIdle(d);
     for (auto& [name, p] : pipelines_) vkDestroyPipeline(d, p, nullptr);
@@ -424,12 +417,17 @@ class VulkanBackend final : public ComputeBackend {
     return t;
   }
 
-  void run(const Graph& graph, const RunInputs& inputs) override;
-  void read(const Graph& graph, Value output, std::span<std::byte> dst) override;
+  std::unique_ptr<CompiledGraph> compile(const Graph& graph) override {
+    log_debug("vulkan backend: a plan for a graph of {} nodes", graph.nodes().size());
+    return std::make_unique<VkCompiled>(*this, graph, build(graph));
+  }
   void read(const BackendTensor& tensor, std::span<std::byte> dst) override;
   void write(BackendTensor& tensor, std::span<const std::byte> src) override;
 
  private:
+  friend class VkCompiled;
+  void run(VkCompiled& c, const RunInputs& inputs);
+  void read(const VkCompiled& c, Value output, std::span<std::byte> dst);
   void create_layouts();
   VkPipeline pipeline(const std::string& shader);
   std::unique_ptr<Plan> build(const Graph& g);
@@ -442,13 +440,6 @@ class VulkanBackend final : public ComputeBackend {
   VkPipelineLayout playout_ = VK_NULL_HANDLE;
   std::unordered_map<std::string, VkPipeline> pipelines_;
   std::unique_ptr<Buffer> dummy_;
-  // Plans by graph structure, most recently used first; a few shapes (prefill chunks, decode, verify)
-  // are in use at a time.
-  std::list<std::pair<std::string, std::unique_ptr<Plan>>> plans_;
-  static constexpr size_t kMaxPlans = 16;
-  Plan* last_plan_ = nullptr;
-  const Graph* last_graph_ = nullptr;
-  size_t last_size_ = 0;
 };
 
 void VulkanBackend::create_layouts() {
@@ -678,7 +669,6 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
         break;
       case Op::Constant: {
         VkTensor& t = vk_tensor(*n.tensor);
-        p.keep.push_back(n.tensor);
         out = {&t, 0, t.buf->size};
         break;
       }
@@ -891,7 +881,6 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
           fail("Vulkan backend: WriteRows '{}': '{}' is a read-only weight; write into a tensor from allocate()", n.name, t.name());
         const Support ok = supports(Op::WriteRows, t.type());
         if (!ok.ok) fail("Vulkan backend: WriteRows '{}' into '{}': {}", n.name, t.name(), ok.reason);
-        p.keep.push_back(n.tensor);
         const int64_t R = t.shape()[0], C = elements(t.shape()) / R, N = src_node(n, 2).shape[0];
         const bool wide = t.type() == DType::F32 || t.type() == DType::I32;
         if (!wide && C % 2 != 0)
@@ -1053,10 +1042,16 @@ void VulkanBackend::record(Plan& p, const std::vector<Node>& graph_nodes) {
   check(vkEndCommandBuffer(cb), "vkEndCommandBuffer");
 }
 
-void VulkanBackend::run(const Graph& graph, const RunInputs& inputs) {
+void VkCompiled::run(const RunInputs& inputs) { backend_.run(*this, inputs); }
+void VkCompiled::read(Value output, std::span<std::byte> dst) const { backend_.read(*this, output, dst); }
+
+void VulkanBackend::run(VkCompiled& c, const RunInputs& inputs) {
+  const Graph& graph = c.graph_;
   const auto& nodes = graph.nodes();
-  last_plan_ = nullptr;
-  last_graph_ = nullptr;
+  if (nodes.size() != c.nodes_)
+    fail("Vulkan backend: a graph of {} nodes was compiled, it has {} now; compile it again after changing it",
+         c.nodes_, nodes.size());
+  c.ran_ = false;
   // Inputs: each Input node given exactly once, with the right size (checked before any device work).
   std::vector<const std::span<const std::byte>*> given(nodes.size(), nullptr);
   for (const auto& in : inputs.inputs) {
@@ -1074,17 +1069,7 @@ void VulkanBackend::run(const Graph& graph, const RunInputs& inputs) {
       fail("Vulkan backend: input '{}' {} {} was not given to run()", nodes[i].name, dtype_name(nodes[i].type),
            shape_str(nodes[i].shape));
 
-  const std::string key = graph_key(graph);
-  plans_.remove_if([](const auto& e) { return e.second->stale(); });
-  auto it = std::find_if(plans_.begin(), plans_.end(), [&](const auto& e) { return e.first == key; });
-  if (it == plans_.end()) {
-    log_debug("vulkan backend: new plan for a graph of {} nodes ({} cached)", nodes.size(), plans_.size());
-    plans_.emplace_front(key, build(graph));
-    if (plans_.size() > kMaxPlans) plans_.pop_back();
-  } else {
-    plans_.splice(plans_.begin(), plans_, it);
-  }
-  Plan& p = *plans_.front().second;
+  Plan& p = *c.plan_;
   for (const auto& in : p.inputs)
     if (in.bytes > 0) std::memcpy(static_cast<std::byte*>(p.staging->map) + in.staging_off, given[static_cast<size_t>(in.node)]->data(), in.bytes);
   dev_->submit_wait(p.cmd);
@@ -1094,16 +1079,13 @@ void VulkanBackend::run(const Graph& graph, const RunInputs& inputs) {
     fail("Vulkan backend: {} '{}': id {} at index {} is outside [0, {})", op_name(n.op), n.name,
          static_cast<int32_t>(err[2]), err[3], p.id_bound[std::min<size_t>(err[1], nodes.size() - 1)]);
   }
-  last_plan_ = &p;
-  last_graph_ = &graph;
-  last_size_ = nodes.size();
+  c.ran_ = true;
 }
 
-void VulkanBackend::read(const Graph& graph, Value output, std::span<std::byte> dst) {
-  if (!last_plan_ || last_graph_ != &graph || last_size_ != graph.nodes().size())
-    fail("Vulkan backend: read: this graph was not the last one run");
-  const Plan& p = *last_plan_;
-  const Node& n = graph.node(output);
+void VulkanBackend::read(const VkCompiled& c, Value output, std::span<std::byte> dst) {
+  const Plan& p = *c.plan_;
+  const Node& n = c.graph_.node(output);
+  if (!c.ran_) fail("Vulkan backend: read: '{}' before the graph has run", n.name);
   const int64_t count = elements(n.shape);
   const size_t want = static_cast<size_t>(count) * 4;
   if (dst.size() != want)

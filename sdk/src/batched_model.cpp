@@ -19,6 +19,7 @@ std::span<const std::byte> bytes_of(const std::vector<T>& v) {
 // sampler's device form.
 struct BatchedModel::Built {
   Graph graph;
+  std::unique_ptr<CompiledGraph> plan;  // after `graph`: destroyed before it
   std::unique_ptr<BatchGraph> batch;
   Value ids, logits;
   Value sampler_ids, uniform, token;
@@ -36,8 +37,8 @@ class BatchedModel::Context final : public ModelContext, public TargetView {
     return m_->forward(cache_, tokens, n_logits);
   }
   SampledToken forward_sample(std::span<const int32_t> tokens, const Sampler& sampler, const SamplingState& state,
-                              float uniform, bool require_device) override {
-    return m_->forward_sample(cache_, tokens, sampler, state, uniform, require_device);
+                              float uniform) override {
+    return m_->forward_sample(cache_, tokens, sampler, state, uniform);
   }
   int64_t position() const override { return cache_.position(); }
   int64_t capacity() const override { return cache_.capacity(); }
@@ -99,7 +100,9 @@ BatchedModel::Built& BatchedModel::graph_for(std::span<const Part> parts, const 
   b->batch = std::make_unique<BatchGraph>(b->graph, std::move(entries), attention_);
   b->ids = b->graph.input(DType::I32, {b->batch->rows()}, "tokens");
   b->logits = build_forward(*b->batch, b->ids, n_logits);
-  if (b->logits) b->graph.mark_output(b->graph.named(b->logits, "logits"));
+  if (b->logits) b->graph.named(b->logits, "logits");
+  // A sampling graph gives the host its token only; without its device form it is never run.
+  if (b->logits && !sampler) b->graph.mark_output(b->logits);
   if (sampler) {
     Graph& g = b->graph;
     const std::vector<int32_t> ids = sampler->device_ids(*state);
@@ -109,6 +112,7 @@ BatchedModel::Built& BatchedModel::graph_for(std::span<const Part> parts, const 
                                         *backend_, &b->why);
     if (b->token) g.mark_output(b->token);
   }
+  b->plan = backend_->compile(b->graph);
   slot = std::move(b);
   return *slot;
 }
@@ -143,7 +147,7 @@ void BatchedModel::execute(Built& b, std::span<const Part> parts,
   in.inputs.emplace_back(b.ids, bytes_of(ids));
   b.batch->set_inputs(in);
   in.inputs.insert(in.inputs.end(), extra.begin(), extra.end());
-  backend_->run(b.graph, in);
+  b.plan->run(in);
   b.batch->appended();
 }
 
@@ -153,7 +157,7 @@ std::vector<float> BatchedModel::run(std::span<const Part> parts) const {
   std::vector<float> logits;
   if (b.logits) {
     logits.resize(static_cast<size_t>(b.graph.shape(b.logits)[0] * vocab_));
-    backend_->read(b.graph, b.logits, std::as_writable_bytes(std::span<float>(logits)));
+    b.plan->read(b.logits, std::as_writable_bytes(std::span<float>(logits)));
   }
   return logits;
 }
@@ -173,17 +177,13 @@ std::vector<float> BatchedModel::forward(KvCache& cache, std::span<const int32_t
 }
 
 SampledToken BatchedModel::forward_sample(KvCache& cache, std::span<const int32_t> tokens, const Sampler& sampler,
-                                         const SamplingState& state, float uniform, bool require_device) const {
+                                         const SamplingState& state, float uniform) const {
   check_tokens(cache, tokens, 1);
   const int64_t n = static_cast<int64_t>(tokens.size());
   const int64_t last = (n - 1) / spec_.step_tokens * spec_.step_tokens;  // start of the last step
   const Part tail{&cache, tokens.subspan(last), 1};
   Built& b = graph_for({&tail, 1}, &sampler, &state);
-  if (!b.token) {
-    if (require_device) fail("{}: device sampling required but unavailable: {}", name_, b.why);
-    const std::vector<float> logits = forward(cache, tokens, 1);
-    return {sampler.sample(logits, state, uniform), false, b.why};
-  }
+  if (!b.token) return {-1, false, b.why};
   for (int64_t start = 0; start < last; start += spec_.step_tokens) {
     const Part part{&cache, tokens.subspan(start, spec_.step_tokens), 0};
     run({&part, 1});
@@ -194,7 +194,7 @@ SampledToken BatchedModel::forward_sample(KvCache& cache, std::span<const int32_
   if (b.sampler_ids) extra.emplace_back(b.sampler_ids, bytes_of(ids));
   execute(b, {&tail, 1}, std::move(extra));
   int32_t token = -1;
-  backend_->read(b.graph, b.token, std::as_writable_bytes(std::span<int32_t>(&token, 1)));
+  b.plan->read(b.token, std::as_writable_bytes(std::span<int32_t>(&token, 1)));
   return {token, true, {}};
 }
 

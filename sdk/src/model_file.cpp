@@ -8,4 +8,16 @@ int64_t TensorInfo::elements() const {
   return n;
 }
 
+std::string ModelFile::architecture() const {
+  const nlohmann::json& md = metadata();
+  if (!md.is_object()) return {};
+  auto text = [](const nlohmann::json& j, const char* key) {
+    const auto it = j.find(key);
+    return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  if (format() == "gguf") return text(md, "general.architecture");
+  const auto config = md.find("config");
+  return config != md.end() && config->is_object() ? text(*config, "model_type") : std::string();
+}
+
 }  // namespace specula

@@ -47,7 +47,7 @@ TEST_P(MatMulTypes, MatchesReference) {
     Value xv = g.input(DType::F32, {N, I}, "x");
     Value y = g.matmul(g.constant(fx.weight("w", type, {O, I}, w)), xv);
     g.mark_output(y);
-    fx.backend->run(g, {{{xv, test::bytes_of(x)}}});
+    fx.run(g, {{{xv, test::bytes_of(x)}}});
     expect_close(fx.read_f32(g, y), ref_matmul(w, x, O, I), 1e-5, 1e-5, "matmul " + std::string(dtype_name(type)));
   }
 }
@@ -84,7 +84,7 @@ TEST_P(QuantMatMul, EqualsDequantizeThenMatMul) {
       Value xv = g.input(DType::F32, {N, I}, "x");
       Value y = g.matmul(g.constant(wt), xv);
       g.mark_output(y);
-      fx.backend->run(g, {{{xv, test::bytes_of(xv_data)}}});
+      fx.run(g, {{{xv, test::bytes_of(xv_data)}}});
       // Exact activations: F32 rounding only. Random activations: kernels that quantize them to 8 bits
       // per 32 values (as llama.cpp does) add rounding noise of std sqrt(I) * rms(w) * (1/127)/sqrt(12)
       // ~= 0.0013 sqrt(I) for w, x uniform in [-1, 1]; the tolerance is 5 of those.
@@ -133,7 +133,7 @@ TEST(Ops, MlxAffineMatMulAndGetRows) {
   Value rows = g.get_rows(g.constant(wt), iv);
   g.mark_output(y);
   g.mark_output(rows);
-  fx.backend->run(g, {{{xv, test::bytes_of(x)}, {iv, test::bytes_of(ids)}}});
+  fx.run(g, {{{xv, test::bytes_of(x)}, {iv, test::bytes_of(ids)}}});
   expect_close(fx.read_f32(g, y), ref_matmul(deq, x, O, I), 1e-4, 1e-4, "MLX matmul");
   std::vector<double> want;
   for (int32_t id : ids)
@@ -159,7 +159,7 @@ TEST(Ops, MatMulBatchedLeadingAxes) {
   Value y = g.matmul(g.constant(fx.weight("w", DType::F32, {O, I}, w)), xv);
   EXPECT_EQ(g.shape(y), (Shape{2, 3, O}));
   g.mark_output(y);
-  fx.backend->run(g, {{{xv, test::bytes_of(x)}}});
+  fx.run(g, {{{xv, test::bytes_of(x)}}});
   expect_close(fx.read_f32(g, y), ref_matmul(w, x, O, I), 1e-5, 1e-5, "batched matmul");
 }
 
@@ -173,7 +173,7 @@ TEST(Ops, GetRowsAnyType) {
     Value iv = g.input(DType::I32, {4}, "ids");
     Value rows = g.get_rows(g.constant(fx.weight("table", type, {R, C}, table)), iv);
     g.mark_output(rows);
-    fx.backend->run(g, {{{iv, test::bytes_of(ids)}}});
+    fx.run(g, {{{iv, test::bytes_of(ids)}}});
     std::vector<double> want;
     for (int32_t id : ids)
       for (int64_t c = 0; c < C; ++c) want.push_back(table[id * C + c]);
@@ -181,7 +181,7 @@ TEST(Ops, GetRowsAnyType) {
 
     std::vector<int32_t> bad{3, 11, 0, 0};
     try {
-      fx.backend->run(g, {{{iv, test::bytes_of(bad)}}});
+      fx.run(g, {{{iv, test::bytes_of(bad)}}});
       ADD_FAILURE() << "an id past the table must fail";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("id 11"), std::string::npos) << e.what();
@@ -203,7 +203,7 @@ TEST(Ops, MatMulIdSharedAndPerSlotInputs) {
     Value iv = g.input(DType::I32, {N, K}, "ids");
     Value y = g.matmul_id(g.constant(wt), xv, iv);
     g.mark_output(y);
-    fx.backend->run(g, {{{xv, test::bytes_of(x)}, {iv, test::bytes_of(ids)}}});
+    fx.run(g, {{{xv, test::bytes_of(x)}, {iv, test::bytes_of(ids)}}});
     std::vector<double> want;
     for (int64_t n = 0; n < N; ++n)
       for (int64_t k = 0; k < K; ++k) {
@@ -233,7 +233,7 @@ TEST(Ops, AddMulBroadcast) {
       Value bv = g.input(DType::F32, bs, "b");
       Value y = op == Op::Add ? g.add(av, bv) : g.mul(av, bv);
       g.mark_output(y);
-      fx.backend->run(g, {{{av, test::bytes_of(a)}, {bv, test::bytes_of(b)}}});
+      fx.run(g, {{{av, test::bytes_of(a)}, {bv, test::bytes_of(b)}}});
       std::vector<double> want;
       for (int64_t i = 0; i < 2; ++i)
         for (int64_t j = 0; j < 3; ++j)
@@ -261,7 +261,7 @@ TEST(Ops, MulByBf16Weight) {
   Value av = g.input(DType::F32, {3, 4}, "a");
   Value y = g.mul(av, g.constant(fx.weight("layer_scalar", DType::BF16, {1}, s)));
   g.mark_output(y);
-  fx.backend->run(g, {{{av, test::bytes_of(a)}}});
+  fx.run(g, {{{av, test::bytes_of(a)}}});
   std::vector<double> want;
   for (float v : a) want.push_back(double(v) * s[0]);
   expect_close(fx.read_f32(g, y), want, 1e-7, 1e-6, "mul by bf16 scalar");
@@ -280,7 +280,7 @@ TEST(Ops, TanhOpsDenseRange) {
   Value cap = g.softcap(xv, 30.0f);
   g.mark_output(ge);
   g.mark_output(cap);
-  fx.backend->run(g, {{{xv, test::bytes_of(x)}}});
+  fx.run(g, {{{xv, test::bytes_of(x)}}});
   std::vector<double> w_ge, w_cap;
   for (float f : x) {
     const double v = f;
@@ -306,7 +306,7 @@ TEST(Ops, UnaryOps) {
   Value rn = g.rms_norm(xv, Value{}, 1e-6f);
   Value rw = g.rms_norm(xv, g.constant(normw), 1e-6f);
   for (Value v : {sc, ge, cap, sm, rn, rw}) g.mark_output(v);
-  fx.backend->run(g, {{{xv, test::bytes_of(x)}}});
+  fx.run(g, {{{xv, test::bytes_of(x)}}});
   std::vector<double> w_sc, w_ge, w_cap, w_sm, w_rn, w_rw;
   for (int64_t r = 0; r < R; ++r) {
     const float* xr = x.data() + r * C;
@@ -363,7 +363,7 @@ TEST(Ops, RopeStandardAndProportional) {
     Value pv = g.input(DType::I32, {T}, "pos");
     Value y = g.rope(xv, pv, c.pairs, c.theta, c.divisor, c.fscale);
     g.mark_output(y);
-    fx.backend->run(g, {{{xv, test::bytes_of(x)}, {pv, test::bytes_of(pos)}}});
+    fx.run(g, {{{xv, test::bytes_of(x)}, {pv, test::bytes_of(pos)}}});
     // F32 angles at position 4000 carry ~4000 * 2^-24 rad of error, as in the F32 reference
     // implementations; hence 1e-3 absolute.
     expect_close(fx.read_f32(g, y), ref_rope(x, pos, H, D, c.pairs, c.theta, c.divisor, c.fscale), 1e-3, 0,
@@ -425,7 +425,7 @@ void check_attention(const AttCase& c, DType kv_type, const std::string& what) {
   Value qp = g.input(DType::I32, {c.T}, "qpos");
   Value y = g.attention(qv, g.constant(kc), g.constant(vc), kp, qp, scale, c.window, c.causal);
   g.mark_output(y);
-  fx.backend->run(g, {{{qv, test::bytes_of(q)}, {kp, test::bytes_of(c.kpos)}, {qp, test::bytes_of(c.qpos)}}});
+  fx.run(g, {{{qv, test::bytes_of(q)}, {kp, test::bytes_of(c.kpos)}, {qp, test::bytes_of(c.qpos)}}});
   expect_close(fx.read_f32(g, y), ref_attention(c, q, k, v, scale), 2e-6, 1e-5, what);
 }
 
@@ -479,7 +479,7 @@ TEST(Ops, TopKAndArgmaxTies) {
   Value am = g.argmax(xv);
   g.mark_output(tk);
   g.mark_output(am);
-  fx.backend->run(g, {{{xv, test::bytes_of(x)}}});
+  fx.run(g, {{{xv, test::bytes_of(x)}}});
   EXPECT_EQ(fx.read_i32(g, tk), (std::vector<int32_t>{1, 3, 2, 0, 1, 2}));
   EXPECT_EQ(fx.read_i32(g, am), (std::vector<int32_t>{1, 0}));
 }
@@ -496,7 +496,7 @@ TEST(Ops, ReshapeSliceConcat) {
   Value s = g.slice(av, 1, 2);
   Value c = g.concat(s, bv);
   for (Value v : {r, s, c}) g.mark_output(v);
-  fx.backend->run(g, {{{av, test::bytes_of(a)}, {bv, test::bytes_of(b)}}});
+  fx.run(g, {{{av, test::bytes_of(a)}, {bv, test::bytes_of(b)}}});
   EXPECT_EQ(fx.read_f32(g, r), a);
   EXPECT_EQ(fx.read_f32(g, s), (std::vector<float>{1, 2, 5, 6, 9, 10}));
   EXPECT_EQ(fx.read_f32(g, c), (std::vector<float>{1, 2, 100, 101, 5, 6, 102, 103, 9, 10, 104, 105}));
@@ -514,7 +514,7 @@ TEST(Ops, CopyRoundsToNearestEven) {
   Value h = g.copy(xv, DType::F16);
   g.mark_output(b);
   g.mark_output(h);
-  fx.backend->run(g, {{{xv, test::bytes_of(x)}}});
+  fx.run(g, {{{xv, test::bytes_of(x)}}});
   auto gb = fx.read_f32(g, b), gh = fx.read_f32(g, h);
   EXPECT_EQ(gb[0], 1.0f);
   EXPECT_EQ(gb[1], 1.0f + 0x1p-6f);
@@ -553,7 +553,7 @@ TEST(Ops, WriteRowsThenAttentionInOneGraph) {
     Value P = g.write_rows(pc, pv, sv);
     Value y = g.attention(qv, K, V, P, pv, 1.0f, 3, true);
     g.mark_output(y);
-    fx.backend->run(g, {{{kv, test::bytes_of(k)}, {vv, test::bytes_of(v)}, {qv, test::bytes_of(q)},
+    fx.run(g, {{{kv, test::bytes_of(k)}, {vv, test::bytes_of(v)}, {qv, test::bytes_of(q)},
                          {sv, test::bytes_of(slot)}, {pv, test::bytes_of(pos)}}});
     all_k.insert(all_k.end(), k.begin(), k.end());
     all_v.insert(all_v.end(), v.begin(), v.end());
@@ -574,7 +574,7 @@ TEST(Ops, WriteRowsThenAttentionInOneGraph) {
   std::vector<float> zeros(H * D);
   std::vector<int32_t> slot{static_cast<int32_t>(S)};
   try {
-    fx.backend->run(g, {{{rows, test::bytes_of(zeros)}, {bad, test::bytes_of(slot)}}});
+    fx.run(g, {{{rows, test::bytes_of(zeros)}, {bad, test::bytes_of(slot)}}});
     ADD_FAILURE() << "writing past the cache must fail";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("row id 4"), std::string::npos) << e.what();
@@ -597,14 +597,18 @@ TEST(Backend, RunAndReadErrors) {
       EXPECT_NE(std::string(e.what()).find(part), std::string::npos) << e.what();
     }
   };
-  expect_msg([&] { fx.backend->run(g, {}); }, "input 'x'");
-  expect_msg([&] { fx.backend->run(g, {{{x, test::bytes_of(five)}}}); }, "needs 24 bytes but was given 20");
-  fx.backend->run(g, {{{x, test::bytes_of(six)}}});
+  expect_msg([&] { fx.run(g, {}); }, "input 'x'");
+  expect_msg([&] { fx.run(g, {{{x, test::bytes_of(five)}}}); }, "needs 24 bytes but was given 20");
+  fx.run(g, {{{x, test::bytes_of(six)}}});
   EXPECT_EQ(fx.read_f32(g, z), std::vector<float>(6, 4.0f));
   expect_msg([&] { fx.read_f32(g, y); }, "not marked as an output");
   Graph other;
   other.mark_output(other.input(DType::F32, {1}, "o"));
-  expect_msg([&] { fx.read_f32(other, Value{0}); }, "not the last one run");
+  fx.plan = fx.backend->compile(other);
+  expect_msg([&] { fx.read_f32(other, Value{0}); }, "before the graph has run");
+  other.scale(Value{0}, 2.0f);
+  expect_msg([&] { fx.plan->run({{{Value{0}, test::bytes_of(std::vector<float>{1})}}}); },
+             "compile it again after changing it");
   auto w = fx.weight("w", DType::F32, {2}, std::vector<float>{1, 2});
   expect_msg([&] { fx.backend->write(*w, test::bytes_of(six)); }, "read-only");
   std::vector<std::byte> short_data(7);
@@ -659,7 +663,7 @@ TEST(Backend, ThreadCountDoesNotChangeResults) {
     Value xv = g.input(DType::F32, {N, I}, "x");
     Value y = g.softmax(g.matmul(g.constant(fx.weight("w", DType::BF16, {O, I}, w)), xv));
     g.mark_output(y);
-    fx.backend->run(g, {{{xv, test::bytes_of(x)}}});
+    fx.run(g, {{{xv, test::bytes_of(x)}}});
     results.push_back(fx.read_f32(g, y));
   }
   EXPECT_EQ(results[0], results[1]);
@@ -700,6 +704,38 @@ TEST(ThreadPool, DynamicChunksCoverEveryIndexOnce) {
   });
   for (size_t i = 0; i < hits.size(); ++i) ASSERT_EQ(hits[i].load(), 1) << "index " << i;
   EXPECT_GE(shortest.load(), 7);
+}
+
+// Each compiled graph keeps the outputs of its own last run: runs of other graphs (which share the
+// backend's buffers) leave them alone, so contexts, drafter and sampler graphs interleave freely.
+TEST(CpuBackend, CompiledGraphsKeepTheirOwnOutputs) {
+  test::Fixture fx;
+  auto build = [](Graph& g, float factor) {
+    Value x = g.input(DType::F32, {4}, "x");
+    Value y = g.scale(g.gelu_tanh(x), factor);
+    g.mark_output(y);
+    g.mark_output(g.reshape(y, {2, 2}));
+    return x;
+  };
+  Graph a, b;
+  const Value xa = build(a, 2.0f), xb = build(b, -3.0f);
+  const auto pa = fx.backend->compile(a), pb = fx.backend->compile(b);
+  const std::vector<float> in{0.5f, -1.0f, 2.0f, 0.0f};
+  auto read = [](const CompiledGraph& p, Value v) {
+    std::vector<float> out(4);
+    p.read(v, std::as_writable_bytes(std::span<float>(out)));
+    return out;
+  };
+  pa->run({{{xa, test::bytes_of(in)}}});
+  const std::vector<float> first = read(*pa, Value{2});
+  for (int k = 0; k < 3; ++k) pb->run({{{xb, test::bytes_of(in)}}});
+  EXPECT_EQ(read(*pa, Value{2}), first);
+  EXPECT_EQ(read(*pa, Value{3}), first);  // a reshape of an output reads the same bytes
+  const std::vector<float> other = read(*pb, Value{2});
+  for (size_t i = 0; i < 4; ++i) EXPECT_FLOAT_EQ(other[i], -1.5f * first[i]) << i;
+  pa->run({{{xa, test::bytes_of(std::vector<float>(4, 0.0f))}}});
+  EXPECT_EQ(read(*pa, Value{2}), std::vector<float>(4, 0.0f));
+  EXPECT_EQ(read(*pb, Value{2}), other);
 }
 
 }  // namespace

@@ -67,6 +67,7 @@ std::span<const std::byte> bytes_of(const std::vector<T>& v) {
 struct Fixture {
   std::unique_ptr<ComputeBackend> backend;
   std::vector<std::shared_ptr<std::vector<std::byte>>> storage;
+  std::unique_ptr<CompiledGraph> plan;  // of the last run()
 
   explicit Fixture(int threads = 2) : backend(cpu::make_cpu_backend({{"threads", threads}})) {}
 
@@ -84,18 +85,23 @@ struct Fixture {
     return weight(name, type, std::move(shape), encode(values, type));
   }
 
+  // Compiles and runs `g`; read_f32 / read_i32 read that run's outputs.
+  void run(const Graph& g, const RunInputs& inputs) {
+    plan = backend->compile(g);
+    plan->run(inputs);
+  }
   std::vector<float> read_f32(const Graph& g, Value v) {
     int64_t n = 1;
     for (int64_t d : g.shape(v)) n *= d;
     std::vector<float> out(static_cast<size_t>(n));
-    backend->read(g, v, std::as_writable_bytes(std::span<float>(out)));
+    plan->read(v, std::as_writable_bytes(std::span<float>(out)));
     return out;
   }
   std::vector<int32_t> read_i32(const Graph& g, Value v) {
     int64_t n = 1;
     for (int64_t d : g.shape(v)) n *= d;
     std::vector<int32_t> out(static_cast<size_t>(n));
-    backend->read(g, v, std::as_writable_bytes(std::span<int32_t>(out)));
+    plan->read(v, std::as_writable_bytes(std::span<int32_t>(out)));
     return out;
   }
 };

@@ -90,8 +90,7 @@ class WithoutTopPDraw final : public specula::ComputeBackend {
   specula::BackendTensorPtr allocate(const std::string& n, specula::DType t, const specula::Shape& s) override {
     return inner_->allocate(n, t, s);
   }
-  void run(const specula::Graph& g, const specula::RunInputs& in) override { inner_->run(g, in); }
-  void read(const specula::Graph& g, specula::Value v, std::span<std::byte> d) override { inner_->read(g, v, d); }
+  std::unique_ptr<specula::CompiledGraph> compile(const specula::Graph& g) override { return inner_->compile(g); }
   void read(const specula::BackendTensor& t, std::span<std::byte> d) override { inner_->read(t, d); }
   void write(specula::BackendTensor& t, std::span<const std::byte> s) override { inner_->write(t, s); }
 

@@ -892,8 +892,7 @@ TEST(ValidateCli, KvCacheTypeIsCheckedAgainstTheBackend) {
     specula::BackendTensorPtr allocate(const std::string&, specula::DType, const specula::Shape&) override {
       throw std::runtime_error("allocated");
     }
-    void run(const specula::Graph&, const specula::RunInputs&) override {}
-    void read(const specula::Graph&, specula::Value, std::span<std::byte>) override {}
+    std::unique_ptr<specula::CompiledGraph> compile(const specula::Graph&) override { throw std::runtime_error("compiled"); }
     void read(const specula::BackendTensor&, std::span<std::byte>) override {}
     void write(specula::BackendTensor&, std::span<const std::byte>) override {}
   };

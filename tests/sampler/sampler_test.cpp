@@ -312,20 +312,22 @@ class Device {
       b.token = s.sample_in_graph(*b.g, b.logits, b.ids, b.uniform, state, *backend_);
       if (!b.token) throw Error("device form declined on the CPU backend");
       b.g->mark_output(b.token);
+      b.plan = backend_->compile(*b.g);
     }
     const auto ids = s.device_ids(state);
     RunInputs in{{{b.logits, std::as_bytes(std::span<const float>(logits))},
                   {b.uniform, std::as_bytes(std::span<const float>(&uniform, 1))}}};
     if (b.ids) in.inputs.emplace_back(b.ids, std::as_bytes(std::span<const int32_t>(ids)));
-    backend_->run(*b.g, in);
+    b.plan->run(in);
     int32_t token = -1;
-    backend_->read(*b.g, b.token, std::as_writable_bytes(std::span<int32_t>(&token, 1)));
+    b.plan->read(b.token, std::as_writable_bytes(std::span<int32_t>(&token, 1)));
     return token;
   }
 
  private:
   struct Built {
     std::unique_ptr<Graph> g;
+    std::unique_ptr<CompiledGraph> plan;  // after `g`: destroyed before it
     Value logits, ids, uniform, token;
   };
   std::unique_ptr<ComputeBackend> backend_;
@@ -469,8 +471,7 @@ class Lacking final : public ComputeBackend {
   }
   BackendTensorPtr load_weight(const TensorInfo& i) override { return inner_->load_weight(i); }
   BackendTensorPtr allocate(const std::string& n, DType t, const Shape& s) override { return inner_->allocate(n, t, s); }
-  void run(const Graph& g, const RunInputs& in) override { inner_->run(g, in); }
-  void read(const Graph& g, Value v, std::span<std::byte> d) override { inner_->read(g, v, d); }
+  std::unique_ptr<CompiledGraph> compile(const Graph& g) override { return inner_->compile(g); }
   void read(const BackendTensor& t, std::span<std::byte> d) override { inner_->read(t, d); }
   void write(BackendTensor& t, std::span<const std::byte> s) override { inner_->write(t, s); }
 

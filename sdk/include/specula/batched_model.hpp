@@ -63,7 +63,7 @@ class BatchedModel : public Model, public std::enable_shared_from_this<BatchedMo
 
   std::vector<float> forward(KvCache& cache, std::span<const int32_t> tokens, int64_t n_logits) const;
   SampledToken forward_sample(KvCache& cache, std::span<const int32_t> tokens, const Sampler& sampler,
-                              const SamplingState& state, float uniform, bool require_device) const;
+                              const SamplingState& state, float uniform) const;
   void check_tokens(const KvCache& cache, std::span<const int32_t> tokens, int64_t n_logits) const;
   // The graph of a batch shape, ending in `sampler`'s device form when one is given.
   Built& graph_for(std::span<const Part> parts, const Sampler* sampler, const SamplingState* state) const;

@@ -171,9 +171,22 @@ struct DeviceInfo {
   bool unified_memory = true;
 };
 
-// Data for one run: the values of the graph's Input nodes, and where outputs are copied to.
+// Data for one run: the values of the graph's Input nodes.
 struct RunInputs {
   std::vector<std::pair<Value, std::span<const std::byte>>> inputs;
+};
+
+// A graph prepared by one backend (ComputeBackend::compile): run it any number of times and read its
+// outputs after each run. Each compiled graph keeps its own outputs, so graphs of several contexts, the
+// drafter's and the sampler's run in any order with nothing shared between them but the persistent
+// tensors they name. The graph and the backend must outlive it, and the graph must not change.
+class CompiledGraph {
+ public:
+  virtual ~CompiledGraph() = default;
+  // Runs the whole graph; on return its outputs are readable.
+  virtual void run(const RunInputs& inputs) = 0;
+  // Copies an output of the last run (a value given to Graph::mark_output) to host memory as F32/I32.
+  virtual void read(Value output, std::span<std::byte> dst) const = 0;
 };
 
 // Plugin kind "backend".
@@ -191,10 +204,9 @@ class ComputeBackend {
   // A zero-initialised persistent tensor (KV cache, state).
   virtual BackendTensorPtr allocate(const std::string& name, DType type, const Shape& shape) = 0;
 
-  // Runs the whole graph; on return the outputs are readable.
-  virtual void run(const Graph& graph, const RunInputs& inputs) = 0;
-  // Copies an output of the last run of `graph` (or a persistent tensor) to host memory as F32/I32.
-  virtual void read(const Graph& graph, Value output, std::span<std::byte> dst) = 0;
+  // Prepares a finished graph to run (plans its buffers, kernels, command buffers).
+  virtual std::unique_ptr<CompiledGraph> compile(const Graph& graph) = 0;
+  // Copies a persistent tensor to host memory as F32/I32, or host data into it.
   virtual void read(const BackendTensor& tensor, std::span<std::byte> dst) = 0;
   virtual void write(BackendTensor& tensor, std::span<const std::byte> src) = 0;
 };

@@ -52,11 +52,11 @@ class TargetView {
   virtual TokenEmbedding token_embedding() const = 0;
 };
 
-// What ModelContext::forward_sample picked, and where.
+// What ModelContext::forward_sample picked (token >= 0, on_device), or why it could not.
 struct SampledToken {
   int32_t token = -1;
   bool on_device = false;    // sampled inside the model's graph: only the id left the backend
-  std::string host_reason;   // when sampled on the host: why not on the device
+  std::string host_reason;   // when it could not sample on the device: why (the engine samples on the host)
 };
 
 struct ContextOptions {
@@ -87,18 +87,15 @@ class ModelContext {
     fail("this model's contexts cannot share a prefix (no ModelContext::copy_prefix)");
   }
   virtual const TargetView& view() const = 0;
-  // One step that ends in a token: processes `tokens` like forward() and returns what `sampler` picks
-  // from the last position's logits with `state` and `uniform`. Models that can append the sampler's
-  // device form (Sampler::sample_in_graph) to their graph run forward and sampling as one graph; the
-  // default (and the fallback when the sampler or backend cannot) is forward() then sampler.sample().
-  // With `require_device`, a step that cannot sample in the graph throws, naming why, before any
-  // token is processed.
+  // One step that ends in a token, forward and sampling as one graph: processes `tokens` like forward()
+  // and returns what the sampler's device form (Sampler::sample_in_graph) picks from the last position's
+  // logits with `state` and `uniform`. A model or backend that cannot processes nothing and returns token
+  // -1 with the reason; the engine then runs forward() and samples on the host (one place for that:
+  // core/generator.cpp). The default: cannot.
   virtual SampledToken forward_sample(std::span<const int32_t> tokens, const Sampler& sampler,
-                                      const SamplingState& state, float uniform, bool require_device = false) {
-    const std::string why = "the model plugin samples on the host only (no ModelContext::forward_sample)";
-    if (require_device) fail("device sampling required: {}", why);
-    const std::vector<float> logits = forward(tokens, 1);
-    return {sampler.sample(logits, state, uniform), false, why};
+                                      const SamplingState& state, float uniform) {
+    (void)tokens, (void)sampler, (void)state, (void)uniform;
+    return {-1, false, "the model plugin samples on the host only (no ModelContext::forward_sample)"};
   }
 };
 

@@ -48,6 +48,10 @@ class ModelFile {
   virtual std::string format() const = 0;                 // "gguf", "safetensors", "mlx"
   virtual std::filesystem::path path() const = 0;         // what was opened
   virtual const nlohmann::json& metadata() const = 0;
+  // The architecture the checkpoint declares, for choosing a model plugin and for messages; "" when it
+  // declares none. The default reads the layouts above (GGUF general.architecture, config.json
+  // model_type); a format that stores it elsewhere overrides this.
+  virtual std::string architecture() const;
   virtual const std::vector<TensorInfo>& tensors() const = 0;
   // The tensor with this exact name, or nullptr.
   virtual const TensorInfo* find(const std::string& name) const = 0;

@@ -31,7 +31,9 @@
 //    the interface hash joins the fingerprint
 // 6: plugin kinds "lm_head" and "attention" (specula/lm_head.hpp, specula/attention.hpp); ModelParts in
 //    ModelLoader::load and DrafterLoader::load
-#define SPECULA_PLUGIN_ABI_VERSION 6u
+// 7: ComputeBackend::compile → CompiledGraph (run, read) replaces run(Graph) / read(Graph, ...);
+//    ModelContext::forward_sample declines instead of sampling on the host (no require_device)
+#define SPECULA_PLUGIN_ABI_VERSION 7u
 #define SPECULA_PLUGIN_ENTRY_SYMBOL "specula_plugin_entry"
 
 // Compiler, standard library, language standard and the SDK's interface hash: C++ objects cross the

@@ -32,6 +32,10 @@ class ToyFile final : public specula::ModelFile {
   std::string format() const override { return "toy"; }
   fs::path path() const override { return path_; }
   const nlohmann::json& metadata() const override { return meta_; }
+  std::string architecture() const override {
+    const auto it = meta_.find("architecture");
+    return it != meta_.end() && it->is_string() ? it->get<std::string>() : std::string();
+  }
   const std::vector<specula::TensorInfo>& tensors() const override { return tensors_; }
   const specula::TensorInfo* find(const std::string& name) const override {
     for (const auto& t : tensors_) {
@@ -140,8 +144,9 @@ class ToyBackend final : public specula::ComputeBackend {
   specula::BackendTensorPtr allocate(const std::string&, specula::DType, const specula::Shape&) override {
     specula::fail("toy backend: no memory");
   }
-  void run(const specula::Graph&, const specula::RunInputs&) override { specula::fail("toy backend: cannot run graphs"); }
-  void read(const specula::Graph&, specula::Value, std::span<std::byte>) override { specula::fail("toy backend"); }
+  std::unique_ptr<specula::CompiledGraph> compile(const specula::Graph&) override {
+    specula::fail("toy backend: cannot run graphs");
+  }
   void read(const specula::BackendTensor&, std::span<std::byte>) override { specula::fail("toy backend"); }
   void write(specula::BackendTensor&, std::span<const std::byte>) override { specula::fail("toy backend"); }
 };

@@ -108,7 +108,4 @@ class PluginHost {
   std::vector<Rejection> rejected_;
 };
 
-// The architecture name a checkpoint declares, for messages ("" when it declares none).
-std::string declared_architecture(const ModelFile& file);
-
 }  // namespace specula::core
