@@ -228,8 +228,9 @@ class CpuBackend final : public ComputeBackend {
   CpuPlan* running_ = nullptr;               // the plan run() is executing: its outputs go to its buffers
 };
 
-// A graph with its buffer liveness worked out once, and the outputs of its last run: each a host copy
-// as F32/I32, so that running other graphs (the backend's buffers are shared) leaves them readable.
+// A graph with its buffer liveness worked out once, and the outputs of its last run: the values they are
+// written in place into buffers the plan owns, so that running other graphs (intermediates share the
+// backend's buffers) leaves them readable; read() converts to F32/I32.
 class CpuPlan final : public CompiledGraph {
  public:
   CpuPlan(CpuBackend& backend, const Graph& graph);
