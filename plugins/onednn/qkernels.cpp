@@ -168,8 +168,32 @@ inline __m128 f16x4(const std::byte* p, size_t s) {
   return _mm_cvtph_ps(v);
 }
 
+#if SPECULA_WIDE
+// The f16 values at p, p + B, p + 2B, p + 3B, each spread over four lanes (lane L: value L / 4): one or
+// two loads and one word permute, where f16x4 and a float permute took four loads, three inserts and
+// two shuffles on the shuffle port of every few-row tile. Reads p .. p + 3B + 1 only (past the first
+// 64 bytes a masked load, which cannot fault on the bytes it leaves out).
+template <size_t B>
+inline __m512 f16x4_spread(const std::byte* p) {
+  static_assert(B % 2 == 0 && 3 * B + 2 <= 128, "the four values are 2-byte aligned within 128 bytes");
+  constexpr int w = static_cast<int>(B / 2);  // words between two values
+  const __m512i idx = _mm512_set_epi32(0, 0, 0, 0, 0, 0, 0, 0, 3 * w << 16 | 3 * w, 3 * w << 16 | 3 * w,
+                                       2 * w << 16 | 2 * w, 2 * w << 16 | 2 * w, w << 16 | w, w << 16 | w, 0, 0);
+  const __m512i lo = _mm512_loadu_si512(p);
+  __m512i words;
+  if constexpr (3 * B + 2 <= 64) {
+    words = _mm512_permutexvar_epi16(idx, lo);
+  } else {
+    constexpr int kHigh = static_cast<int>(3 * B + 2 - 64) / 2;  // words needed past the first 64 bytes
+    words = _mm512_permutex2var_epi16(lo, idx, _mm512_maskz_loadu_epi16((__mmask32{1} << kHigh) - 1, p + 64));
+  }
+  return _mm512_cvtph_ps(_mm512_castsi512_si256(words));
+}
+#endif
+
 // Blocks of 32 values, B bytes each, the f16 scale first (Q8_0, Q4_0, Q5_0, IQ4_NL). at(row, b) is what
-// codes() reads; scale(row, b) the block's scale, scales4 those of blocks b..b+3.
+// codes() reads; scale(row, b) the block's scale, scales4 those of blocks b..b+3 (AVX-512 tiles:
+// scales16, already spread over the group's lanes).
 template <size_t B>
 struct Blocks32 {
   static constexpr size_t kBytes = B;
@@ -177,6 +201,9 @@ struct Blocks32 {
   static const std::byte* at(const std::byte* row, int64_t b) { return row + B * b; }
   static float scale(const std::byte* row, int64_t b) { return f16(at(row, b)); }
   static __m128 scales4(const std::byte* row, int64_t b) { return f16x4(at(row, b), B); }
+#if SPECULA_WIDE
+  static __m512 scales16(const std::byte* row, int64_t b) { return f16x4_spread<B>(at(row, b)); }
+#endif
 };
 
 // Affine blocks (Q4_1, Q5_1): f16 scale d, f16 m, then the codes; w = d q + m with codes q >= 0, so m
@@ -186,6 +213,9 @@ struct AffineBlocks32 : Blocks32<B> {
   static constexpr bool kAffine = true;
   static float bias(const std::byte* row, int64_t b) { return f16(row + B * b + 2); }
   static __m128 biases4(const std::byte* row, int64_t b) { return f16x4(row + B * b + 2, B); }
+#if SPECULA_WIDE
+  static __m512 biases16(const std::byte* row, int64_t b) { return f16x4_spread<B>(row + B * b + 2); }
+#endif
 };
 
 // Each weight type says how its blocks unpack: codes(wb) gives a block's 32 codes in value order, kept
@@ -333,21 +363,12 @@ inline __m512 spread4(__m128 s) {
   return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), _mm512_castps128_ps512(s));
 }
 
+// A row's last group when it is partial (n < 4): out of line, so that the inlined full-group path stays
+// small. GCC left the whole of group_codes out of line in the one-row decode loop otherwise: a call, a
+// vzeroupper and the accumulator spilled on every group of every weight row.
 template <class Unpack>
-inline void group_codes(const std::byte* row, int64_t b, int n, __m512i& lo, __m512i& hi, __m512& dw, __m512& bw) {
-  if (n == 4) {
-    dw = spread4(Unpack::scales4(row, b));
-    if constexpr (Unpack::kAffine) bw = spread4(Unpack::biases4(row, b));
-    if constexpr (requires { Unpack::codes4(row, b, lo, hi); }) {
-      Unpack::codes4(row, b, lo, hi);
-    } else {
-      const __m512i a = join(Unpack::codes(Unpack::at(row, b)), Unpack::codes(Unpack::at(row, b + 1)));
-      const __m512i c = join(Unpack::codes(Unpack::at(row, b + 2)), Unpack::codes(Unpack::at(row, b + 3)));
-      lo = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(2, 0, 2, 0));
-      hi = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(3, 1, 3, 1));
-    }
-    return;
-  }
+[[gnu::noinline]] void partial_group_codes(const std::byte* row, int64_t b, int n, __m512i& lo, __m512i& hi, __m512& dw,
+                                           __m512& bw) {
   alignas(64) uint8_t c[2][64] = {};
   alignas(16) float s[4] = {}, m[4] = {};
   for (int j = 0; j < n; ++j) {
@@ -361,6 +382,30 @@ inline void group_codes(const std::byte* row, int64_t b, int n, __m512i& lo, __m
   hi = _mm512_load_si512(c[1]);
   dw = spread4(_mm_load_ps(s));
   bw = spread4(_mm_load_ps(m));
+}
+
+template <class Unpack>
+[[gnu::always_inline]] inline void group_codes(const std::byte* row, int64_t b, int n, __m512i& lo, __m512i& hi,
+                                               __m512& dw, __m512& bw) {
+  if (n == 4) [[likely]] {
+    if constexpr (requires { Unpack::scales16(row, b); }) {
+      dw = Unpack::scales16(row, b);
+      if constexpr (Unpack::kAffine) bw = Unpack::biases16(row, b);
+    } else {
+      dw = spread4(Unpack::scales4(row, b));
+      if constexpr (Unpack::kAffine) bw = spread4(Unpack::biases4(row, b));
+    }
+    if constexpr (requires { Unpack::codes4(row, b, lo, hi); }) {
+      Unpack::codes4(row, b, lo, hi);
+    } else {
+      const __m512i a = join(Unpack::codes(Unpack::at(row, b)), Unpack::codes(Unpack::at(row, b + 1)));
+      const __m512i c = join(Unpack::codes(Unpack::at(row, b + 2)), Unpack::codes(Unpack::at(row, b + 3)));
+      lo = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(2, 0, 2, 0));
+      hi = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(3, 1, 3, 1));
+    }
+    return;
+  }
+  partial_group_codes<Unpack>(row, b, n, lo, hi, dw, bw);
 }
 #else
 template <class Unpack>
