@@ -535,17 +535,19 @@ template <class Unpack, int RW, int RX>
 #endif
 }
 
-// The x32 tiles as rows() takes them: all blocks, or (chunked) blocks [b0, b1) with a carry.
+// The x32 tiles as rows() takes them: all blocks, or (chunked) blocks [b0, b1) with a carry. Inlined
+// too: GCC kept run() out of line, so decode paid a call and the record's pointer setup per weight row.
 template <class Unpack>
 struct X32Tiles {
   template <int RW, int RX>
   struct Tile {
     static constexpr int64_t kBlock = 32, kGroup = 4;
-    static void run(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t c, float* y, int64_t ldy) {
+    [[gnu::always_inline]] static void run(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t c,
+                                           float* y, int64_t ldy) {
       tile_x32<Unpack, RW, RX>(w, wrb, x, xs, c, y, ldy, Chunk{0, c / 32});
     }
-    static void run(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t c, float* y, int64_t ldy,
-                    const Chunk& chunk) {
+    [[gnu::always_inline]] static void run(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t c,
+                                           float* y, int64_t ldy, const Chunk& chunk) {
       tile_x32<Unpack, RW, RX>(w, wrb, x, xs, c, y, ldy, chunk);
     }
   };
@@ -1431,8 +1433,9 @@ void rows(const std::byte* w, size_t wrb, int64_t nw, const std::byte* x, size_t
     for (int64_t o = 0; o < nw; ++o) Tile<1, 1>::run(w + o * wrb, wrb, x, xs, cols, y + o, ldy);
     return;
   }
-  const auto pass = [&]<int RW>(int64_t o) {
-    over_x<TX>(nx, [&]<int RX>(int64_t r) { Tile<RW, RX>::run(w + o * wrb, wrb, x + r * xs, xs, cols, y + r * ldy + o, ldy); });
+  // The tiles are inlined all the way (GCC otherwise called a lambda per tile of weight rows).
+  const auto pass = [&]<int RW>(int64_t o) __attribute__((always_inline)) {
+    over_x<TX>(nx, [&]<int RX>(int64_t r) __attribute__((always_inline)) { Tile<RW, RX>::run(w + o * wrb, wrb, x + r * xs, xs, cols, y + r * ldy + o, ldy); });
   };
   // Several activation rows over long weight rows (ffn_down: 6144-12288 columns): their records outgrow
   // L1 and every weight block would fetch them from L2 again, so the columns go in chunks that fit.
@@ -1448,8 +1451,8 @@ void rows(const std::byte* w, size_t wrb, int64_t nw, const std::byte* x, size_t
         const int64_t ng = nw - g < kCarryRows ? nw - g : kCarryRows;
         for (int64_t b0 = 0; b0 < nb; b0 += chunk) {
           const int64_t b1 = nb - b0 < chunk ? nb : b0 + chunk;
-          const auto tile = [&]<int RW>(int64_t o) {
-            over_x<TX>(nx, [&]<int RX>(int64_t r) {
+          const auto tile = [&]<int RW>(int64_t o) __attribute__((always_inline)) {
+            over_x<TX>(nx, [&]<int RX>(int64_t r) __attribute__((always_inline)) {
               Tile<RW, RX>::run(w + o * wrb, wrb, x + r * xs, xs, cols, y + r * ldy + o, ldy,
                                 Chunk{b0, b1, carry + (o - g) * nx * 16 + r * 16, nx * 16,
                                       static_cast<ptrdiff_t>(RW * wrb)});
