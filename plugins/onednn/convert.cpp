@@ -1,8 +1,29 @@
 #include "convert.hpp"
 
+#include <cstring>
+
+#include <immintrin.h>
+
 #include "specula/error.hpp"
 
 namespace specula::cpu {
+namespace {
+
+// Q8_0 rows in registers (the drafter's centroid head gathers 512 of them a step): each value is its
+// code times the block's scale, one float product as in the SDK codec, so the same bits.
+void decode_q8_0(const std::byte* row, int64_t n, float* dst) {
+  for (int64_t b = 0; b < n / 32; ++b, row += 34, dst += 32) {
+    uint16_t h;
+    std::memcpy(&h, row, 2);
+    const __m256 d = _mm256_set1_ps(_cvtsh_ss(h));
+    for (int j = 0; j < 4; ++j) {
+      const __m128i q = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(row + 2 + 8 * j));
+      _mm256_storeu_ps(dst + 8 * j, _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(q)), d));
+    }
+  }
+}
+
+}  // namespace
 
 bool can_decode(DType type) {
   // Floating-point storage only: integer tensors are ids and positions, never weights.
@@ -31,6 +52,7 @@ void decode_row(DType type, const std::byte* row_data, int64_t n, float* dst, co
                        quant->biases.data() + static_cast<size_t>(row) * scale_row, dst, n);
     return;
   }
+  if (type == DType::Q8_0 && n % 32 == 0) return decode_q8_0(row_data, n, dst);
   dequantize_row(type, row_data, dst, n);
 }
 

@@ -129,47 +129,109 @@ inline float load1(DType t, const std::byte* p, int64_t i) {
   }
 }
 
-template <DType kType>
-float dot_row(const std::byte* k, const float* q, int64_t n) {
-  __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 16 <= n; i += 16) {
-    s0 = _mm256_fmadd_ps(load8(kType, k, i), _mm256_loadu_ps(q + i), s0);
-    s1 = _mm256_fmadd_ps(load8(kType, k, i + 8), _mm256_loadu_ps(q + i + 8), s1);
-  }
-  for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(load8(kType, k, i), _mm256_loadu_ps(q + i), s0);
-  float s = hsum(_mm256_add_ps(s0, s1));
-  for (; i < n; ++i) s += load1(kType, k, i) * q[i];
-  return s;
-}
-
-template <DType kType>
-void axpy_row(float a, const std::byte* v, float* acc, int64_t n) {
-  const __m256 va = _mm256_set1_ps(a);
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(va, load8(kType, v, i), _mm256_loadu_ps(acc + i)));
-  for (; i < n; ++i) acc[i] += a * load1(kType, v, i);
-}
-
-using DotRow = float (*)(const std::byte*, const float*, int64_t);
-using AxpyRow = void (*)(float, const std::byte*, float*, int64_t);
-
-DotRow dot_row_for(DType t) {
-  return t == DType::F16 ? &dot_row<DType::F16> : t == DType::BF16 ? &dot_row<DType::BF16> : &dot_row<DType::F32>;
-}
-AxpyRow axpy_row_for(DType t) {
-  return t == DType::F16 ? &axpy_row<DType::F16> : t == DType::BF16 ? &axpy_row<DType::BF16> : &axpy_row<DType::F32>;
-}
-
 size_t type_size(DType t) { return t == DType::F32 ? 4 : 2; }
+
+// G query heads that share one KV head, for one query row: each visible cache row is loaded once for all
+// of them (GQA: Gemma 4 has 8 query heads per KV head). Per head, the score is the dot product in the
+// order a single head's would be (two 8-lane sums over 16 values, then 8, then the tail) and the output
+// accumulates the slots in order, so grouping changes no bits.
+template <DType kType, DType vType, int G>
+void attend_heads(const AttentionArgs& a, const float* const* q, const int32_t* slots, int64_t n, size_t k_row,
+                  size_t v_row, int64_t hk, float* p, float* const* out) {
+  const int64_t D = a.D, Dv = a.Dv;
+  float max[G];
+#pragma GCC unroll 8
+  for (int h = 0; h < G; ++h) max[h] = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < n; ++j) {
+    const std::byte* k = a.k + (static_cast<size_t>(slots[j]) * a.Hkv + hk) * k_row;
+    __m256 s0[G], s1[G];
+#pragma GCC unroll 8
+    for (int h = 0; h < G; ++h) s0[h] = s1[h] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= D; i += 16) {
+      const __m256 k0 = load8(kType, k, i), k1 = load8(kType, k, i + 8);
+#pragma GCC unroll 8
+      for (int h = 0; h < G; ++h) {
+        s0[h] = _mm256_fmadd_ps(k0, _mm256_loadu_ps(q[h] + i), s0[h]);
+        s1[h] = _mm256_fmadd_ps(k1, _mm256_loadu_ps(q[h] + i + 8), s1[h]);
+      }
+    }
+    for (; i + 8 <= D; i += 8) {
+      const __m256 k0 = load8(kType, k, i);
+#pragma GCC unroll 8
+      for (int h = 0; h < G; ++h) s0[h] = _mm256_fmadd_ps(k0, _mm256_loadu_ps(q[h] + i), s0[h]);
+    }
+#pragma GCC unroll 8
+    for (int h = 0; h < G; ++h) {
+      float s = hsum(_mm256_add_ps(s0[h], s1[h]));
+      for (int64_t c = i; c < D; ++c) s += load1(kType, k, c) * q[h][c];
+      const float score = a.scale * s;
+      p[h * n + j] = score;
+      max[h] = std::max(max[h], score);
+    }
+  }
+  __m256 scale[G];
+  float inv[G];
+#pragma GCC unroll 8
+  for (int h = 0; h < G; ++h) {
+    float* ph = p + h * n;
+    float sum = 0.0f;
+    for (int64_t j = 0; j < n; ++j) sum += (ph[j] = std::exp(ph[j] - max[h]));
+    inv[h] = 1.0f / sum;
+    std::fill(out[h], out[h] + Dv, 0.0f);
+  }
+  for (int64_t j = 0; j < n; ++j) {
+    const std::byte* v = a.v + (static_cast<size_t>(slots[j]) * a.Hkv + hk) * v_row;
+#pragma GCC unroll 8
+    for (int h = 0; h < G; ++h) scale[h] = _mm256_set1_ps(p[h * n + j] * inv[h]);
+    int64_t i = 0;
+    for (; i + 8 <= Dv; i += 8) {
+      const __m256 vv = load8(vType, v, i);
+#pragma GCC unroll 8
+      for (int h = 0; h < G; ++h)
+        _mm256_storeu_ps(out[h] + i, _mm256_fmadd_ps(scale[h], vv, _mm256_loadu_ps(out[h] + i)));
+    }
+    for (; i < Dv; ++i) {
+      const float x = load1(vType, v, i);
+#pragma GCC unroll 8
+      for (int h = 0; h < G; ++h) out[h][i] += p[h * n + j] * inv[h] * x;
+    }
+  }
+}
+
+using AttendHeads = void (*)(const AttentionArgs&, const float* const*, const int32_t*, int64_t, size_t, size_t,
+                             int64_t, float*, float* const*);
+
+template <DType kType, DType vType>
+AttendHeads attend_heads_for(int G) {
+  switch (G) {
+    case 8: return &attend_heads<kType, vType, 8>;
+    case 4: return &attend_heads<kType, vType, 4>;
+    case 2: return &attend_heads<kType, vType, 2>;
+    default: return &attend_heads<kType, vType, 1>;
+  }
+}
+template <DType kType>
+AttendHeads attend_heads_for(DType v, int G) {
+  return v == DType::F16    ? attend_heads_for<kType, DType::F16>(G)
+         : v == DType::BF16 ? attend_heads_for<kType, DType::BF16>(G)
+                            : attend_heads_for<kType, DType::F32>(G);
+}
+AttendHeads attend_heads_for(DType k, DType v, int G) {
+  return k == DType::F16    ? attend_heads_for<DType::F16>(v, G)
+         : k == DType::BF16 ? attend_heads_for<DType::BF16>(v, G)
+                            : attend_heads_for<DType::F32>(v, G);
+}
 
 }  // namespace
 
 void attention(ThreadPool& pool, const AttentionArgs& a, float* out) {
   const int64_t group = a.Hq / a.Hkv;
-  const DotRow dot = dot_row_for(a.k_type);
-  const AxpyRow axpy = axpy_row_for(a.v_type);
+  // Heads per work item: the most that share a KV head (up to 8) while there are still items for every
+  // thread (a decode step has one query row and, in Gemma 4, one KV head).
+  int G = 8;
+  while (G > 1 && (group % G != 0 || a.T * a.Hkv * (group / G) < pool.size())) G /= 2;
+  const AttendHeads attend = attend_heads_for(a.k_type, a.v_type, G);
   const size_t k_row = static_cast<size_t>(a.D) * type_size(a.k_type);
   const size_t v_row = static_cast<size_t>(a.Dv) * type_size(a.v_type);
   // Visible slots per query are found once per query, not once per head.
@@ -186,28 +248,25 @@ void attention(ThreadPool& pool, const AttentionArgs& a, float* out) {
     }
   }
   visible_begin[static_cast<size_t>(a.T)] = static_cast<int64_t>(visible.size());
-  pool.parallel_for(a.T * a.Hq, 1, [&](int64_t b0, int64_t b1) {
+  const int64_t items_per_row = a.Hq / G;
+  pool.parallel_for(a.T * items_per_row, 1, [&](int64_t b0, int64_t b1) {
     std::vector<float> p;
     for (int64_t b = b0; b < b1; ++b) {
-      const int64_t t = b / a.Hq, h = b % a.Hq, hk = h / group;
+      const int64_t t = b / items_per_row, h0 = (b % items_per_row) * G, hk = h0 / group;
       const int32_t* slots = visible.data() + visible_begin[static_cast<size_t>(t)];
       const int64_t n = visible_begin[static_cast<size_t>(t) + 1] - visible_begin[static_cast<size_t>(t)];
-      float* o = out + t * a.Hq * a.Dv + h * a.Dv;
-      std::fill(o, o + a.Dv, 0.0f);
-      if (n == 0) continue;  // nothing visible: zeros
-      const float* q = a.q + (t * a.Hq + h) * a.D;
-      p.resize(static_cast<size_t>(n));
-      float max = -std::numeric_limits<float>::infinity();
-      for (int64_t j = 0; j < n; ++j) {
-        const float score = a.scale * dot(a.k + (static_cast<size_t>(slots[j]) * a.Hkv + hk) * k_row, q, a.D);
-        p[static_cast<size_t>(j)] = score;
-        max = std::max(max, score);
+      const float* q[8];
+      float* o[8];
+      for (int h = 0; h < G; ++h) {
+        q[h] = a.q + (t * a.Hq + h0 + h) * a.D;
+        o[h] = out + (t * a.Hq + h0 + h) * a.Dv;
       }
-      float sum = 0.0f;
-      for (int64_t j = 0; j < n; ++j) sum += (p[static_cast<size_t>(j)] = std::exp(p[static_cast<size_t>(j)] - max));
-      const float inv = 1.0f / sum;
-      for (int64_t j = 0; j < n; ++j)
-        axpy(p[static_cast<size_t>(j)] * inv, a.v + (static_cast<size_t>(slots[j]) * a.Hkv + hk) * v_row, o, a.Dv);
+      if (n == 0) {  // nothing visible: zeros
+        for (int h = 0; h < G; ++h) std::fill(o[h], o[h] + a.Dv, 0.0f);
+        continue;
+      }
+      p.resize(static_cast<size_t>(G * n));
+      attend(a, q, slots, n, k_row, v_row, hk, p.data(), o);
     }
   });
 }
