@@ -29,7 +29,7 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     job_ = &fn;
-    pending_.store(static_cast<int>(workers_.size()));
+    state_.store(kOpen, std::memory_order_release);
     generation_.fetch_add(1, std::memory_order_release);
   }
   wake_.notify_all();
@@ -40,7 +40,10 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
   } catch (...) {
     error = std::current_exception();
   }
-  while (pending_.load(std::memory_order_acquire) != 0) _mm_pause();
+  // Close the job: a worker that has not joined by now (descheduled, or still waking) skips it, as the
+  // caller has claimed what it would have done; the ones inside finish their chunks.
+  state_.fetch_and(~kOpen, std::memory_order_acq_rel);
+  while (state_.load(std::memory_order_acquire) != 0) _mm_pause();
   if (!error) {
     std::lock_guard<std::mutex> lock(mutex_);
     error = std::exchange(worker_error_, nullptr);
@@ -63,14 +66,20 @@ void ThreadPool::worker(int index) {
     }
     if (stop_.load()) return;
     seen = generation_.load(std::memory_order_acquire);
-    const auto* job = job_;
+    // Join the job if it is still open. Once inside, the caller waits for us, so job_ and the generation
+    // stay those of the job joined (possibly a newer one than `seen`).
+    int64_t s = state_.load(std::memory_order_acquire);
+    while ((s & kOpen) && !state_.compare_exchange_weak(s, s + kJoined, std::memory_order_acq_rel)) {
+    }
+    if (!(s & kOpen)) continue;
+    seen = generation_.load(std::memory_order_acquire);
     try {
-      (*job)(index, size());
+      (*job_)(index, size());
     } catch (...) {
       std::lock_guard<std::mutex> lock(mutex_);
       if (!worker_error_) worker_error_ = std::current_exception();  // rethrown by run()
     }
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    state_.fetch_sub(kJoined, std::memory_order_acq_rel);
   }
 }
 

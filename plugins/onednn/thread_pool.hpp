@@ -24,8 +24,10 @@ class ThreadPool {
 
   int size() const { return static_cast<int>(workers_.size()) + 1; }
 
-  // Calls fn(thread_index, thread_count) on every thread (the caller is thread 0) and waits; an
-  // exception thrown on any thread is rethrown here.
+  // Calls fn(thread_index, thread_count) on the caller (thread 0) and on each worker that joins before
+  // the caller's own call returns, then waits for those; an exception thrown on any thread is rethrown
+  // here. A worker that is not running (the cores are shared with other processes) is not waited for, so
+  // fn must leave no work to a particular thread: parallel_for's threads claim chunks from a shared counter.
   void run(const std::function<void(int, int)>& fn);
 
   // Splits [0, n) into contiguous chunks at least `grain` long (up to 8 per thread) and calls fn(begin,
@@ -58,7 +60,9 @@ class ThreadPool {
   std::vector<std::thread> workers_;
   const std::function<void(int, int)>* job_ = nullptr;
   std::atomic<uint64_t> generation_{0};
-  std::atomic<int> pending_{0};
+  // Bit 0: the current job is open to workers; the bits above count the workers inside it.
+  std::atomic<int64_t> state_{0};
+  static constexpr int64_t kOpen = 1, kJoined = 2;
   std::atomic<bool> stop_{false};
   std::mutex mutex_;
   std::condition_variable wake_;
