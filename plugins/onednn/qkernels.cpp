@@ -1423,14 +1423,21 @@ void over_x(int64_t nx, F&& tile) {
 // whose accumulators one column pass carries.
 constexpr size_t kL1Records = 24 << 10;
 constexpr int64_t kCarryRows = 32;
+// Weight rows up to this size decode TW at a time (see rows()).
+constexpr size_t kShortRowBytes = 1024;
 
 template <template <int, int> class Tile, int TW, int TX>
 void rows(const std::byte* w, size_t wrb, int64_t nw, const std::byte* x, size_t xs, int64_t nx, int64_t cols, float* y,
           int64_t ldy) {
   // One activation row (decode): one weight row at a time. Four interleaved rows were faster on heap
   // memory but 30 % slower on a mapped model file (four streams of 4 KB pages).
+  // Short rows (a small model's 128-512 columns) are the exception: TW of them are one contiguous stream
+  // within a page or two, and they share the activation loads and the loop.
   if (nx == 1) {
-    for (int64_t o = 0; o < nw; ++o) Tile<1, 1>::run(w + o * wrb, wrb, x, xs, cols, y + o, ldy);
+    int64_t o = 0;
+    if (wrb <= kShortRowBytes)
+      for (; o + TW <= nw; o += TW) Tile<TW, 1>::run(w + o * wrb, wrb, x, xs, cols, y + o, ldy);
+    for (; o < nw; ++o) Tile<1, 1>::run(w + o * wrb, wrb, x, xs, cols, y + o, ldy);
     return;
   }
   // The tiles are inlined all the way (GCC otherwise called a lambda per tile of weight rows).
