@@ -147,10 +147,10 @@ int run_run(const std::vector<std::string>& args) {
       s.pipeline.target.context_length);
 
   // The same generation without the drafter, for the speed-up (decode rates; the prompt's prefill is
-  // the same work in both). Both ways alternate, kSpeedupRuns each counting the shown one (A B A B A B),
+  // the same work in both). Both ways alternate, kSpeedupRuns each counting the shown one (A B A B ...),
   // and their medians make the ratio: one pair of 0.1 s runs on a shared machine measures its neighbours
   // as much as the drafter.
-  constexpr int kSpeedupRuns = 3;
+  constexpr int kSpeedupRuns = 5;
   std::optional<specula::core::GenerationResult> plain;
   double with_rate = result.stats.decode_tokens_per_second(), without_rate = 0;
   if (speedup && result.stop_reason != specula::core::StopReason::Interrupted) {

@@ -45,12 +45,20 @@ RowsKernel float_kernel(const KernelSet& ks, DType type) {
 // Each thread takes a contiguous share of the weight rows and streams it once per chunk of activation
 // rows; a chunk is sized so that its records stay in the core's L2 cache. rows(o0, o1, x, nx, y) runs
 // weight rows [o0, o1) against nx activation rows.
+// A share of a product is at least this many weight bytes times activation rows: a small model's
+// matrices (35-140 KB at one row) take a few microseconds, about what handing half to another thread
+// costs, and on a VM whose two vCPUs share one core's time the other thread only takes that time away.
+constexpr size_t kMinShareWork = size_t{64} << 10;
+
 template <class Rows>
 void over_weight_rows(ThreadPool& pool, const Matrix& w, const std::byte* x, size_t x_stride, int64_t n, float* y,
                       const Rows& rows) {
   const int64_t O = w.rows;
   const int64_t chunk = std::clamp<int64_t>(static_cast<int64_t>((size_t{512} << 10) / x_stride) / 4 * 4, 4, 256);
-  pool.parallel_for(O, 16, [&](int64_t o0, int64_t o1) {
+  const size_t work = w.row_bytes * static_cast<size_t>(n) * static_cast<size_t>(O);
+  const int64_t shares = std::max<int64_t>(1, static_cast<int64_t>(work / kMinShareWork));
+  const int64_t grain = std::max<int64_t>(16, (O + shares - 1) / shares);
+  pool.parallel_for(O, grain, [&](int64_t o0, int64_t o1) {
     for (int64_t r0 = 0; r0 < n; r0 += chunk)
       rows(o0, o1, x + static_cast<size_t>(r0) * x_stride, std::min(chunk, n - r0), y + r0 * O + o0);
   });

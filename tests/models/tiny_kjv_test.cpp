@@ -308,8 +308,8 @@ TEST(TinyKjv, DefaultPipelineRunsWithTheDrafter) {
   EXPECT_GT(j["stats"]["drafted_tokens"].get<int64_t>(), 0);
   EXPECT_GT(j["baseline"]["decode_tokens_per_second"].get<double>(), 0);
   EXPECT_GT(j["speedup"].get<double>(), 0);
-  // The ratio is of the medians of three alternating runs each.
-  EXPECT_EQ(j["speedup_runs"]["runs_each"].get<int>(), 3);
+  // The ratio is of the medians of five alternating runs each.
+  EXPECT_EQ(j["speedup_runs"]["runs_each"].get<int>(), 5);
   EXPECT_NEAR(j["speedup"].get<double>(),
               j["speedup_runs"]["decode_tokens_per_second"].get<double>() /
                   j["baseline"]["decode_tokens_per_second"].get<double>(),
