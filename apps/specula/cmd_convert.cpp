@@ -1,6 +1,7 @@
 // `specula convert SRC --out FILE.gguf`: a Hugging Face or MLX checkpoint to GGUF. The format plugins open
 // SRC, the converter plugin that accepts it (the model plugins provide them) plans the file, and the SDK
-// streams it: one tensor at a time, row chunks dequantized and converted to the out type.
+// streams it through the format plugin that writes GGUF: one tensor at a time, row chunks dequantized and
+// converted to the out type.
 #include <unistd.h>
 
 #include <chrono>
@@ -78,17 +79,20 @@ int run_convert(const std::vector<std::string>& args) {
     specula::fail("convert: --schema '{}' is not a layout of the {} converter ({})", schema, converter->architecture(),
                   schemas.empty() ? std::string("it has only one") : "expected " + join(schemas));
 
-  specula::gguf::Writer writer;
+  const auto writer = host.make_writer("gguf");
+  specula::gguf::Metadata metadata;
   const specula::ConvertOptions options{*outtype, schema, name};
-  const auto tensors = converter->plan(*file, options, writer);
+  const auto tensors = converter->plan(*file, options, metadata);
 
   const bool tty = isatty(fileno(stderr));
   uint64_t bytes = 0;
   std::map<std::string, size_t> by_type;
-  specula::write_converted(writer, tensors, *outtype, out_path, [&](size_t i) {
+  specula::write_converted(*writer, metadata, tensors, *outtype, out_path, [&](size_t i) {
     const auto type = specula::convert_tensor_type(tensors[i], *outtype);
     ++by_type[std::string(specula::dtype_name(type))];
-    bytes += writer.tensor_bytes(i);
+    uint64_t tensor_bytes = *specula::dtype_row_bytes(type, static_cast<uint64_t>(tensors[i].shape.back()));
+    for (size_t d = 0; d + 1 < tensors[i].shape.size(); ++d) tensor_bytes *= static_cast<uint64_t>(tensors[i].shape[d]);
+    bytes += tensor_bytes;
     if (tty) fmt::print(stderr, "\r\033[K[{}/{}] {}", i + 1, tensors.size(), tensors[i].name);
   });
   if (tty) fmt::print(stderr, "\r\033[K");

@@ -1,5 +1,6 @@
 // `specula quantize IN.gguf OUT.gguf TYPE`: llama-quantize's file types and per-tensor rules
-// (core/quantize.hpp), streamed one slab of rows at a time, rows quantized on all cores.
+// (core/quantize.hpp), streamed one slab of rows at a time, rows quantized on all cores. The GGUF is read
+// and written through the `gguf` format plugin.
 #include <unistd.h>
 
 #include <chrono>
@@ -9,11 +10,10 @@
 
 #include "cli_common.hpp"
 #include "command.hpp"
+#include "specula/core/plugin_host.hpp"
 #include "specula/core/quantize.hpp"
 #include "specula/error.hpp"
-#include "specula/gguf.hpp"
 #include "specula/log.hpp"
-#include "specula/mapped_file.hpp"
 
 namespace {
 
@@ -31,10 +31,9 @@ std::string type_list() {
 std::string mib(uint64_t bytes) { return fmt::format("{:.1f} MiB", static_cast<double>(bytes) / (1 << 20)); }
 
 // `--dry-run`: the type each tensor would get, without writing.
-void print_plan(const std::string& input, const core::QuantFileType& type, bool pure) {
-  const auto map = specula::MappedFile::open(input);
-  const auto file = specula::gguf::parse(map->bytes(), input);
-  for (const auto& p : core::plan_quantization(file.metadata, file.tensors, type, pure, input)) {
+void print_plan(const core::PluginHost& host, const std::string& input, const core::QuantFileType& type, bool pure) {
+  const auto file = core::open_quantize_input(host, input);
+  for (const auto& p : core::plan_quantization(file->metadata(), file->tensors(), type, pure, input)) {
     std::string shape;
     for (const int64_t d : p.shape) shape += (shape.empty() ? "" : " x ") + std::to_string(d);
     fmt::print("{:<40} {:<18} {:>6} -> {}{}\n", p.name, shape, dtype_name(p.from), dtype_name(p.to),
@@ -72,8 +71,9 @@ int run_quantize(const std::vector<std::string>& args) {
   std::string input, output, type_name;
   unsigned threads = 0;
   bool pure = false, dry_run = false;
+  std::vector<std::string> plugin_paths;
   cli::po::options_description desc(
-      "usage: specula quantize IN.gguf OUT.gguf TYPE [--threads N] [--pure] [--dry-run]\n\n"
+      "usage: specula quantize IN.gguf OUT.gguf TYPE [--threads N] [--pure] [--dry-run] [--plugin-path DIR]\n\n"
       "Quantizes a GGUF file the way llama.cpp's llama-quantize does: the same file types and per-tensor\n"
       "rules (1-D tensors and norms are kept, embeddings and attn_v / ffn_down get more bits in the mixes,\n"
       "rows that are not whole blocks fall back to a smaller block type or F16), the same tensor order and\n"
@@ -88,7 +88,9 @@ int run_quantize(const std::vector<std::string>& args) {
       "threads,t", cli::po::value(&threads), "threads quantizing rows (default: all cores)")(
       "pure", cli::po::bool_switch(&pure),
       "every quantizable tensor gets TYPE's base type (llama-quantize --pure); fallbacks still apply")(
-      "dry-run", cli::po::bool_switch(&dry_run), "print the type each tensor would get; write nothing");
+      "dry-run", cli::po::bool_switch(&dry_run), "print the type each tensor would get; write nothing")(
+      "plugin-path", cli::po::value(&plugin_paths)->composing(),
+      "directory searched first for plugins (repeatable; the gguf format plugin reads and writes the files)");
   cli::add_log_options(desc);
   cli::po::positional_options_description pos;
   pos.add("input", 1).add("output", 1).add("type", 1);
@@ -102,8 +104,10 @@ int run_quantize(const std::vector<std::string>& args) {
   if (!type)
     specula::fail("quantize: unknown TYPE '{}'; expected one of {} (or llama.cpp's file type number)", type_name,
                   core::quant_file_type_names());
+  core::PluginHost host;
+  host.discover(core::plugin_search_path({plugin_paths.begin(), plugin_paths.end()}));
   if (dry_run) {
-    print_plan(input, *type, pure);
+    print_plan(host, input, *type, pure);
     return 0;
   }
 
@@ -116,7 +120,7 @@ int run_quantize(const std::vector<std::string>& args) {
   ProgressLine progress;
   if (isatty(STDERR_FILENO) && specula::log_enabled(specula::LogLevel::Info))
     options.on_progress = [&](const core::QuantizeProgress& p) { progress(p); };
-  const core::QuantizeStats stats = core::quantize_gguf(input, output, options);
+  const core::QuantizeStats stats = core::quantize_gguf(host, input, output, options);
   progress.finish();
 
   std::string counts;

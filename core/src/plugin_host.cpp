@@ -145,6 +145,10 @@ class PinnedFormat final : public ModelFormat {
   std::string name() const override { return inner_->name(); }
   bool can_open(const fs::path& path) const override { return inner_->can_open(path); }
   std::unique_ptr<ModelFile> open(const fs::path& path) const override { return inner_->open(path); }
+  bool can_write() const override { return inner_->can_write(); }
+  void write(const fs::path& path, const gguf::Metadata& metadata, const std::vector<TensorSpec>& tensors) const override {
+    inner_->write(path, metadata, tensors);
+  }
   std::shared_ptr<ModelFile> open_pinned(const fs::path& path) const {
     return pinned(std::shared_ptr<ModelFile>(inner_->open(path)), library_);
   }
@@ -452,6 +456,19 @@ std::shared_ptr<const ModelFile> PluginHost::open_model(const fs::path& given, s
     }
   }
   fail("no format plugin can open {} ({})", path.string(), join(reasons, "; "));
+}
+
+std::shared_ptr<const ModelFormat> PluginHost::make_writer(std::string_view format) const {
+  std::vector<std::string> formats;
+  for (const auto& e : entries_) {
+    if (!e.info.has_kind("format")) continue;
+    auto f = make_format(e.info.name);
+    if (f->name() == format && f->can_write()) return f;
+    formats.push_back(fmt::format("{} ({}{})", e.info.name, f->name(), f->can_write() ? ", writes" : ", reads only"));
+  }
+  fail("no format plugin writes {} files (format plugins found: {}); run `specula plugins` to see the search path "
+       "and rejections",
+       format, formats.empty() ? std::string("none") : join(formats, ", "));
 }
 
 std::shared_ptr<ModelLoader> PluginHost::find_model_loader(const ModelFile& file, const nlohmann::json& options,

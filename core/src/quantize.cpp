@@ -7,6 +7,8 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <cstring>
 #include <charconv>
 #include <chrono>
 #include <cmath>
@@ -18,10 +20,10 @@
 
 #include <fmt/format.h>
 
+#include "specula/core/hub.hpp"
+#include "specula/core/plugin_host.hpp"
 #include "specula/error.hpp"
-#include "specula/gguf.hpp"
 #include "specula/log.hpp"
-#include "specula/mapped_file.hpp"
 #include "specula/quant.hpp"
 
 namespace specula::core {
@@ -262,7 +264,7 @@ class Converter {
       : opt_(o), source_(source), total_(total), tensors_(tensors),
         threads_(o.threads ? o.threads : std::max(1u, std::thread::hardware_concurrency())) {}
 
-  void write(size_t index, const TensorPlan& p, const TensorInfo& t, const gguf::Writer::PutBytes& put) {
+  void write(size_t index, const TensorPlan& p, const TensorInfo& t, const PutBytes& put) {
     index_ = index;
     name_ = p.name;
     if (p.from == p.to) {
@@ -299,7 +301,7 @@ class Converter {
   }
 
  private:
-  void emit(const gguf::Writer::PutBytes& put, std::span<const std::byte> bytes) {
+  void emit(const PutBytes& put, std::span<const std::byte> bytes) {
     if (opt_.cancel && opt_.cancel->load()) fail("{}: interrupted", source_);
     put(bytes);
     written_ += bytes.size();
@@ -370,33 +372,51 @@ std::vector<TensorPlan> plan_quantization(const json& metadata, const std::vecto
   return plan;
 }
 
-QuantizeStats quantize_gguf(const fs::path& input, const fs::path& output, const QuantizeOptions& options) {
+std::shared_ptr<const ModelFile> open_quantize_input(const PluginHost& host, const fs::path& input) {
+  const fs::path path = hub::local_path(input);  // an hf:// id: resolved (downloaded) into the HF cache first
+  std::error_code ec;
+  if (!fs::exists(path, ec)) fail("{}: cannot open: {}", path.string(), std::strerror(ENOENT));
+  auto file = host.open_model(path);
+  if (file->format() != "gguf" || !file->gguf_metadata())
+    fail("{}: a {} checkpoint; quantize reads GGUF files only: convert it to GGUF first (specula convert {} --out "
+         "FILE.gguf --outtype f16), then quantize that",
+         path.string(), file->format(), path.string());
+  if (int_key(file->metadata(), "split.count").value_or(1) > 1)
+    fail("{}: one shard of a split model; merge the shards first (llama-gguf-split --merge)", path.string());
+  return file;
+}
+
+QuantizeStats quantize_gguf(const PluginHost& host, const fs::path& input, const fs::path& output,
+                            const QuantizeOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   if (!options.type) fail("quantize: no type given (one of {})", quant_file_type_names());
   const QuantFileType& type = *options.type;
-  const std::string source = input.string();
-  const auto map = MappedFile::open(input);
-  const gguf::File file = gguf::parse(map->bytes(), source);
-  if (int_key(file.metadata, "split.count").value_or(1) > 1)
-    fail("{}: one shard of a split model; merge the shards first (llama-gguf-split --merge)", source);
+  const auto file = open_quantize_input(host, input);
+  const std::string source = file->path().string();
+  const gguf::Metadata& metadata = *file->gguf_metadata();
   const fs::path dir = output.parent_path();
   if (!dir.empty() && !fs::is_directory(dir))
     fail("{}: cannot write: directory '{}' does not exist", output.string(), dir.string());
   std::error_code ec;
-  if (fs::equivalent(input, output, ec))
+  if (fs::equivalent(file->path(), output, ec))
     fail("{}: the output would replace the input; give another output path", output.string());
+  const auto writer = host.make_writer("gguf");
 
-  const std::vector<TensorPlan> plan = plan_quantization(file.metadata, file.tensors, type, options.pure, source);
+  const std::vector<TensorPlan> plan = plan_quantization(file->metadata(), file->tensors(), type, options.pure, source);
   QuantizeStats stats;
   std::map<DType, size_t> requantized_from;
-  gguf::Writer writer(static_cast<uint32_t>(file.alignment));
-  for (const auto& [key, kt] : file.keys) {
-    // llama.cpp re-sets these two at the end and drops the split keys (the output is one file).
+  // The input's keys in order (its general.alignment too, which the writer keeps), less the two llama.cpp
+  // re-sets at the end and the split keys (the output is one file).
+  gguf::Metadata out_metadata;
+  for (const auto& [key, kt] : metadata.keys()) {
     if (key == "general.file_type" || key == "general.quantization_version" || key.starts_with("split.")) continue;
-    writer.set(key, kt.type, file.metadata.at(key), kt.elem);
+    out_metadata.set(key, kt.type, metadata.values().at(key), kt.elem);
   }
-  writer.set_u32("general.quantization_version", kQuantizationVersion);
-  writer.set_u32("general.file_type", type.ftype);
+  out_metadata.set_u32("general.quantization_version", kQuantizationVersion);
+  out_metadata.set_u32("general.file_type", type.ftype);
+  std::vector<TensorSpec> specs;
+  specs.reserve(plan.size());
+  uint64_t total = 0;
   for (const auto& p : plan) {
     if (p.from != p.to) {
       if (!convertible(p.from))
@@ -405,7 +425,12 @@ QuantizeStats quantize_gguf(const fs::path& input, const fs::path& output, const
       ++stats.converted;
       if (dtype_traits(p.from)->quantized) ++requantized_from[p.from];
     }
-    writer.declare_tensor(p.name, p.to, p.shape);
+    const auto row = dtype_row_bytes(p.to, static_cast<uint64_t>(p.shape.back()));
+    if (!row) fail("{}: tensor '{}': a row of {} is not whole {} blocks", source, p.name, p.shape.back(), dtype_name(p.to));
+    uint64_t bytes = *row;
+    for (size_t d = 0; d + 1 < p.shape.size(); ++d) bytes *= static_cast<uint64_t>(p.shape[d]);
+    total += bytes;
+    specs.push_back({p.name, p.to, p.shape, {}, {}});
     ++stats.type_counts[p.to];
     stats.fallbacks += p.fallback;
   }
@@ -423,15 +448,15 @@ QuantizeStats quantize_gguf(const fs::path& input, const fs::path& output, const
              "do (-v lists them)",
              source, stats.fallbacks, plan.size());
 
-  uint64_t total = 0;
-  for (size_t i = 0; i < writer.tensor_count(); ++i) total += writer.tensor_bytes(i);
   Converter convert(options, source, total, plan.size());
-  writer.write(output, [&](size_t i, const gguf::Writer::PutBytes& put) {
-    const TensorPlan& p = plan[i];
-    log_debug("[{}/{}] {}: {} -> {}", i + 1, plan.size(), p.name, dtype_name(p.from), dtype_name(p.to));
-    convert.write(i, p, file.tensors[p.input_index], put);
-  });
-  stats.input_bytes = map->bytes().size();
+  for (size_t i = 0; i < plan.size(); ++i)
+    specs[i].fill = [&, i](const PutBytes& put) {
+      const TensorPlan& p = plan[i];
+      log_debug("[{}/{}] {}: {} -> {}", i + 1, plan.size(), p.name, dtype_name(p.from), dtype_name(p.to));
+      convert.write(i, p, file->tensors()[p.input_index], put);
+    };
+  writer->write(output, out_metadata, specs);
+  stats.input_bytes = fs::file_size(file->path());
   stats.output_bytes = fs::file_size(output);
   stats.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return stats;

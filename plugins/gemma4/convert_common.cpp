@@ -4,7 +4,7 @@
 
 namespace specula::gemma4 {
 
-void add_text_keys(gguf::Writer& out, const std::string& A, const TextKeys& k, DType outtype) {
+void add_text_keys(gguf::Metadata& out, const std::string& A, const TextKeys& k, DType outtype) {
   auto u32 = [&](const std::string& key, int64_t v) { out.set_u32(A + key, static_cast<uint32_t>(v)); };
   // TextModel's keys, then Gemma3Model's and Gemma4Model's; a key set again keeps its first place.
   u32("block_count", k.layers);
@@ -39,7 +39,7 @@ void add_text_keys(gguf::Writer& out, const std::string& A, const TextKeys& k, D
   u32("rope.dimension_count_swa", k.head_dim_swa);
 }
 
-int64_t add_gemma4_tokenizer(const ModelFile& file, gguf::Writer& out) {
+int64_t add_gemma4_tokenizer(const ModelFile& file, gguf::Metadata& out) {
   // Rendered as text so that llama.cpp's chat parser sees them (conversion/gemma.py).
   static const std::vector<std::string> visible = {"<|channel>", "<channel|>", "<|tool_call>", "<tool_call|>",
                                                    "<|tool_response>", "<tool_response|>", "<|\"|>"};

@@ -24,11 +24,11 @@ struct TextKeys {
 };
 // Writes the block: "{prefix}block_count" ... "{prefix}rope.dimension_count_swa", with general.file_type
 // at llama.cpp's place among them.
-void add_text_keys(gguf::Writer& out, const std::string& prefix, const TextKeys& k, DType outtype);
+void add_text_keys(gguf::Metadata& out, const std::string& prefix, const TextKeys& k, DType outtype);
 
 // tokenizer.ggml.* for Gemma 4 (model "gemma4", the tool/channel tokens USER_DEFINED, no space prefix,
 // BOS added); returns the token count.
-int64_t add_gemma4_tokenizer(const ModelFile& file, gguf::Writer& out);
+int64_t add_gemma4_tokenizer(const ModelFile& file, gguf::Metadata& out);
 
 // rope_freqs.weight [head_dim_full / 2]: 1.0 for the `rotated` pairs, 1e30 (not rotated) after them.
 ConvertTensor rope_freqs(int64_t head_dim_full, int64_t rotated);

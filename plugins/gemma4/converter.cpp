@@ -29,7 +29,7 @@ class Gemma4Converter final : public Converter {
     return file.metadata()["config"].value("model_type", std::string()).find("assistant") == std::string::npos;
   }
 
-  std::vector<ConvertTensor> plan(const ModelFile& file, const ConvertOptions& options, gguf::Writer& out) const override {
+  std::vector<ConvertTensor> plan(const ModelFile& file, const ConvertOptions& options, gguf::Metadata& out) const override {
     const std::string where = file.path().string();
     if (!options.schema.empty())
       fail("{}: --schema {} does not apply to a Gemma 4 target (it has one GGUF layout)", where, options.schema);

@@ -27,7 +27,7 @@ class AssistantConverter final : public Converter {
   std::vector<std::string> schemas() const override { return {"seed", "upstream"}; }
   bool accepts(const ModelFile& file) const override { return file.format() != "gguf" && is_assistant(file); }
 
-  std::vector<ConvertTensor> plan(const ModelFile& file, const ConvertOptions& options, gguf::Writer& out) const override {
+  std::vector<ConvertTensor> plan(const ModelFile& file, const ConvertOptions& options, gguf::Metadata& out) const override {
     const std::string where = file.path().string();
     const std::string schema = options.schema.empty() ? "seed" : options.schema;
     if (schema != "seed" && schema != "upstream")

@@ -1,5 +1,6 @@
-// Format plugin "gguf": GGUF v3 files (and split GGUF models) through the SDK reader.
-#include "specula/gguf.hpp"
+// Format plugin "gguf": GGUF v3 files (and split GGUF models) through the reader and writer of
+// specula_gguf_io. It writes too: `specula convert` and `specula quantize` write their GGUF through it.
+#include "gguf_io.hpp"
 #include "specula/plugin.hpp"
 
 namespace {
@@ -13,6 +14,11 @@ class GgufFormat final : public specula::ModelFormat {
   std::unique_ptr<specula::ModelFile> open(const std::filesystem::path& path) const override {
     return specula::gguf::open(path);
   }
+  bool can_write() const override { return true; }
+  void write(const std::filesystem::path& path, const specula::gguf::Metadata& metadata,
+             const std::vector<specula::TensorSpec>& tensors) const override {
+    specula::gguf::write(path, metadata, tensors);
+  }
 };
 
 std::unique_ptr<specula::ModelFormat> make_format(const nlohmann::json&) { return std::make_unique<GgufFormat>(); }
@@ -24,4 +30,4 @@ const specula::PluginFactories* factories() {
 
 }  // namespace
 
-SPECULA_PLUGIN("gguf", "format", "1.0.0", "GGUF v3 reader (llama.cpp checkpoints, split files)", factories)
+SPECULA_PLUGIN("gguf", "format", "1.0.0", "GGUF v3 reader and writer (llama.cpp checkpoints, split files)", factories)

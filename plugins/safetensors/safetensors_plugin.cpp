@@ -1,6 +1,6 @@
 // Format plugin "safetensors": a .safetensors file or a checkpoint directory (HF or MLX).
+#include "safetensors_io.hpp"
 #include "specula/plugin.hpp"
-#include "specula/safetensors.hpp"
 
 namespace {
 

@@ -103,7 +103,7 @@ std::string default_model_name(const ModelFile& file, const ConvertOptions& opti
   return name.empty() ? "model" : name;
 }
 
-int64_t add_hf_tokenizer(const ModelFile& file, gguf::Writer& out, const std::string& model,
+int64_t add_hf_tokenizer(const ModelFile& file, gguf::Metadata& out, const std::string& model,
                          const std::vector<std::string>& user_defined) {
   const json& md = file.metadata();
   const fs::path dir = checkpoint_dir(file);
@@ -404,44 +404,47 @@ class RowMap {
 
 }  // namespace
 
-void write_converted(gguf::Writer& out, const std::vector<ConvertTensor>& tensors, DType outtype,
-                     const fs::path& path, const ConvertProgress& progress) {
+void write_converted(const ModelFormat& writer, const gguf::Metadata& metadata, const std::vector<ConvertTensor>& tensors,
+                     DType outtype, const fs::path& path, const ConvertProgress& progress) {
   llama_file_type(outtype);  // refuses any other out type
+  if (!writer.can_write()) fail("{}: the {} format plugin cannot write files", path.string(), writer.name());
   const std::string where = path.string();
   std::vector<RowMap> maps;
   maps.reserve(tensors.size());
-  const size_t first = out.tensor_count();
+  std::vector<TensorSpec> specs;
+  specs.reserve(tensors.size());
   for (const ConvertTensor& t : tensors) {
     maps.emplace_back(t, where);
     for (const TensorInfo* s : t.sources)
       if (s->type != DType::MLX_AFFINE && !can_dequantize(s->type))
         fail("{}: tensor '{}' is stored as {}, which cannot be converted", where, s->name, dtype_name(s->type));
-    out.declare_tensor(t.name, convert_tensor_type(t, outtype), t.shape);
+    specs.push_back({t.name, convert_tensor_type(t, outtype), t.shape, {}, {}});
   }
   // Rows are converted in chunks of about 4 MiB of floats.
   constexpr int64_t kChunkFloats = int64_t{1} << 20;
-  out.write(path, [&](size_t index, const gguf::Writer::PutBytes& put) {
-    if (index < first) fail("{}: tensor {} was declared without data", where, index);
-    const size_t i = index - first;
-    const ConvertTensor& t = tensors[i];
-    const RowMap& m = maps[i];
-    const DType type = convert_tensor_type(t, outtype);
-    const uint64_t row_bytes = *dtype_row_bytes(type, static_cast<uint64_t>(m.cols()));
-    const int64_t step = std::max<int64_t>(1, kChunkFloats / m.cols());
-    std::vector<float> values(static_cast<size_t>(std::min(step, m.rows()) * m.cols()));
-    std::vector<std::byte> bytes(static_cast<size_t>(std::min(step, m.rows())) * row_bytes);
-    for (int64_t r0 = 0; r0 < m.rows(); r0 += step) {
-      const int64_t r1 = std::min(m.rows(), r0 + step);
-      m.read(r0, r1, values.data());
-      for (int64_t r = r0; r < r1; ++r) {
-        float* row = values.data() + (r - r0) * m.cols();
-        if (t.transform) t.transform(r, std::span<float>(row, static_cast<size_t>(m.cols())));
-        quantize_row(type, row, bytes.data() + (r - r0) * row_bytes, m.cols());
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    specs[i].fill = [&, i](const PutBytes& put) {
+      const ConvertTensor& t = tensors[i];
+      const RowMap& m = maps[i];
+      const DType type = specs[i].type;
+      const uint64_t row_bytes = *dtype_row_bytes(type, static_cast<uint64_t>(m.cols()));
+      const int64_t step = std::max<int64_t>(1, kChunkFloats / m.cols());
+      std::vector<float> values(static_cast<size_t>(std::min(step, m.rows()) * m.cols()));
+      std::vector<std::byte> bytes(static_cast<size_t>(std::min(step, m.rows())) * row_bytes);
+      for (int64_t r0 = 0; r0 < m.rows(); r0 += step) {
+        const int64_t r1 = std::min(m.rows(), r0 + step);
+        m.read(r0, r1, values.data());
+        for (int64_t r = r0; r < r1; ++r) {
+          float* row = values.data() + (r - r0) * m.cols();
+          if (t.transform) t.transform(r, std::span<float>(row, static_cast<size_t>(m.cols())));
+          quantize_row(type, row, bytes.data() + (r - r0) * row_bytes, m.cols());
+        }
+        put(std::span<const std::byte>(bytes.data(), static_cast<size_t>(r1 - r0) * row_bytes));
       }
-      put(std::span<const std::byte>(bytes.data(), static_cast<size_t>(r1 - r0) * row_bytes));
-    }
-    if (progress) progress(i);
-  });
+      if (progress) progress(i);
+    };
+  }
+  writer.write(path, metadata, specs);
 }
 
 }  // namespace specula

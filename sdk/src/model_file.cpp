@@ -1,5 +1,7 @@
 #include "specula/model_file.hpp"
 
+#include "specula/error.hpp"
+
 namespace specula {
 
 int64_t TensorInfo::elements() const {
@@ -18,6 +20,10 @@ std::string ModelFile::architecture() const {
   if (format() == "gguf") return text(md, "general.architecture");
   const auto config = md.find("config");
   return config != md.end() && config->is_object() ? text(*config, "model_type") : std::string();
+}
+
+void ModelFormat::write(const std::filesystem::path& path, const gguf::Metadata&, const std::vector<TensorSpec>&) const {
+  fail("{}: the {} format plugin cannot write files", path.string(), name());
 }
 
 }  // namespace specula

@@ -1,5 +1,5 @@
-// The SDK side of conversion on small synthetic inputs: write_converted (row mapping, concatenation,
-// truncation, transforms, llama.cpp's per-tensor type rules) and add_hf_tokenizer (llama.cpp's
+// The SDK side of conversion on small synthetic inputs: write_converted through the host's GGUF writer
+// (row mapping, concatenation, truncation, transforms, llama.cpp's per-tensor type rules) and add_hf_tokenizer (llama.cpp's
 // LlamaHfVocab + SpecialVocab rules on a hand-written tokenizer.json).
 #include <gtest/gtest.h>
 
@@ -9,11 +9,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/plugins.hpp"
 #include "foundation/test_util.hpp"
 #include "specula/convert.hpp"
 #include "specula/error.hpp"
-#include "specula/gguf.hpp"
-#include "specula/mapped_file.hpp"
 #include "specula/quant.hpp"
 
 namespace {
@@ -84,34 +83,35 @@ TEST(ConvertSdk, RowsComeFromSourcesConcatenatedTruncatedAndTransformed) {
     for (float& x : v) x = x * 0.0f + static_cast<float>(row);  // row index, to check the row numbering
   };
 
-  specula::gguf::Writer w;
-  w.set_string("general.architecture", "test");
-  specula::write_converted(w, plan, DType::Q8_0, tmp / "out.gguf");
+  specula::gguf::Metadata md;
+  md.set_string("general.architecture", "test");
+  specula::write_converted(*specula_test::host().make_writer("gguf"), md, plan, DType::Q8_0, tmp / "out.gguf");
   ASSERT_FALSE(fs::exists(tmp / "out.gguf.part"));
-  const auto map = specula::MappedFile::open(tmp / "out.gguf");
-  const auto f = specula::gguf::parse(map->bytes(), "out.gguf");
-  ASSERT_EQ(f.tensors.size(), 4u);
+  const auto file = specula_test::host().open_model(tmp / "out.gguf");
+  const std::vector<specula::TensorInfo>& tensors = file->tensors();
+  ASSERT_EQ(tensors.size(), 4u);
+  EXPECT_EQ(file->metadata().at("general.architecture"), "test");
 
-  EXPECT_EQ(f.tensors[0].type, DType::F32);
-  EXPECT_EQ(read_f32(f.tensors[0]), (std::vector<float>{0, 2, 4, 6}));
+  EXPECT_EQ(tensors[0].type, DType::F32);
+  EXPECT_EQ(read_f32(tensors[0]), (std::vector<float>{0, 2, 4, 6}));
 
-  EXPECT_EQ(f.tensors[1].type, DType::Q8_0);
-  EXPECT_EQ(f.tensors[1].shape, (std::vector<int64_t>{2, 3, 32}));
+  EXPECT_EQ(tensors[1].type, DType::Q8_0);
+  EXPECT_EQ(tensors[1].shape, (std::vector<int64_t>{2, 3, 32}));
   // Expected: expert 0 = gate rows 0,1 then up row 0; expert 1 = gate rows 2,3 then up row 1, each Q8_0.
   std::vector<float> want;
   for (int ex = 0; ex < 2; ++ex) {
     want.insert(want.end(), g.begin() + ex * 64, g.begin() + ex * 64 + 64);
     want.insert(want.end(), u.begin() + ex * 32, u.begin() + ex * 32 + 32);
   }
-  std::vector<std::byte> q(f.tensors[1].data.size());
+  std::vector<std::byte> q(tensors[1].data.size());
   for (int r = 0; r < 6; ++r) specula::quantize_row(DType::Q8_0, want.data() + r * 32, q.data() + r * 34, 32);
-  EXPECT_EQ(std::memcmp(q.data(), f.tensors[1].data.data(), q.size()), 0);
+  EXPECT_EQ(std::memcmp(q.data(), tensors[1].data.data(), q.size()), 0);
 
-  EXPECT_EQ(f.tensors[2].type, DType::F16);
-  EXPECT_EQ(f.tensors[2].shape, (std::vector<int64_t>{3, 48}));
-  EXPECT_EQ(read_f32(f.tensors[2]), std::vector<float>(e.begin(), e.begin() + 3 * 48));  // exact in F16
+  EXPECT_EQ(tensors[2].type, DType::F16);
+  EXPECT_EQ(tensors[2].shape, (std::vector<int64_t>{3, 48}));
+  EXPECT_EQ(read_f32(tensors[2]), std::vector<float>(e.begin(), e.begin() + 3 * 48));  // exact in F16
 
-  const auto rows = read_f32(f.tensors[3]);
+  const auto rows = read_f32(tensors[3]);
   for (int r = 0; r < 4; ++r) EXPECT_EQ(rows[static_cast<size_t>(r) * 32], static_cast<float>(r));
 }
 
@@ -123,9 +123,8 @@ TEST(ConvertSdk, PlanErrorsNameTheTensorAndWriteNothing) {
   plan[0].name = "too_many_rows.weight";
   plan[0].shape = {3, 32};
   plan[0].sources = {&at};
-  specula::gguf::Writer w;
   try {
-    specula::write_converted(w, plan, DType::F16, tmp / "out.gguf");
+    specula::write_converted(*specula_test::host().make_writer("gguf"), {}, plan, DType::F16, tmp / "out.gguf");
     FAIL() << "expected an error";
   } catch (const specula::Error& e) {
     EXPECT_NE(std::string(e.what()).find("too_many_rows.weight"), std::string::npos) << e.what();
@@ -171,19 +170,19 @@ TEST(ConvertSdk, TokenizerKeysFollowLlamaCpp) {
                                          {"add_eos_token", false}, {"sot_token", "<|turn>"}}},
                    {"config", {{"text_config", {{"pad_token_id", 0}, {"mask_token_id", 8}}}}}};
   const MetaFile file(tmp.path(), md);
-  specula::gguf::Writer w;
+  specula::gguf::Metadata w;
   EXPECT_EQ(specula::add_hf_tokenizer(file, w, "gemma4", {"<|x|>"}), 10);
-  const auto bytes = w.serialize();
-  const auto f = specula::gguf::parse(bytes, "tok");
   std::vector<std::string> keys;
-  for (const auto& [k, t] : f.keys) keys.push_back(k);
+  for (const auto& [k, t] : w.keys()) keys.push_back(k);
   EXPECT_EQ(keys, (std::vector<std::string>{"tokenizer.ggml.model", "tokenizer.ggml.tokens", "tokenizer.ggml.scores",
                                             "tokenizer.ggml.token_type", "tokenizer.ggml.merges",
                                             "tokenizer.ggml.bos_token_id", "tokenizer.ggml.eos_token_id",
                                             "tokenizer.ggml.padding_token_id", "tokenizer.ggml.mask_token_id",
                                             "tokenizer.ggml.add_bos_token", "tokenizer.ggml.add_eos_token",
                                             "tokenizer.chat_template"}));
-  const json& m = f.metadata;
+  EXPECT_EQ(w.type("tokenizer.ggml.token_type")->elem, specula::gguf::ValueType::INT32);
+  EXPECT_EQ(w.type("tokenizer.ggml.bos_token_id")->type, specula::gguf::ValueType::UINT32);
+  const json& m = w.values();
   EXPECT_EQ(m["tokenizer.ggml.tokens"].back(), "<extra>");
   // <pad> <eos>: special added; <bos>: named by tokenizer_config; <0x41>: byte; <|turn>: named (sot_token);
   // <|x|>: user-defined by the caller; <extra>: a non-special added token past the vocabulary.
@@ -203,7 +202,7 @@ TEST(ConvertSdk, TokenizerErrorsNameTheFile) {
   test::TempDir tmp;
   test::write_file(tmp / "tokenizer.json", R"({"model": {"type": "Unigram", "vocab": []}})");
   const MetaFile file(tmp.path(), {{"tokenizer_json_path", (tmp / "tokenizer.json").string()}});
-  specula::gguf::Writer w;
+  specula::gguf::Metadata w;
   try {
     specula::add_hf_tokenizer(file, w, "gemma4", {});
     FAIL() << "expected an error";

@@ -20,10 +20,10 @@
 #include "assistant.hpp"
 #include "common/plugins.hpp"
 #include "foundation/test_util.hpp"
-#include "specula/gguf.hpp"
+#include "gguf_io.hpp"  // plugins/gguf (specula_gguf_io)
+#include "safetensors_io.hpp"  // plugins/safetensors (specula_safetensors_io)
 #include "specula/mapped_file.hpp"
 #include "specula/quant.hpp"
-#include "specula/safetensors.hpp"
 
 namespace {
 

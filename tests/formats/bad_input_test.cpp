@@ -7,9 +7,9 @@
 #include <filesystem>
 #include <fstream>
 
+#include "gguf_io.hpp"  // plugins/gguf (specula_gguf_io)
+#include "safetensors_io.hpp"  // plugins/safetensors (specula_safetensors_io)
 #include "specula/error.hpp"
-#include "specula/gguf.hpp"
-#include "specula/safetensors.hpp"
 
 namespace fs = std::filesystem;
 using namespace specula;

@@ -1,14 +1,17 @@
 // GGUF reader/writer: the real Gemma 4 vocab file, writer round trips of every value type and block
-// type, layout rules of gguf-py, split files.
+// type, layout rules of gguf-py, split files; the gguf format plugin writing and reading through the host.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <filesystem>
 #include <random>
 
+#include "common/plugins.hpp"
+#include "gguf_io.hpp"  // plugins/gguf (specula_gguf_io)
 #include "specula/error.hpp"
-#include "specula/gguf.hpp"
 #include "specula/mapped_file.hpp"
 #include "specula/quant.hpp"
 
@@ -258,4 +261,120 @@ TEST(Gguf, StreamingWriteEqualsInMemory) {
   EXPECT_FALSE(fs::exists(dir / "short.gguf"));
   EXPECT_FALSE(fs::exists(dir / "short.gguf.part"));
   EXPECT_THROW(streamed.serialize(), Error);
+}
+
+// ------------------------------------------------------------------ the gguf format plugin, through the host
+
+namespace {
+
+std::vector<char> file_bytes(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+}  // namespace
+
+// Metadata (every kind of value, a non-default alignment) and tensors (held and streamed in pieces)
+// written by the plugin the host finds for "gguf" read back the same through the host, typed keys in
+// order included, and the file is byte for byte what the writer library makes of the same input.
+TEST(GgufFormat, WriteThroughTheHostReadsBack) {
+  const fs::path dir = temp_dir("host-write");
+  auto& host = specula_test::host();
+  const auto writer = host.make_writer("gguf");
+  ASSERT_TRUE(writer->can_write());
+
+  gguf::Metadata md;
+  md.set_u32("general.alignment", 64);
+  md.set_string("general.architecture", "test");
+  md.set("test.small", ValueType::UINT8, 7);
+  md.set("test.big", ValueType::INT64, int64_t{-1} << 40);
+  md.set_f32("test.eps", 1e-6f);
+  md.set_bool("test.flag", true);
+  md.set_array("test.per_layer", ValueType::INT32, {1, -2, 3});
+  md.set_array("tokenizer.ggml.tokens", ValueType::STRING, {"<pad>", "a", "bb"});
+  md.set_u32("test.block_count", 2);
+  md.set_u32("test.block_count", 3);  // replaced in place
+  EXPECT_THROW(md.set("test.bad", ValueType::UINT8, 256), Error);
+
+  std::vector<float> held(6), streamed(2 * 64);
+  for (size_t i = 0; i < held.size(); ++i) held[i] = 0.5f * static_cast<float>(i);
+  for (size_t i = 0; i < streamed.size(); ++i) streamed[i] = std::sin(0.1f * static_cast<float>(i));
+  std::vector<std::byte> q8(2 * 68);
+  for (int r = 0; r < 2; ++r) quantize_row(DType::Q8_0, streamed.data() + r * 64, q8.data() + r * 68, 64);
+  const auto held_bytes = bytes_of(held);
+  std::vector<TensorSpec> specs = {
+      {"held", DType::F32, {2, 3}, held_bytes, {}},
+      {"streamed", DType::Q8_0, {2, 64}, {}, [&](const PutBytes& put) {
+         put(std::span(q8).subspan(0, 10));  // in pieces
+         put(std::span(q8).subspan(10));
+       }}};
+  writer->write(dir / "w.gguf", md, specs);
+  EXPECT_FALSE(fs::exists(dir / "w.gguf.part"));
+
+  const auto file = host.open_model(dir / "w.gguf");
+  EXPECT_EQ(file->format(), "gguf");
+  EXPECT_EQ(file->architecture(), "test");
+  const gguf::Metadata* back = file->gguf_metadata();
+  ASSERT_NE(back, nullptr);
+  ASSERT_EQ(back->keys().size(), md.keys().size());
+  for (size_t i = 0; i < md.keys().size(); ++i) {
+    const auto& [key, type] = md.keys()[i];
+    EXPECT_EQ(back->keys()[i].first, key);
+    EXPECT_EQ(back->keys()[i].second.type, type.type) << key;
+    EXPECT_EQ(back->keys()[i].second.elem, type.elem) << key;
+    EXPECT_EQ(*back->find(key), *md.find(key)) << key;
+  }
+  EXPECT_EQ(back->values(), file->metadata());
+  EXPECT_EQ(file->metadata().at("test.block_count"), 3);
+  ASSERT_EQ(file->tensors().size(), 2u);
+  const TensorInfo* h = file->find("held");
+  const TensorInfo* s = file->find("streamed");
+  ASSERT_TRUE(h && s);
+  EXPECT_EQ(h->shape, (std::vector<int64_t>{2, 3}));
+  EXPECT_EQ(s->type, DType::Q8_0);
+  EXPECT_TRUE(std::equal(h->data.begin(), h->data.end(), held_bytes.begin(), held_bytes.end()));
+  EXPECT_TRUE(std::equal(s->data.begin(), s->data.end(), q8.begin(), q8.end()));
+  EXPECT_EQ((s->data.data() - h->data.data()) % 64, 0);
+
+  // The same bits as the writer library given the same keys and tensors.
+  gguf::Writer w(64);
+  w.copy_metadata(md);
+  w.add_tensor("held", DType::F32, {2, 3}, held_bytes);
+  w.add_tensor("streamed", DType::Q8_0, {2, 64}, q8);
+  const auto want = w.serialize();
+  const auto got = file_bytes(dir / "w.gguf");
+  ASSERT_EQ(got.size(), want.size());
+  EXPECT_EQ(std::memcmp(got.data(), want.data(), want.size()), 0);
+
+  // A held tensor of the wrong size is refused before the file is created; a short fill fails naming
+  // the tensor. Neither leaves a file behind.
+  std::vector<TensorSpec> wrong = {{"held", DType::F32, {2, 4}, held_bytes, {}}};
+  try {
+    writer->write(dir / "wrong.gguf", md, wrong);
+    ADD_FAILURE() << "a held tensor of the wrong size was written";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'held'"), std::string::npos) << e.what();
+  }
+  std::vector<TensorSpec> short_fill = {
+      {"streamed", DType::Q8_0, {2, 64}, {}, [&](const PutBytes& put) { put(std::span(q8).subspan(1)); }}};
+  try {
+    writer->write(dir / "short.gguf", md, short_fill);
+    ADD_FAILURE() << "a short fill was written";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("'streamed'"), std::string::npos) << e.what();
+  }
+  for (const char* name : {"wrong.gguf", "wrong.gguf.part", "short.gguf", "short.gguf.part"})
+    EXPECT_FALSE(fs::exists(dir / name)) << name;
+}
+
+// Only the gguf plugin writes: asking for a writer of another format names what was found.
+TEST(GgufFormat, NoWriterForOtherFormats) {
+  try {
+    specula_test::host().make_writer("safetensors");
+    FAIL() << "a safetensors writer was found";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("no format plugin writes safetensors files"), std::string::npos) << m;
+    EXPECT_NE(m.find("gguf (gguf, writes)"), std::string::npos) << m;
+  }
 }

@@ -13,7 +13,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "specula/safetensors.hpp"
+#include "safetensors_io.hpp"  // plugins/safetensors (specula_safetensors_io)
 
 namespace fs = std::filesystem;
 using nlohmann::json;

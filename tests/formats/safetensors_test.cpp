@@ -7,9 +7,10 @@
 #include <fstream>
 #include <random>
 
+#include "common/plugins.hpp"
+#include "safetensors_io.hpp"  // plugins/safetensors (specula_safetensors_io)
 #include "specula/error.hpp"
 #include "specula/quant.hpp"
-#include "specula/safetensors.hpp"
 
 namespace fs = std::filesystem;
 using namespace specula;
@@ -281,4 +282,24 @@ TEST(Safetensors, MlxQuantizedCheckpoint) {
   ASSERT_NE(m8->find("router.weight"), nullptr);
   EXPECT_EQ(m8->find("router.weight")->quant.bits, 8u);
   EXPECT_EQ(m8->find("router.weight")->quant.group_size, 64u);
+}
+
+// Through the host: the safetensors plugin opens the checkpoint, has no typed GGUF keys and does not write.
+TEST(SafetensorsFormat, ThroughTheHostHasNoGgufMetadataAndDoesNotWrite) {
+  const fs::path dir = temp_dir("host");
+  safetensors::Writer w;
+  const auto a = normal(8, 3);
+  w.add_tensor("model.a", DType::F32, {2, 4}, raw(a));
+  w.write(dir / "model.safetensors");
+  write_json(dir / "config.json", {{"model_type", "gemma4"}});
+  auto& host = specula_test::host();
+  const auto file = host.open_model(dir);
+  EXPECT_EQ(file->format(), "safetensors");
+  EXPECT_EQ(file->architecture(), "gemma4");
+  EXPECT_EQ(file->gguf_metadata(), nullptr);
+  const auto format = host.make_format("safetensors");
+  EXPECT_FALSE(format->can_write());
+  const std::string err = error_of([&] { format->write(dir / "out.gguf", {}, {}); });
+  EXPECT_NE(err.find("cannot write"), std::string::npos) << err;
+  EXPECT_FALSE(fs::exists(dir / "out.gguf"));
 }

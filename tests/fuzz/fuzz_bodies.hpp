@@ -8,10 +8,10 @@
 #include <span>
 #include <vector>
 
+#include "gguf_io.hpp"  // plugins/gguf (specula_gguf_io)
+#include "safetensors_io.hpp"  // plugins/safetensors (specula_safetensors_io)
 #include "specula/error.hpp"
-#include "specula/gguf.hpp"
 #include "specula/quant.hpp"
-#include "specula/safetensors.hpp"
 
 namespace specula::fuzz {
 

@@ -14,7 +14,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "specula/gguf.hpp"
+#include "gguf_io.hpp"  // plugins/gguf (specula_gguf_io)
 #include "specula/log.hpp"
 #include "specula/model_file.hpp"
 

@@ -21,7 +21,7 @@
 #include "specula/core/pipeline.hpp"
 #include "specula/error.hpp"
 #include "specula/options.hpp"
-#include "specula/safetensors.hpp"
+#include "safetensors_io.hpp"  // plugins/safetensors (specula_safetensors_io)
 #include "specula/tokenizer.hpp"
 
 namespace specula::fuzz {

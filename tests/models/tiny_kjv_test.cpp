@@ -22,7 +22,6 @@
 #include "specula/core/generator.hpp"
 #include "specula/core/plugin_host.hpp"
 #include "specula/error.hpp"
-#include "specula/gguf.hpp"
 #include "specula/model.hpp"
 #include "specula/quant.hpp"
 
@@ -59,22 +58,20 @@ fs::path f32_copy(const std::string& name) {
   static std::mutex mu;
   std::lock_guard lock(mu);
   if (fs::exists(out) && fs::last_write_time(out) > fs::last_write_time(kModels / name)) return out;
-  std::ifstream in(kModels / name, std::ios::binary);
-  std::vector<char> raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<std::byte> bytes(raw.size());
-  std::memcpy(bytes.data(), raw.data(), raw.size());
-  const auto file = specula::gguf::parse(bytes, (kModels / name).string());
-  specula::gguf::Writer w(static_cast<uint32_t>(file.alignment));
-  w.copy_metadata(file);
-  w.set_u32("general.file_type", 0);
-  for (const auto& t : file.tensors) {
-    std::vector<float> v(static_cast<size_t>(t.elements()));
-    specula::dequantize_tensor(t, v.data());
-    w.add_tensor(t.name, specula::DType::F32, t.shape, std::as_bytes(std::span(v)));
-  }
+  // Read and written through the gguf format plugin.
+  const auto file = host().open_model(kModels / name);
+  specula::gguf::Metadata md = *file->gguf_metadata();
+  md.set_u32("general.file_type", 0);
+  std::vector<specula::TensorSpec> specs;
+  for (const auto& t : file->tensors())
+    specs.push_back({t.name, specula::DType::F32, t.shape, {}, [&t](const specula::PutBytes& put) {
+                       std::vector<float> v(static_cast<size_t>(t.elements()));
+                       specula::dequantize_tensor(t, v.data());
+                       put(std::as_bytes(std::span(v)));
+                     }});
   fs::create_directories(out.parent_path());
   const fs::path tmp = out.string() + ".tmp";
-  w.write(tmp);
+  host().make_writer("gguf")->write(tmp, md, specs);
   fs::rename(tmp, out);
   return out;
 }

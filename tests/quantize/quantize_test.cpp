@@ -23,9 +23,10 @@
 
 #include "common/plugins.hpp"
 #include "common/sha256.hpp"
+#include "gguf_io.hpp"         // plugins/gguf (specula_gguf_io): reads outputs, writes inputs
+#include "safetensors_io.hpp"  // plugins/safetensors (specula_safetensors_io)
 #include "specula/core/quantize.hpp"
 #include "specula/error.hpp"
-#include "specula/gguf.hpp"
 #include "specula/log.hpp"
 #include "specula/mapped_file.hpp"
 #include "specula/quant.hpp"
@@ -94,7 +95,7 @@ fs::path quantized(const std::string& type, unsigned threads = 2, const std::str
     core::QuantizeOptions o;
     o.type = &file_type(type);
     o.threads = threads;
-    core::quantize_gguf(fixture(format), path, o);
+    core::quantize_gguf(specula_test::host(), fixture(format), path, o);
     out = path;
   }
   return out;
@@ -442,6 +443,34 @@ TEST(QuantizeCli, BadInputFailsCleanly) {
     expect_nothing_written(work_dir() / "no-such-dir" / "out.gguf");
   }
   EXPECT_TRUE(fs::exists(in));  // refusing to overwrite the input left it alone
+}
+
+// A checkpoint the gguf plugin does not read (a Hugging Face safetensors directory, opened by the
+// safetensors plugin) is refused, naming its format and `specula convert`, and nothing is written.
+TEST(QuantizeCli, RefusesCheckpointsOfOtherFormats) {
+  const fs::path dir = work_dir() / "hf-checkpoint", out = work_dir() / "hf-q8.gguf";
+  fs::create_directories(dir);
+  std::ofstream(dir / "config.json") << R"({"model_type": "tiny", "architectures": ["TinyForCausalLM"]})";
+  specula::safetensors::Writer w;
+  std::vector<float> table(8 * 64, 0.5f);
+  w.add_tensor("model.embed_tokens.weight", DType::F32, {8, 64}, std::as_bytes(std::span(table)));
+  w.write(dir / "model.safetensors");
+  fs::remove(out);
+  for (const std::string& args : {q(dir) + " " + q(out) + " Q8_0", q(dir) + " Q8_0 --dry-run"}) {
+    const Result r = cli(args);
+    EXPECT_NE(r.status, 0) << args;
+    EXPECT_NE(r.out.find("hf-checkpoint: a safetensors checkpoint; quantize reads GGUF files only"), std::string::npos)
+        << args << "\n" << r.out;
+    EXPECT_NE(r.out.find("specula convert"), std::string::npos) << r.out;
+    expect_nothing_written(out);
+  }
+  // The same through the API.
+  try {
+    core::open_quantize_input(specula_test::host(), dir);
+    ADD_FAILURE() << "open_quantize_input accepted a safetensors checkpoint";
+  } catch (const specula::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("a safetensors checkpoint"), std::string::npos) << e.what();
+  }
 }
 
 // Errors while writing (a tensor that cannot be converted, a NaN) name the file, tensor and types,

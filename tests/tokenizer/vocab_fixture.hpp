@@ -11,7 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "specula/gguf.hpp"
+#include "common/plugins.hpp"
 #include "specula/model_file.hpp"
 #include "specula/tokenizer.hpp"
 
@@ -38,9 +38,9 @@ class MetadataFile final : public ModelFile {
   std::vector<TensorInfo> tensors_;
 };
 
-// Opened with the SDK's GGUF reader, the same code the gguf format plugin uses.
+// Opened through the gguf format plugin.
 inline const ModelFile& gemma4_vocab_file() {
-  static const std::unique_ptr<ModelFile> file = gguf::open(gemma4_vocab_path());
+  static const std::shared_ptr<const ModelFile> file = specula_test::host().open_model(gemma4_vocab_path());
   return *file;
 }
 

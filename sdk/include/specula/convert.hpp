@@ -1,9 +1,9 @@
 // Checkpoint conversion to GGUF (`specula convert`). A converter plugin (kind "converter") knows one
 // architecture: given a ModelFile opened by any format plugin (Hugging Face safetensors, MLX), it accepts
-// it or not and returns a plan: the GGUF metadata (written into a gguf::Writer) and the ordered output
-// tensors, each made of source tensor rows. write_converted() then streams the plan: one tensor at a
-// time is dequantized row by row, converted to the out type and written, so memory stays bounded by a
-// row chunk, never the model.
+// it or not and returns a plan: the GGUF metadata (written into a gguf::Metadata) and the ordered output
+// tensors, each made of source tensor rows. write_converted() then streams the plan through a format
+// plugin that writes GGUF: one tensor at a time is dequantized row by row, converted to the out type and
+// written, so memory stays bounded by a row chunk, never the model.
 #pragma once
 
 #include <cstdint>
@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "specula/dtype.hpp"
-#include "specula/gguf.hpp"
+#include "specula/gguf_metadata.hpp"
 #include "specula/model_file.hpp"
 
 namespace specula {
@@ -65,7 +65,7 @@ class Converter {
   // file order. Every missing or misshaped tensor or key is a specula::Error naming the file, the tensor
   // or key and what was expected, thrown before anything is written.
   virtual std::vector<ConvertTensor> plan(const ModelFile& file, const ConvertOptions& options,
-                                          gguf::Writer& out) const = 0;
+                                          gguf::Metadata& out) const = 0;
 };
 
 // --- helpers for converter plugins ---
@@ -85,16 +85,18 @@ std::string default_model_name(const ModelFile& file, const ConvertOptions& opti
 // the bos/eos/unk/sep/pad/mask ids (tokenizer_config.json through added_tokens, then config.json),
 // add_bos/add_eos (post-processor, tokenizer_config.json) and tokenizer.chat_template
 // (tokenizer_config.json, chat_template.jinja or chat_template.json). Returns the number of tokens.
-int64_t add_hf_tokenizer(const ModelFile& file, gguf::Writer& out, const std::string& model,
+int64_t add_hf_tokenizer(const ModelFile& file, gguf::Metadata& out, const std::string& model,
                          const std::vector<std::string>& user_defined);
 
 // --- running a plan (the CLI) ---
 
 // Called once per tensor as it is written (index into `tensors`).
 using ConvertProgress = std::function<void(size_t index)>;
-// Checks the plan (shapes against sources, readable source types), declares every tensor on `out` with
-// its convert_tensor_type and writes `path` through `<path>.part` (nothing is left behind on failure).
-void write_converted(gguf::Writer& out, const std::vector<ConvertTensor>& tensors, DType outtype,
-                     const std::filesystem::path& path, const ConvertProgress& progress = {});
+// Checks the plan (shapes against sources, readable source types) and writes `metadata` and every tensor,
+// as its convert_tensor_type, to `path` through `writer` (a format plugin that can_write GGUF:
+// PluginHost::make_writer("gguf")), which leaves nothing behind on failure.
+void write_converted(const ModelFormat& writer, const gguf::Metadata& metadata,
+                     const std::vector<ConvertTensor>& tensors, DType outtype, const std::filesystem::path& path,
+                     const ConvertProgress& progress = {});
 
 }  // namespace specula

@@ -33,7 +33,10 @@
 //    ModelLoader::load and DrafterLoader::load
 // 7: ComputeBackend::compile → CompiledGraph (run, read) replaces run(Graph) / read(Graph, ...);
 //    ModelContext::forward_sample declines instead of sampling on the host (no require_device)
-#define SPECULA_PLUGIN_ABI_VERSION 7u
+// 8: the GGUF / safetensors readers and writers leave the SDK for their plugins: specula/gguf_metadata.hpp
+//    (gguf::Metadata, the value types) replaces gguf.hpp and safetensors.hpp; ModelFile::gguf_metadata;
+//    ModelFormat::can_write / write(path, metadata, TensorSpecs); Converter::plan fills a gguf::Metadata
+#define SPECULA_PLUGIN_ABI_VERSION 8u
 #define SPECULA_PLUGIN_ENTRY_SYMBOL "specula_plugin_entry"
 
 // Compiler, standard library, language standard and the SDK's interface hash: C++ objects cross the

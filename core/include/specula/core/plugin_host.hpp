@@ -7,6 +7,7 @@
 //   for (auto& r : host.rejected()) ...;         // every candidate refused, with the reason
 //   auto backend = host.make_backend("onednn", {});
 //   auto file = host.open_model("model.gguf");   // asks every format plugin's can_open
+//   host.make_writer("gguf")->write(path, metadata, tensors);  // a format plugin that writes GGUF
 //   auto loader = host.find_model_loader(*file); // the model plugin whose loader accepts the file
 #pragma once
 
@@ -89,6 +90,9 @@ class PluginHost {
   // format plugin, why it declined (the error its open() gives). `path` may be an hf:// id: it is
   // resolved into the Hugging Face cache first, downloading what is missing (core/hub.hpp).
   std::shared_ptr<const ModelFile> open_model(const std::filesystem::path& path, std::string_view format = {}) const;
+  // The first format plugin whose ModelFormat is named `format` ("gguf") and can_write: what
+  // `specula convert` and `specula quantize` write through. Throws naming the format plugins found.
+  std::shared_ptr<const ModelFormat> make_writer(std::string_view format) const;
   // The first model (drafter) plugin whose loader accepts `file`, made with `options`; throws naming the
   // file's architecture (general.architecture / config.json model_type when present) and the plugins tried.
   std::shared_ptr<ModelLoader> find_model_loader(const ModelFile& file, const nlohmann::json& options = {},

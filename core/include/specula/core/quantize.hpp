@@ -2,8 +2,9 @@
 // its per-tensor type rules (which tensors are quantized at all, embeddings and output, the attn_v /
 // ffn_down upgrades by layer position, the fallbacks for rows that are not whole blocks), its tensor
 // order and its metadata (general.file_type, general.quantization_version). These are conventions of
-// the GGUF format and llama.cpp's tensor names, not of one model. The input is memory-mapped and the
-// output streamed, so memory stays at about one slab of rows, never the model.
+// the GGUF format and llama.cpp's tensor names, not of one model. The input is opened and the output
+// written through the `gguf` format plugin (the plugin host's open_model and make_writer): the input is
+// memory-mapped and the output streamed, so memory stays at about one slab of rows, never the model.
 #pragma once
 
 #include <atomic>
@@ -11,6 +12,7 @@
 #include <filesystem>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -21,6 +23,8 @@
 #include "specula/model_file.hpp"
 
 namespace specula::core {
+
+class PluginHost;
 
 // One of llama.cpp's file types (LLAMA_FTYPE_*) whose tensor types Specula can all write.
 struct QuantFileType {
@@ -77,9 +81,14 @@ struct QuantizeStats {
   double seconds = 0;
 };
 
-// Writes `output` (through `<output>.part`, renamed when complete; nothing is left behind on error).
-// Throws specula::Error naming the file, the tensor and the type.
-QuantizeStats quantize_gguf(const std::filesystem::path& input, const std::filesystem::path& output,
-                            const QuantizeOptions& options);
+// The input of quantize_gguf, opened through `host`'s format plugins (`input` may be an hf:// id): a GGUF
+// file with its typed keys (ModelFile::gguf_metadata). Throws naming the file when it is missing, when
+// it is a checkpoint of another format (convert it first) or one shard of a split model.
+std::shared_ptr<const ModelFile> open_quantize_input(const PluginHost& host, const std::filesystem::path& input);
+
+// Writes `output` through the host's GGUF writer (through `<output>.part`, renamed when complete; nothing
+// is left behind on error). Throws specula::Error naming the file, the tensor and the type.
+QuantizeStats quantize_gguf(const PluginHost& host, const std::filesystem::path& input,
+                            const std::filesystem::path& output, const QuantizeOptions& options);
 
 }  // namespace specula::core

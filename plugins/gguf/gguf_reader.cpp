@@ -9,31 +9,12 @@
 #include <regex>
 #include <unordered_map>
 
+#include "gguf_io.hpp"
 #include "specula/error.hpp"
-#include "specula/gguf.hpp"
 #include "specula/log.hpp"
 #include "specula/mapped_file.hpp"
 
 namespace specula::gguf {
-
-std::string_view value_type_name(ValueType t) {
-  switch (t) {
-    case ValueType::UINT8: return "UINT8";
-    case ValueType::INT8: return "INT8";
-    case ValueType::UINT16: return "UINT16";
-    case ValueType::INT16: return "INT16";
-    case ValueType::UINT32: return "UINT32";
-    case ValueType::INT32: return "INT32";
-    case ValueType::FLOAT32: return "FLOAT32";
-    case ValueType::BOOL: return "BOOL";
-    case ValueType::STRING: return "STRING";
-    case ValueType::ARRAY: return "ARRAY";
-    case ValueType::UINT64: return "UINT64";
-    case ValueType::INT64: return "INT64";
-    case ValueType::FLOAT64: return "FLOAT64";
-  }
-  return "unknown";
-}
 
 namespace {
 
@@ -269,7 +250,8 @@ class GgufModelFile final : public ModelFile {
  public:
   std::string format() const override { return "gguf"; }
   std::filesystem::path path() const override { return path_; }
-  const nlohmann::json& metadata() const override { return metadata_; }
+  const nlohmann::json& metadata() const override { return metadata_.values(); }
+  const Metadata* gguf_metadata() const override { return &metadata_; }
   const std::vector<TensorInfo>& tensors() const override { return tensors_; }
   const TensorInfo* find(const std::string& name) const override {
     auto it = index_.find(name);
@@ -277,7 +259,7 @@ class GgufModelFile final : public ModelFile {
   }
 
   std::filesystem::path path_;
-  nlohmann::json metadata_;
+  Metadata metadata_;
   std::vector<TensorInfo> tensors_;
   std::unordered_map<std::string, size_t> index_;
   std::vector<std::shared_ptr<const MappedFile>> maps_;
@@ -330,7 +312,7 @@ std::unique_ptr<ModelFile> open(const std::filesystem::path& path) {
              shards[s].string(), sno, scount, s + 1, shards.size());
       if (s == 0) declared_total = int_key(f.metadata, "split.tensors.count", -1);
     }
-    if (s == 0) mf->metadata_ = std::move(f.metadata);
+    if (s == 0) mf->metadata_ = Metadata::adopt(std::move(f.metadata), std::move(f.keys));
     for (auto& t : f.tensors) {
       if (mf->index_.count(t.name))
         fail("{}: tensor '{}' also appears in an earlier shard", shards[s].string(), t.name);

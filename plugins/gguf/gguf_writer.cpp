@@ -4,7 +4,7 @@
 #include <fstream>
 
 #include "specula/error.hpp"
-#include "specula/gguf.hpp"
+#include "gguf_io.hpp"
 
 namespace specula::gguf {
 namespace {
@@ -47,35 +47,6 @@ void put_scalar(Out& o, ValueType t, const nlohmann::json& v) {
   fail("gguf writer: nested arrays are not supported");
 }
 
-// Checks that a JSON value has the kind the GGUF type needs (so serialize() cannot fail later).
-bool json_fits(ValueType t, const nlohmann::json& v) {
-  switch (t) {
-    case ValueType::STRING: return v.is_string();
-    case ValueType::BOOL: return v.is_boolean();
-    case ValueType::FLOAT32: case ValueType::FLOAT64: return v.is_number();
-    case ValueType::ARRAY: return false;
-    default: break;
-  }
-  if (!v.is_number_integer()) return false;
-  // The value must be representable in the declared integer type (no silent truncation).
-  auto in = [&](int64_t lo, uint64_t hi) {
-    if (v.is_number_unsigned()) return v.get<uint64_t>() <= hi;
-    const int64_t x = v.get<int64_t>();
-    return x >= lo && (x < 0 || static_cast<uint64_t>(x) <= hi);
-  };
-  switch (t) {
-    case ValueType::UINT8: return in(0, UINT8_MAX);
-    case ValueType::INT8: return in(INT8_MIN, INT8_MAX);
-    case ValueType::UINT16: return in(0, UINT16_MAX);
-    case ValueType::INT16: return in(INT16_MIN, INT16_MAX);
-    case ValueType::UINT32: return in(0, UINT32_MAX);
-    case ValueType::INT32: return in(INT32_MIN, INT32_MAX);
-    case ValueType::UINT64: return in(0, UINT64_MAX);
-    case ValueType::INT64: return in(INT64_MIN, INT64_MAX);
-    default: return false;
-  }
-}
-
 }  // namespace
 
 Writer::Writer(uint32_t alignment) : alignment_(alignment) {
@@ -84,27 +55,12 @@ Writer::Writer(uint32_t alignment) : alignment_(alignment) {
   if (alignment != kDefaultAlignment) set_u32("general.alignment", alignment);
 }
 
-void Writer::set(const std::string& key, ValueType type, nlohmann::json value, ValueType elem) {
-  if (key.empty()) fail("gguf writer: empty key");
-  if (type == ValueType::ARRAY) {
-    if (!value.is_array()) fail("gguf writer: key '{}': ARRAY needs a JSON array, got {}", key, value.type_name());
-    for (const auto& v : value)
-      if (!json_fits(elem, v))
-        fail("gguf writer: key '{}': array element {} does not fit {}", key, v.dump(), value_type_name(elem));
-  } else if (!json_fits(type, value)) {
-    fail("gguf writer: key '{}': value {} does not fit {}", key, value.dump(), value_type_name(type));
-  }
-  KeyType kt{type, type == ValueType::ARRAY ? elem : ValueType::UINT8};
-  for (auto& kv : kv_)
-    if (kv.first == key) {
-      kv.second = {kt, std::move(value)};
-      return;
-    }
-  kv_.emplace_back(key, std::make_pair(kt, std::move(value)));
-}
-
 void Writer::copy_metadata(const File& f) {
   for (const auto& [key, kt] : f.keys) set(key, kt.type, f.metadata.at(key), kt.elem);
+}
+
+void Writer::copy_metadata(const Metadata& m) {
+  for (const auto& [key, kt] : m.keys()) set(key, kt.type, m.values().at(key), kt.elem);
 }
 
 uint64_t Writer::checked_bytes(const std::string& name, DType type, const std::vector<int64_t>& shape) const {
@@ -141,8 +97,8 @@ std::vector<std::byte> Writer::header() const {
   o.put<uint32_t>(3);
   o.put<uint64_t>(tensors_.size());
   o.put<uint64_t>(kv_.size());
-  for (const auto& [key, tv] : kv_) {
-    const auto& [kt, value] = tv;
+  for (const auto& [key, kt] : kv_.keys()) {
+    const nlohmann::json& value = kv_.values().at(key);
     o.put_string(key);
     o.put<uint32_t>(static_cast<uint32_t>(kt.type));
     if (kt.type == ValueType::ARRAY) {
@@ -220,6 +176,32 @@ void Writer::write(const std::filesystem::path& path, const Fill& fill) const {
     std::filesystem::remove(part, ec);
     throw;
   }
+}
+
+void write(const std::filesystem::path& path, const Metadata& metadata, const std::vector<TensorSpec>& tensors) {
+  uint32_t alignment = kDefaultAlignment;
+  if (const nlohmann::json* a = metadata.find("general.alignment")) {
+    const KeyType* kt = metadata.type("general.alignment");
+    if (kt->type != ValueType::UINT32)
+      fail("{}: key 'general.alignment' has type {}, expected UINT32", path.string(), value_type_name(kt->type));
+    alignment = a->get<uint32_t>();
+  }
+  Writer w(alignment);
+  w.copy_metadata(metadata);
+  // Held bytes are not copied: every tensor is declared, and the held ones checked here, before the file
+  // is created.
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    const TensorSpec& t = tensors[i];
+    w.declare_tensor(t.name, t.type, t.shape);
+    if (!t.fill && t.bytes.size() != w.tensor_bytes(i))
+      fail("gguf writer: tensor '{}': {} data bytes, {} {} needs {}", t.name, t.bytes.size(), dtype_name(t.type),
+           nlohmann::json(t.shape).dump(), w.tensor_bytes(i));
+  }
+  w.write(path, [&](size_t index, const PutBytes& put) {
+    const TensorSpec& t = tensors[index];
+    if (t.fill) t.fill(put);
+    else put(t.bytes);
+  });
 }
 
 }  // namespace specula::gguf

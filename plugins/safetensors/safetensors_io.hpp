@@ -1,6 +1,8 @@
 // Hugging Face safetensors and MLX checkpoints (gemma4-formats-spec §5, §6): a validating zero-copy
 // reader for single files, sharded directories (model.safetensors.index.json) and MLX affine-quantized
-// weights, plus a writer for fixtures. The `safetensors` format plugin wraps these.
+// weights, plus a writer for fixtures. Private to the `safetensors` format plugin (the static library
+// specula_safetensors_io, which tests and fuzz targets may link too); everything else opens checkpoints
+// through the plugin host.
 #pragma once
 
 #include <cstdint>

@@ -8,11 +8,11 @@
 #include <set>
 #include <unordered_map>
 
+#include "safetensors_io.hpp"
 #include "specula/error.hpp"
 #include "specula/log.hpp"
 #include "specula/mapped_file.hpp"
 #include "specula/quant.hpp"
-#include "specula/safetensors.hpp"
 
 namespace specula::safetensors {
 

@@ -3,9 +3,9 @@
 #include <cstring>
 #include <fstream>
 
+#include "safetensors_io.hpp"
 #include "specula/error.hpp"
 #include "specula/quant.hpp"
-#include "specula/safetensors.hpp"
 
 namespace specula::safetensors {
 

@@ -1,5 +1,7 @@
 // GGUF v3 (llama.cpp's container; gemma4-formats-spec §1): a validating zero-copy reader, split-file
-// support and a writer that reproduces gguf-py's layout. The `gguf` format plugin wraps these.
+// support and a writer that reproduces gguf-py's layout. Private to the `gguf` format plugin (the static
+// library specula_gguf_io, which tests and fuzz targets may link too); everything else reads and writes
+// GGUF through the plugin host (ModelFile::gguf_metadata, ModelFormat::write).
 #pragma once
 
 #include <cstdint>
@@ -14,35 +16,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include "specula/gguf_metadata.hpp"
 #include "specula/model_file.hpp"
 
 namespace specula::gguf {
 
 inline constexpr uint32_t kMagic = 0x46554747;  // "GGUF" read as a little-endian u32
 inline constexpr uint32_t kDefaultAlignment = 32;
-
-enum class ValueType : uint32_t {
-  UINT8 = 0,
-  INT8 = 1,
-  UINT16 = 2,
-  INT16 = 3,
-  UINT32 = 4,
-  INT32 = 5,
-  FLOAT32 = 6,
-  BOOL = 7,
-  STRING = 8,
-  ARRAY = 9,
-  UINT64 = 10,
-  INT64 = 11,
-  FLOAT64 = 12,
-};
-std::string_view value_type_name(ValueType t);
-
-// The declared type of one key: `elem` is meaningful only when `type` is ARRAY.
-struct KeyType {
-  ValueType type = ValueType::UINT8;
-  ValueType elem = ValueType::UINT8;
-};
 
 // One parsed GGUF file. Tensor `data` spans point into the bytes given to parse().
 struct File {
@@ -65,6 +45,10 @@ bool has_magic(const std::filesystem::path& path);
 // N shards as one model: metadata of the first shard, tensors of all.
 std::unique_ptr<ModelFile> open(const std::filesystem::path& path);
 
+// What the format plugin's write() does: a Writer with the alignment `metadata` states (general.alignment,
+// else 32), every key of `metadata` in order, then `tensors` in order (held or streamed).
+void write(const std::filesystem::path& path, const Metadata& metadata, const std::vector<TensorSpec>& tensors);
+
 // Writes GGUF v3 files laid out as gguf-py does (§1.3): header, KV records in insertion order, tensor
 // infos with offsets = running sum of sizes padded to `alignment`, zero padding, tensor data.
 class Writer {
@@ -72,17 +56,21 @@ class Writer {
   explicit Writer(uint32_t alignment = kDefaultAlignment);
 
   // Sets (or replaces) a key. `value` must fit `type`; for ARRAY pass a JSON array and `elem`.
-  void set(const std::string& key, ValueType type, nlohmann::json value, ValueType elem = ValueType::UINT8);
-  void set_string(const std::string& key, const std::string& v) { set(key, ValueType::STRING, v); }
-  void set_u32(const std::string& key, uint32_t v) { set(key, ValueType::UINT32, v); }
-  void set_i32(const std::string& key, int32_t v) { set(key, ValueType::INT32, v); }
-  void set_f32(const std::string& key, float v) { set(key, ValueType::FLOAT32, v); }
-  void set_bool(const std::string& key, bool v) { set(key, ValueType::BOOL, v); }
-  void set_array(const std::string& key, ValueType elem, nlohmann::json values) {
-    set(key, ValueType::ARRAY, std::move(values), elem);
+  void set(const std::string& key, ValueType type, nlohmann::json value, ValueType elem = ValueType::UINT8) {
+    kv_.set(key, type, std::move(value), elem);
   }
-  // Copies every key of a parsed file with its declared type.
+  void set_string(const std::string& key, const std::string& v) { kv_.set_string(key, v); }
+  void set_u32(const std::string& key, uint32_t v) { kv_.set_u32(key, v); }
+  void set_i32(const std::string& key, int32_t v) { kv_.set_i32(key, v); }
+  void set_f32(const std::string& key, float v) { kv_.set_f32(key, v); }
+  void set_bool(const std::string& key, bool v) { kv_.set_bool(key, v); }
+  void set_array(const std::string& key, ValueType elem, nlohmann::json values) {
+    kv_.set_array(key, elem, std::move(values));
+  }
+  // Copies every key of a parsed file (of `m`) with its declared type, in order.
   void copy_metadata(const File& f);
+  void copy_metadata(const Metadata& m);
+  const Metadata& metadata() const { return kv_; }
 
   // `shape` is outermost-first (it is written reversed as GGUF ne); `data` is copied and must have
   // exactly the byte size of `type` x `shape`.
@@ -100,7 +88,7 @@ class Writer {
   // Writes the file through `<path>.part`, renamed onto `path` only once complete (a reader never
   // sees half a file). Declared tensors get their bytes from `fill(index, put)`: it must call put
   // with exactly tensor_bytes(index) bytes in all, in as many pieces as it likes.
-  using PutBytes = std::function<void(std::span<const std::byte>)>;
+  using PutBytes = specula::PutBytes;
   using Fill = std::function<void(size_t index, const PutBytes& put)>;
   void write(const std::filesystem::path& path, const Fill& fill = {}) const;
 
@@ -116,7 +104,7 @@ class Writer {
   uint64_t checked_bytes(const std::string& name, DType type, const std::vector<int64_t>& shape) const;
   std::vector<std::byte> header() const;  // up to and including the padding before the data
   uint32_t alignment_;
-  std::vector<std::pair<std::string, std::pair<KeyType, nlohmann::json>>> kv_;
+  Metadata kv_;
   std::vector<Tensor> tensors_;
 };
 
