@@ -108,8 +108,11 @@ TEST(Gguf, WriterRoundTripsEveryValueType) {
   EXPECT_EQ(f.metadata["arr.f32"], nlohmann::json({1.5, -2.25}));
   EXPECT_TRUE(f.metadata["arr.empty"].is_array());
   EXPECT_TRUE(f.metadata["arr.empty"].empty());
-  for (const auto& [k, kt] : f.keys)
-    if (k == "arr.i32") EXPECT_EQ(kt.elem, ValueType::INT32);
+  for (const auto& [k, kt] : f.keys) {
+    if (k == "arr.i32") {
+      EXPECT_EQ(kt.elem, ValueType::INT32);
+    }
+  }
 
   // Values must fit their declared type.
   EXPECT_THROW(w.set("bad", ValueType::UINT8, 256), Error);
