@@ -42,14 +42,14 @@ RowsKernel float_kernel(const KernelSet& ks, DType type) {
   }
 }
 
-// Each thread takes a contiguous share of the weight rows and streams it once per chunk of activation
-// rows; a chunk is sized so that its records stay in the core's L2 cache. rows(o0, o1, x, nx, y) runs
-// weight rows [o0, o1) against nx activation rows.
 // A share of a product is at least this many weight bytes times activation rows: a small model's
 // matrices (35-140 KB at one row) take a few microseconds, about what handing half to another thread
 // costs, and on a VM whose two vCPUs share one core's time the other thread only takes that time away.
 constexpr size_t kMinShareWork = size_t{64} << 10;
 
+// Each thread takes a contiguous share of the weight rows and streams it once per chunk of activation
+// rows; a chunk is sized so that its records stay in the core's L2 cache. rows(o0, o1, x, nx, y) runs
+// weight rows [o0, o1) against nx activation rows.
 template <class Rows>
 void over_weight_rows(ThreadPool& pool, const Matrix& w, const std::byte* x, size_t x_stride, int64_t n, float* y,
                       const Rows& rows) {

@@ -1431,8 +1431,8 @@ void rows(const std::byte* w, size_t wrb, int64_t nw, const std::byte* x, size_t
           int64_t ldy) {
   // One activation row (decode): one weight row at a time. Four interleaved rows were faster on heap
   // memory but 30 % slower on a mapped model file (four streams of 4 KB pages).
-  // Short rows (a small model's 128-512 columns) are the exception: TW of them are one contiguous stream
-  // within a page or two, and they share the activation loads and the loop.
+  // Short rows (up to kShortRowBytes: a small model's 128-960 Q8_0 columns) are the exception: TW of
+  // them are one contiguous stream within a page or two, and they share the activation loads and the loop.
   if (nx == 1) {
     int64_t o = 0;
     if (wrb <= kShortRowBytes)
