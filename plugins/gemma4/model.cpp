@@ -15,11 +15,6 @@
 namespace specula::gemma4 {
 namespace {
 
-template <typename T>
-std::span<const std::byte> bytes_of(const std::vector<T>& v) {
-  return std::as_bytes(std::span<const T>(v));
-}
-
 // Rounds to `significant` bits of mantissa, ties to even (bf16: 8, f16: 11).
 float round_mantissa(float x, int significant) {
   int e = 0;

@@ -16,11 +16,6 @@ namespace {
 
 using json = nlohmann::json;
 
-template <typename T>
-std::span<const std::byte> bytes_of(const std::vector<T>& v) {
-  return std::as_bytes(std::span<const T>(v));
-}
-
 struct LayerWeights {
   BackendTensorPtr attn_norm, q, q_norm, o, post_attn_norm, ffn_norm, gate, up, down, post_ffw_norm, scalar;
 };

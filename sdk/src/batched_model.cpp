@@ -6,14 +6,6 @@
 #include "specula/sampler.hpp"
 
 namespace specula {
-namespace {
-
-template <typename T>
-std::span<const std::byte> bytes_of(const std::vector<T>& v) {
-  return std::as_bytes(std::span<const T>(v));
-}
-
-}  // namespace
 
 // A graph for one batch shape, reused by every step of that shape. `token` is set when it ends in the
 // sampler's device form.

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "specula/compute.hpp"
 #include "specula/error.hpp"
 #include "specula/quant.hpp"
 
@@ -21,8 +22,6 @@ namespace {
 
 using json = nlohmann::json;
 namespace fs = std::filesystem;
-
-std::string shape_str(const std::vector<int64_t>& s) { return json(s).dump(); }
 
 json read_json(const fs::path& path) {
   std::ifstream in(path, std::ios::binary);

@@ -9,11 +9,6 @@
 namespace specula {
 namespace {
 
-template <typename T>
-std::span<const std::byte> bytes_of(const std::vector<T>& v) {
-  return std::as_bytes(std::span<const T>(v));
-}
-
 int64_t product(const Shape& s, size_t from) {
   int64_t n = 1;
   for (size_t i = from; i < s.size(); ++i) n *= s[i];

@@ -19,6 +19,8 @@
 
 namespace specula::test {
 
+using specula::bytes_of;
+
 inline std::vector<float> random_floats(size_t n, uint32_t seed, float lo = -1.0f, float hi = 1.0f) {
   std::mt19937 rng(seed);
   std::uniform_real_distribution<float> d(lo, hi);
@@ -56,11 +58,6 @@ inline std::vector<float> exact_floats(size_t n, uint32_t seed, DType type) {
     }
   }
   return v;
-}
-
-template <typename T>
-std::span<const std::byte> bytes_of(const std::vector<T>& v) {
-  return std::as_bytes(std::span<const T>(v));
 }
 
 // A backend plus the storage of the weights the test hands it (TensorInfo data must outlive them).

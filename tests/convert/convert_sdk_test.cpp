@@ -128,7 +128,7 @@ TEST(ConvertSdk, PlanErrorsNameTheTensorAndWriteNothing) {
     FAIL() << "expected an error";
   } catch (const specula::Error& e) {
     EXPECT_NE(std::string(e.what()).find("too_many_rows.weight"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("[2,32]"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[2, 32]"), std::string::npos) << e.what();
   }
   EXPECT_FALSE(fs::exists(tmp / "out.gguf"));
   EXPECT_FALSE(fs::exists(tmp / "out.gguf.part"));

@@ -28,18 +28,18 @@ specula::core::GenerationResult run(const std::shared_ptr<specula::Model>& model
   return gen.generate(prompt, o, {}, 256);
 }
 
-struct Case {
+struct SamplingCase {
   const char* name;
   SamplingParams params;
   int64_t prefill_chunk;
 };
 
-void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+void PrintTo(const SamplingCase& c, std::ostream* os) { *os << c.name; }
 
-class DeviceSampling : public ::testing::TestWithParam<Case> {};
+class DeviceSampling : public ::testing::TestWithParam<SamplingCase> {};
 
 TEST_P(DeviceSampling, SameTokensAsHostSampling) {
-  const Case& c = GetParam();
+  const SamplingCase& c = GetParam();
   auto model = load(fixture("e2b") / "model-f32.gguf", {{"prefill_chunk", c.prefill_chunk}});
   const std::vector<int32_t> prompt{2, 818, 5279, 529, 7001, 563, 107, 1018, 236761, 9079};
   const auto host_run = run(model, c.params, SamplingDevice::Off, prompt, 12);
@@ -66,13 +66,13 @@ TEST_P(DeviceSampling, SameTokensAsHostSampling) {
 INSTANTIATE_TEST_SUITE_P(
     Gemma4, DeviceSampling,
     ::testing::Values(
-        Case{"greedy", {}, 256},
-        Case{"greedy_penalty_min_length", {.repetition_penalty = 1.3f, .penalty_window = 16, .min_length = 8}, 4},
-        Case{"topk_topp_penalty", {.temperature = 1.0f, .top_k = 40, .top_p = 0.95f, .repetition_penalty = 1.2f,
+        SamplingCase{"greedy", {}, 256},
+        SamplingCase{"greedy_penalty_min_length", {.repetition_penalty = 1.3f, .penalty_window = 16, .min_length = 8}, 4},
+        SamplingCase{"topk_topp_penalty", {.temperature = 1.0f, .top_k = 40, .top_p = 0.95f, .repetition_penalty = 1.2f,
                                    .min_length = 5, .seed = 7}, 256},
-        Case{"full_vocab_topp", {.temperature = 0.8f, .top_p = 0.9f, .seed = 11}, 4},
-        Case{"hot", {.temperature = 1.5f, .top_k = 200, .seed = 3}, 256},
-        Case{"min_p", {.temperature = 1.2f, .top_p = 0.95f, .min_p = 0.05f, .seed = 5}, 256}),
+        SamplingCase{"full_vocab_topp", {.temperature = 0.8f, .top_p = 0.9f, .seed = 11}, 4},
+        SamplingCase{"hot", {.temperature = 1.5f, .top_k = 200, .seed = 3}, 256},
+        SamplingCase{"min_p", {.temperature = 1.2f, .top_p = 0.95f, .min_p = 0.05f, .seed = 5}, 256}),
     [](const auto& info) { return std::string(info.param.name); });
 
 // The CPU backend without TopPDraw: `auto` falls back to the host with the op named, `on` refuses before

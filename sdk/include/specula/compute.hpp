@@ -172,6 +172,12 @@ struct DeviceInfo {
 };
 
 // Data for one run: the values of the graph's Input nodes.
+// A host vector's bytes, as RunInputs and ComputeBackend::write take them.
+template <typename T>
+std::span<const std::byte> bytes_of(const std::vector<T>& v) {
+  return std::as_bytes(std::span<const T>(v));
+}
+
 struct RunInputs {
   std::vector<std::pair<Value, std::span<const std::byte>>> inputs;
 };
