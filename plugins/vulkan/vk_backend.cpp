@@ -32,8 +32,9 @@ void check(VkResult r, const char* what) {
 // Types the shaders decode (common.glsl decode_chunk / load*).
 bool decodable(DType t) {
   switch (t) {
-    case DType::F32: case DType::F16: case DType::BF16: case DType::Q8_0: case DType::Q4_0:
-    case DType::Q4_K: case DType::Q6_K:
+    case DType::F32: case DType::F16: case DType::BF16: case DType::Q8_0: case DType::Q4_0: case DType::Q4_1:
+    case DType::Q5_0: case DType::Q5_1: case DType::Q4_K: case DType::Q5_K: case DType::Q6_K: case DType::IQ4_NL:
+    case DType::IQ4_XS:
       return true;
     default:
       return false;
@@ -370,7 +371,8 @@ class VulkanBackend final : public ComputeBackend {
       case Op::Argmax:
         if (decodable(type)) return Support::yes();
         return Support::no(fmt::format(
-            "the Vulkan backend decodes F32, F16, BF16, Q8_0, Q4_0, Q4_K and Q6_K, not {} ({} on {})", tr->name,
+            "the Vulkan backend decodes F32, F16, BF16 and the GGUF block types Q8_0, Q4_0, Q4_1, Q5_0, "
+            "Q5_1, Q4_K, Q5_K, Q6_K, IQ4_NL and IQ4_XS, not {} ({} on {})", tr->name,
             op_name(op), tr->name));
       default:
         return Support::no(fmt::format("the Vulkan backend does not implement {}", op_name(op)));

@@ -4,6 +4,9 @@
 //    bounds tests/gemma4 uses, and the CPU backend within 1e-4 (F32; Q8_0: see below);
 //  - greedy decode over a sequence longer than the sliding window gives the CPU backend's tokens;
 //  - `specula eval --backend vulkan` prints the reference's top token.
+//  - the quantizer's block types (Q4_1, Q5_0, Q5_1, Q5_K, Q6_K, IQ4_NL, IQ4_XS: what a Q4_K_M download
+//    mixes, with llama.cpp's fallbacks for rows that are not whole 256-value blocks) give the CPU's
+//    next-token log-probabilities.
 // Skipped (GTEST_SKIP) when no Vulkan device exists.
 #include <gtest/gtest.h>
 
@@ -13,11 +16,16 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
+
+#include <unistd.h>
 
 #include <nlohmann/json.hpp>
 
 #include "common/plugins.hpp"
+#include "common/sanitizers.hpp"
 #include "specula/core/plugin_host.hpp"
+#include "specula/core/quantize.hpp"
 #include "specula/error.hpp"
 #include "specula/model.hpp"
 
@@ -118,6 +126,7 @@ double max_logprob_diff(const std::vector<float>& a, const std::vector<float>& b
 
 TEST(VulkanGemma4, F32MatchesNumpyLlamaCppAndCpu) {
   REQUIRE_VULKAN();
+  SKIP_UNDER_SANITIZERS();
   auto vk = load("vulkan", "model-f32.gguf");
   auto cpu = load("onednn", "model-f32.gguf");
   const int64_t V = vk->info().vocab_size;
@@ -142,6 +151,7 @@ TEST(VulkanGemma4, F32MatchesNumpyLlamaCppAndCpu) {
 
 TEST(VulkanGemma4, Q8_0MatchesLlamaCppAndDequantizedCpu) {
   REQUIRE_VULKAN();
+  SKIP_UNDER_SANITIZERS();
   // The Vulkan backend multiplies the dequantized weights with F32 activations; the CPU backend
   // quantizes activations to 8 bits (as llama.cpp does), so the two differ by that rounding (~0.1
   // in log-prob on these random-weight fixtures, tests/gemma4's Q8_0 bound) rather than by 1e-4.
@@ -216,6 +226,45 @@ TEST(VulkanGemma4, EvalCliRunsOnVulkan) {
     EXPECT_EQ(got[pos][0][0].get<int64_t>(), p["top"][0][0].get<int64_t>()) << "top token at " << pos;
     EXPECT_NEAR(got[pos][0][1].get<double>(), p["top"][0][1].get<double>(), 1e-4) << "top log-prob at " << pos;
   }
+}
+
+// The quantizer's "quant" fixture (hidden 64, ffn 256: the FFN rows take K-quants, the others fall back)
+// quantized by Specula to each file type, on both backends. The weights are the same bits on both; the
+// CPU quantizes activations to 8 bits, hence the Q8_0 test's bound.
+TEST(VulkanGemma4, QuantizedFileTypesMatchCpu) {
+  REQUIRE_VULKAN();
+  SKIP_UNDER_SANITIZERS();
+  const fs::path dir = fs::path(SPECULA_FIXTURE_DIR) / "quantize-fixtures" / "quant";
+  const std::string cmd = std::string(SPECULA_PYTHON) + " " + SPECULA_SOURCE_DIR +
+                          "/tools/gemma4_fixture.py --variant quant --formats f16,q8_0 --out " + dir.string() +
+                          " --vocab " + SPECULA_SHARED_DIR + "/gemma4-vocab/ggml-vocab-gemma-4.gguf";
+  ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
+  const fs::path out = fs::path(SPECULA_BINARY_DIR) / "vulkan-quantized" / std::to_string(getpid());
+  fs::create_directories(out);
+  const std::vector<int32_t> tokens = {2, 818, 5279, 529, 7001, 563, 1000, 37};
+  std::set<specula::DType> seen;
+  for (const char* type : {"Q4_1", "Q4_K_M", "Q5_K_M", "IQ4_XS"}) {
+    specula::core::QuantizeOptions o;
+    o.type = specula::core::find_quant_file_type(type);
+    ASSERT_NE(o.type, nullptr) << type;
+    o.threads = 2;
+    const fs::path path = out / (std::string(type) + ".gguf");
+    const auto stats = specula::core::quantize_gguf(host(), dir / "model-f16.gguf", path, o);
+    for (const auto& [t, n] : stats.type_counts) seen.insert(t);
+    auto f = host().open_model(path);
+    std::vector<float> logits[2];
+    int i = 0;
+    for (const char* b : {"vulkan", "onednn"})
+      logits[i++] = run_all(*host().find_model_loader(*f)->load(f, backend(b), json::object()), tokens);
+    const double worst = max_logprob_diff(logits[1], logits[0], static_cast<int64_t>(logits[0].size() / tokens.size()));
+    EXPECT_LE(worst, 0.45) << type << ": Vulkan vs CPU";
+    std::printf("[vulkan-gemma4] %s: cpu max %.2e\n", type, worst);
+  }
+  fs::remove_all(out);
+  using specula::DType;
+  for (DType t : {DType::Q4_1, DType::Q4_K, DType::Q5_0, DType::Q5_1, DType::Q5_K, DType::Q6_K, DType::IQ4_NL,
+                  DType::IQ4_XS})
+    EXPECT_TRUE(seen.count(t)) << "no tensor of " << specula::dtype_name(t) << " in the quantized files";
 }
 
 }  // namespace

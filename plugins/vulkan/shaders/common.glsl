@@ -16,8 +16,11 @@ layout(std430, set = 0, binding = 6) buffer BE { uint d[]; } err;
 layout(push_constant) uniform PC { uint p[32]; } pc;
 
 // ggml type ids (specula::DType)
-const uint T_F32 = 0u, T_F16 = 1u, T_Q4_0 = 2u, T_Q8_0 = 8u, T_Q4_K = 12u, T_Q6_K = 14u, T_I32 = 26u,
-           T_BF16 = 30u;
+const uint T_F32 = 0u, T_F16 = 1u, T_Q4_0 = 2u, T_Q4_1 = 3u, T_Q5_0 = 6u, T_Q5_1 = 7u, T_Q8_0 = 8u,
+           T_Q4_K = 12u, T_Q5_K = 13u, T_Q6_K = 14u, T_IQ4_NL = 20u, T_IQ4_XS = 23u, T_I32 = 26u, T_BF16 = 30u;
+
+// IQ4_NL / IQ4_XS code book (ggml's kvalues_iq4nl).
+const int kIq4nl[16] = int[16](-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
 
 uint wg_linear() { return gl_WorkGroupID.y * gl_NumWorkGroups.x + gl_WorkGroupID.x; }
 
@@ -79,14 +82,31 @@ uint byte0(uint off) { return (b0.d[off >> 2] >> ((off & 3u) * 8u)) & 0xFFu; }
 float half0(uint off) { return half_bits(byte0(off) | (byte0(off + 1u) << 8)); }
 int sbyte0(uint off) { return int(byte0(off) << 24) >> 24; }
 
+uint word0(uint off) { return byte0(off) | (byte0(off + 1u) << 8) | (byte0(off + 2u) << 16) | (byte0(off + 3u) << 24); }
+
 // Bytes of one row of `cols` values of `type`.
 uint row_bytes(uint type, uint cols) {
   if (type == T_F32) return cols * 4u;
   if (type == T_F16 || type == T_BF16) return cols * 2u;
   if (type == T_Q8_0) return cols / 32u * 34u;
-  if (type == T_Q4_0) return cols / 32u * 18u;
+  if (type == T_Q4_0 || type == T_IQ4_NL) return cols / 32u * 18u;
+  if (type == T_Q4_1 || type == T_Q5_0) return cols / 32u * (type == T_Q4_1 ? 20u : 22u);
+  if (type == T_Q5_1) return cols / 32u * 24u;
   if (type == T_Q4_K) return cols / 256u * 144u;
+  if (type == T_Q5_K) return cols / 256u * 176u;
+  if (type == T_IQ4_XS) return cols / 256u * 136u;
   return cols / 256u * 210u;  // Q6_K
+}
+
+// Q4_K / Q5_K: the 6-bit scale and min of sub-block j (of 8) from the 12 bytes at s.
+void scale_min_k4(uint s, uint j, out uint sc, out uint m) {
+  if (j < 4u) {
+    sc = byte0(s + j) & 63u;
+    m = byte0(s + j + 4u) & 63u;
+  } else {
+    sc = (byte0(s + j + 4u) & 0xFu) | ((byte0(s + j - 4u) >> 6) << 4);
+    m = (byte0(s + j + 4u) >> 4) | ((byte0(s + j) >> 6) << 4);
+  }
 }
 
 // Values [32 c, 32 c + 32) of the weight row `row` (binding 0) as F32, exactly as the SDK decodes them;
@@ -110,23 +130,59 @@ void decode_chunk(uint type, uint row, uint cols, uint c, out float w[32]) {
       w[j] = float(int(q & 0xFu) - 8) * d;
       w[j + 16u] = float(int(q >> 4) - 8) * d;
     }
-  } else if (type == T_Q4_K) {
-    uint b = off + (c / 8u) * 144u, sub = c % 8u, pair = sub / 2u;
-    float d = half0(b), dmin = half0(b + 2u);
-    uint s = b + 4u, jj = sub;  // scale_min_k4(jj)
-    uint sc, m;
-    if (jj < 4u) {
-      sc = byte0(s + jj) & 63u;
-      m = byte0(s + jj + 4u) & 63u;
-    } else {
-      sc = (byte0(s + jj + 4u) & 0xFu) | ((byte0(s + jj - 4u) >> 6) << 4);
-      m = (byte0(s + jj + 4u) >> 4) | ((byte0(s + jj) >> 6) << 4);
+  } else if (type == T_Q4_1 || type == T_Q5_1) {
+    // d * q + m, rounded twice as the SDK does (precise: no fused multiply-add).
+    bool five = type == T_Q5_1;
+    uint b = off + c * (five ? 24u : 20u), qs = b + (five ? 8u : 4u);
+    float d = half0(b), m = half0(b + 2u);
+    uint qh = five ? word0(b + 4u) : 0u;
+    for (uint j = 0u; j < 16u; ++j) {
+      uint q = byte0(qs + j);
+      precise float y0 = float((q & 0xFu) | (((qh >> j) & 1u) << 4)) * d;
+      precise float y1 = float((q >> 4) | (((qh >> (j + 16u)) & 1u) << 4)) * d;
+      w[j] = y0 + m;
+      w[j + 16u] = y1 + m;
     }
+  } else if (type == T_Q5_0) {
+    uint b = off + c * 22u;
+    float d = half0(b);
+    uint qh = word0(b + 2u);
+    for (uint j = 0u; j < 16u; ++j) {
+      uint q = byte0(b + 6u + j);
+      w[j] = float(int((q & 0xFu) | (((qh >> j) & 1u) << 4)) - 16) * d;
+      w[j + 16u] = float(int((q >> 4) | (((qh >> (j + 16u)) & 1u) << 4)) - 16) * d;
+    }
+  } else if (type == T_IQ4_NL) {
+    uint b = off + c * 18u;
+    float d = half0(b);
+    for (uint j = 0u; j < 16u; ++j) {
+      uint q = byte0(b + 2u + j);
+      w[j] = d * float(kIq4nl[q & 0xFu]);
+      w[j + 16u] = d * float(kIq4nl[q >> 4]);
+    }
+  } else if (type == T_IQ4_XS) {
+    uint b = off + (c / 8u) * 136u, ib = c % 8u;
+    uint ls = ((byte0(b + 4u + ib / 2u) >> (4u * (ib % 2u))) & 0xFu) | ((((byte0(b + 2u) | (byte0(b + 3u) << 8)) >> (2u * ib)) & 3u) << 4);
+    precise float dl = half0(b) * float(int(ls) - 32);
+    uint qs = b + 8u + ib * 16u;
+    for (uint j = 0u; j < 16u; ++j) {
+      uint q = byte0(qs + j);
+      w[j] = dl * float(kIq4nl[q & 0xFu]);
+      w[j + 16u] = dl * float(kIq4nl[q >> 4]);
+    }
+  } else if (type == T_Q4_K || type == T_Q5_K) {
+    // Sub-block `sub` of a 256-value super-block: d1 * q - m1 (Q5_K adds the fifth bit from qh).
+    bool five = type == T_Q5_K;
+    uint b = off + (c / 8u) * (five ? 176u : 144u), sub = c % 8u, pair = sub / 2u;
+    float d = half0(b), dmin = half0(b + 2u);
+    uint sc, m;
+    scale_min_k4(b + 4u, sub, sc, m);
     precise float d1 = d * float(sc), m1 = dmin * float(m);
-    uint q = b + 16u + pair * 32u;
+    uint q = b + (five ? 48u : 16u) + pair * 32u, qh = b + 16u;
     for (uint l = 0u; l < 32u; ++l) {
       uint v = byte0(q + l);
       v = (sub & 1u) != 0u ? (v >> 4) : (v & 0xFu);
+      if (five && (byte0(qh + l) & (1u << sub)) != 0u) v += 16u;
       precise float y = d1 * float(v);
       w[l] = y - m1;
     }
