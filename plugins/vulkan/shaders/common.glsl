@@ -90,7 +90,8 @@ uint row_bytes(uint type, uint cols) {
   if (type == T_F16 || type == T_BF16) return cols * 2u;
   if (type == T_Q8_0) return cols / 32u * 34u;
   if (type == T_Q4_0 || type == T_IQ4_NL) return cols / 32u * 18u;
-  if (type == T_Q4_1 || type == T_Q5_0) return cols / 32u * (type == T_Q4_1 ? 20u : 22u);
+  if (type == T_Q4_1) return cols / 32u * 20u;
+  if (type == T_Q5_0) return cols / 32u * 22u;
   if (type == T_Q5_1) return cols / 32u * 24u;
   if (type == T_Q4_K) return cols / 256u * 144u;
   if (type == T_Q5_K) return cols / 256u * 176u;
@@ -162,7 +163,8 @@ void decode_chunk(uint type, uint row, uint cols, uint c, out float w[32]) {
     }
   } else if (type == T_IQ4_XS) {
     uint b = off + (c / 8u) * 136u, ib = c % 8u;
-    uint ls = ((byte0(b + 4u + ib / 2u) >> (4u * (ib % 2u))) & 0xFu) | ((((byte0(b + 2u) | (byte0(b + 3u) << 8)) >> (2u * ib)) & 3u) << 4);
+    uint high = byte0(b + 2u) | (byte0(b + 3u) << 8);  // the 2-bit high parts of the 8 scales
+    uint ls = ((byte0(b + 4u + ib / 2u) >> (4u * (ib % 2u))) & 0xFu) | (((high >> (2u * ib)) & 3u) << 4);
     precise float dl = half0(b) * float(int(ls) - 32);
     uint qs = b + 8u + ib * 16u;
     for (uint j = 0u; j < 16u; ++j) {

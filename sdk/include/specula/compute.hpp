@@ -171,13 +171,13 @@ struct DeviceInfo {
   bool unified_memory = true;
 };
 
-// Data for one run: the values of the graph's Input nodes.
 // A host vector's bytes, as RunInputs and ComputeBackend::write take them.
 template <typename T>
 std::span<const std::byte> bytes_of(const std::vector<T>& v) {
   return std::as_bytes(std::span<const T>(v));
 }
 
+// Data for one run: the values of the graph's Input nodes.
 struct RunInputs {
   std::vector<std::pair<Value, std::span<const std::byte>>> inputs;
 };
