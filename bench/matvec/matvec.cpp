@@ -2,6 +2,7 @@
 // matrix (default 10240 x 2560, a Gemma 4 E4B FFN projection) times N activation rows, timed through
 // the real ComputeBackend::run path. Reports the best ms per product over --seconds of runs, GB/s of weight bytes read, and GFLOP/s.
 //   bench_matvec [--rows O] [--cols I] [--n N[,N...]] [--threads T[,T...]] [--types Q4_K,Q8_0,...] [--cached 1]
+//                [--pack 0] (Q8_0 / Q4_0 rows as the file holds them, not the backend's packed panels)
 // --cached 1 keeps one copy of the weight, which stays in the caches if it fits: the kernel's compute
 // cost without the memory stream (a small model's matrices live in L2/L3).
 #include <algorithm>
@@ -42,7 +43,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> types{"Q4_K", "Q6_K", "Q8_0", "Q4_0", "BF16", "F16", "F32"};
   std::vector<int> threads{1, 2}, ns{1};
   double seconds = 1.0;
-  bool cached = false;
+  bool cached = false, pack = true;
   for (int a = 1; a + 1 < argc; a += 2) {
     std::string k = argv[a], v = argv[a + 1];
     if (k == "--rows") O = std::stoll(v);
@@ -52,6 +53,7 @@ int main(int argc, char** argv) {
     else if (k == "--n") { ns.clear(); for (auto& t : split(v)) ns.push_back(std::stoi(t)); }
     else if (k == "--seconds") seconds = std::stod(v);
     else if (k == "--cached") cached = v == "1";
+    else if (k == "--pack") pack = v != "0";
     else { std::fprintf(stderr, "unknown option %s\n", k.c_str()); return 2; }
   }
   try {
@@ -79,7 +81,7 @@ int main(int argc, char** argv) {
       QuantParams qp;
       if (mlx) qp = {mp.bits, mp.group_size, mp.scale_type, scales, biases};
       for (int t : threads) {
-        auto backend = cpu::make_cpu_backend({{"threads", t}});
+        auto backend = cpu::make_cpu_backend({{"threads", t}, {"pack_weights", pack}});
         // Enough copies of the weight to overflow the last-level cache, so that the numbers measure
         // streaming from memory as a model's decode step does.
         const size_t copies = cached ? 1 : std::max<size_t>(1, (size_t{512} << 20) / packed.size());

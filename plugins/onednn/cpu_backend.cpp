@@ -1,5 +1,6 @@
 #include "cpu_backend.hpp"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -45,6 +46,31 @@ const float* CpuTensor::as_f32() {
       decode_row(type_, data + static_cast<size_t>(r) * row_bytes, cols, f32_.data() + r * cols, &quant, r);
   });
   return f32_.data();
+}
+
+const std::byte* CpuTensor::packed(const QuantKernel& k, int64_t cols, ThreadPool& pool) {
+  if (!k.pack) return nullptr;
+  std::call_once(packed_once_, [&] {
+    const int64_t rows = elements(shape_) / cols;
+    const size_t row_bytes = *cpu::row_bytes(type_, cols, &quant), panel_bytes = k.panel_bytes(cols);
+    const int64_t panels = (rows + kPanelRows - 1) / kPanelRows;
+    const size_t bytes = panel_bytes * static_cast<size_t>(panels);
+    // In 2 MB pages where the kernel allows: decode streams the panels, and 4 KB pages stop the
+    // hardware prefetcher at every page.
+    constexpr size_t kHuge = size_t{2} << 20;
+    auto* p = static_cast<std::byte*>(std::aligned_alloc(kHuge, (bytes + kHuge - 1) / kHuge * kHuge));
+    if (!p) fail("CPU backend: out of memory packing weight '{}' ({} bytes)", name_, bytes);
+    madvise(p, (bytes + kHuge - 1) / kHuge * kHuge, MADV_HUGEPAGE);
+    packed_ = AlignedBytes(p);
+    pool.parallel_for(panels, 4, [&](int64_t p0, int64_t p1) {
+      std::byte* out = p + static_cast<size_t>(p0) * panel_bytes;
+      std::memset(out, 0, static_cast<size_t>(p1 - p0) * panel_bytes);
+      k.pack(data + static_cast<size_t>(p0 * kPanelRows) * row_bytes, row_bytes,
+             std::min(rows, p1 * kPanelRows) - p0 * kPanelRows, cols, out);
+    });
+    packed_cols_ = cols;
+  });
+  return packed_cols_ == cols ? packed_.get() : nullptr;
 }
 
 namespace {
@@ -109,8 +135,11 @@ class CpuPlan;
 
 class CpuBackend final : public ComputeBackend {
  public:
-  CpuBackend(int threads, const KernelSet& kernels, bool profile)
-      : pool_(threads), kernels_(kernels), profile_(profile ? std::make_unique<OpProfile>() : nullptr) {}
+  CpuBackend(int threads, const KernelSet& kernels, bool profile, bool pack_weights)
+      : pool_(threads),
+        kernels_(kernels),
+        profile_(profile ? std::make_unique<OpProfile>() : nullptr),
+        pack_weights_(pack_weights) {}
   ~CpuBackend() override {
     if (profile_) std::fputs(profile_->report().c_str(), stderr);
   }
@@ -222,6 +251,7 @@ class CpuBackend final : public ComputeBackend {
   ThreadPool pool_;
   const KernelSet& kernels_;
   std::unique_ptr<OpProfile> profile_;
+  bool pack_weights_;
   BufferPool buffers_;
   std::vector<Slot> slots_;
   std::vector<std::vector<float>> scratch_;  // conversions for the node being executed
@@ -333,7 +363,6 @@ Matrix CpuBackend::matrix(const Graph& g, int32_t id, int64_t rows, int64_t cols
   m.cols = cols;
   m.quant = s.tensor ? &s.tensor->quant : nullptr;
   m.row_bytes = *row_bytes(n.type, cols, m.quant);
-  m.key = (s.tensor && !s.tensor->mutable_data) ? s.data : nullptr;
   return m;
 }
 
@@ -487,8 +516,12 @@ void CpuBackend::execute(const Graph& g, int32_t id) {
       const Node& w = src(0);
       const float* x = fsrc(1);
       const int64_t I = w.shape[1];
-      matmul(pool_, kernels_, matrix(g, n.src[0], w.shape[0], I), x, elements(src(1).shape) / I,
-             reinterpret_cast<float*>(output(n, id)));
+      Matrix m = matrix(g, n.src[0], w.shape[0], I);
+      // A read-only weight multiplied whole is packed once (the first product pays for it).
+      const Slot& ws = slots_[static_cast<size_t>(n.src[0])];
+      if (pack_weights_ && ws.tensor && !ws.tensor->mutable_data && ws.data == ws.tensor->data)
+        if (const QuantKernel* k = quant_kernel(kernels_, m.type)) m.packed = ws.tensor->packed(*k, I, pool_);
+      matmul(pool_, kernels_, m, x, elements(src(1).shape) / I, reinterpret_cast<float*>(output(n, id)));
       return;
     }
     case Op::MatMulId: {
@@ -694,8 +727,14 @@ std::unique_ptr<ComputeBackend> make_cpu_backend(const nlohmann::json& options) 
       fail("onednn backend: option 'profile' = {} must be true or false", options["profile"].dump());
     profile = options["profile"].get<bool>();
   }
-  log_debug("onednn backend: {} threads, {} kernels", threads, kernels.name);
-  return std::make_unique<CpuBackend>(threads, kernels, profile);
+  bool pack_weights = true;
+  if (options.is_object() && options.contains("pack_weights")) {
+    if (!options["pack_weights"].is_boolean())
+      fail("onednn backend: option 'pack_weights' = {} must be true or false", options["pack_weights"].dump());
+    pack_weights = options["pack_weights"].get<bool>();
+  }
+  log_debug("onednn backend: {} threads, {} kernels, weights {}packed", threads, kernels.name, pack_weights ? "" : "not ");
+  return std::make_unique<CpuBackend>(threads, kernels, profile, pack_weights);
 }
 
 }  // namespace specula::cpu

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "isa.hpp"
 #include "specula/compute.hpp"
 #include "thread_pool.hpp"
 
@@ -35,6 +36,9 @@ class CpuTensor final : public BackendTensor {
 
   // The tensor decoded to F32, built on first use by elementwise ops (norm weights, scales).
   const float* as_f32();
+  // The tensor as `cols`-column rows in the panels of k.pack, built on first use by a matrix product;
+  // null when the kernel has no packed form or the tensor was first packed with other columns.
+  const std::byte* packed(const QuantKernel& k, int64_t cols, ThreadPool& pool);
 
  private:
   std::string name_;
@@ -42,6 +46,9 @@ class CpuTensor final : public BackendTensor {
   Shape shape_;
   std::once_flag f32_once_;
   std::vector<float> f32_;
+  std::once_flag packed_once_;
+  AlignedBytes packed_;
+  int64_t packed_cols_ = 0;
 };
 
 int64_t elements(const Shape& s);

@@ -77,7 +77,7 @@ void matmul_id(ThreadPool& pool, const KernelSet& kernels, const Matrix& experts
     w.data = experts.row(e * O);
     w.rows = O;
     w.row_offset = experts.row_offset + e * O;
-    w.key = nullptr;
+    w.packed = nullptr;
     matmul(pool, kernels, w, xs.data(), m, ys.data());
     for (int64_t j = 0; j < m; ++j)
       std::copy(ys.begin() + j * O, ys.begin() + (j + 1) * O, y + pairs[static_cast<size_t>(j)] * O);
@@ -249,7 +249,8 @@ void attention(ThreadPool& pool, const AttentionArgs& a, float* out) {
   }
   visible_begin[static_cast<size_t>(a.T)] = static_cast<int64_t>(visible.size());
   const int64_t items_per_row = a.Hq / G;
-  pool.parallel_for(a.T * items_per_row, 1, [&](int64_t b0, int64_t b1) {
+  const int64_t visible_per_row = static_cast<int64_t>(visible.size()) / a.T;
+  pool.parallel_for(a.T * items_per_row, rows_grain(visible_per_row * (a.D + a.Dv) * G), [&](int64_t b0, int64_t b1) {
     std::vector<float> p;
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t t = b / items_per_row, h0 = (b % items_per_row) * G, hk = h0 / group;
@@ -279,7 +280,8 @@ void rope(ThreadPool& pool, const float* x, const int32_t* pos, int64_t T, int64
     inv_freq[static_cast<size_t>(k)] =
         (1.0f / std::pow(theta, static_cast<float>(2 * k) / divisor)) * freq_scale;
   const int64_t half = D / 2;
-  pool.parallel_for(T, 1, [&](int64_t t0, int64_t t1) {
+  // A row's cost: its values, and a cosine and a sine (in double) per pair, some 20 values' time each.
+  pool.parallel_for(T, rows_grain(H * D + 40 * pairs), [&](int64_t t0, int64_t t1) {
     std::vector<float> c(static_cast<size_t>(pairs)), s(static_cast<size_t>(pairs));
     for (int64_t t = t0; t < t1; ++t) {
       for (int64_t k = 0; k < pairs; ++k) {
@@ -304,7 +306,7 @@ void rope(ThreadPool& pool, const float* x, const int32_t* pos, int64_t T, int64
 
 void rms_norm(ThreadPool& pool, const float* x, const float* w, int64_t rows, int64_t cols, float eps,
               float* out) {
-  pool.parallel_for(rows, 4, [&](int64_t r0, int64_t r1) {
+  pool.parallel_for(rows, rows_grain(2 * cols), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* xi = x + r * cols;
       float* yo = out + r * cols;
@@ -333,7 +335,7 @@ void binary(ThreadPool& pool, Op op, const float* a, const Shape& as, const floa
   int64_t rows = 1;
   for (size_t k = 0; k + 1 < rank; ++k) rows *= as[k];
   const bool row_b = bdim.back() == cols;  // b varies along the last axis
-  pool.parallel_for(rows, 64, [&](int64_t r0, int64_t r1) {
+  pool.parallel_for(rows, rows_grain(cols), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       int64_t boff = 0, rem = r;
       for (size_t k = rank - 1; k-- > 0;) {
@@ -416,13 +418,13 @@ void softcap(ThreadPool& pool, const float* x, int64_t n, float cap, float* out)
 }
 
 void scale(ThreadPool& pool, const float* x, int64_t n, float s, float* out) {
-  pool.parallel_for(n, 4096, [&](int64_t i0, int64_t i1) {
+  pool.parallel_for(n, kMinShareValues, [&](int64_t i0, int64_t i1) {
     for (int64_t i = i0; i < i1; ++i) out[i] = x[i] * s;
   });
 }
 
 void softmax(ThreadPool& pool, const float* x, int64_t rows, int64_t cols, float* out) {
-  pool.parallel_for(rows, 1, [&](int64_t r0, int64_t r1) {
+  pool.parallel_for(rows, rows_grain(4 * cols), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
       const float* xi = x + r * cols;
       float* yo = out + r * cols;

@@ -3,6 +3,7 @@
 // because their values are only known at run time.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -22,12 +23,19 @@ struct Matrix {
   size_t row_bytes = 0;
   const QuantParams* quant = nullptr;  // MLX_AFFINE
   int64_t row_offset = 0;              // index of row 0 in the whole tensor (MLX scales)
-  const void* key = nullptr;           // identity of the weight for cached packed forms (null: none)
+  const std::byte* packed = nullptr;   // the rows as QuantKernel::pack panels (whole matrix), or null
 
   const std::byte* row(int64_t r) const { return data + static_cast<size_t>(r) * row_bytes; }
 };
 
 float dot_f32(const float* a, const float* b, int64_t n);
+
+// Values of simple arithmetic a share of an op handles at least: handing a share to another thread costs
+// about a microsecond (the spinning worker's cache lines), the time of some 16K such values, so a small
+// model's norms, adds and RoPE over a few rows stay on one thread. rows_grain: the parallel_for grain for
+// rows of `cost` such values each.
+inline constexpr int64_t kMinShareValues = 16384;
+inline int64_t rows_grain(int64_t cost) { return std::max<int64_t>(1, kMinShareValues / std::max<int64_t>(1, cost)); }
 
 // y[N, O] = x[N, I] @ W[O, I]^T.
 void matmul(ThreadPool& pool, const KernelSet& kernels, const Matrix& w, const float* x, int64_t n, float* y);

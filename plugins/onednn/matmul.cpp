@@ -75,7 +75,7 @@ void matmul_rows(ThreadPool& pool, RowsKernel rows, const Matrix& w, const std::
 std::vector<std::byte> activation_records(ThreadPool& pool, QuantizeKernel write, size_t stride, const float* x,
                                           int64_t n, int64_t cols) {
   std::vector<std::byte> rec(stride * static_cast<size_t>(n));
-  pool.parallel_for(n, 4, [&](int64_t r0, int64_t r1) {
+  pool.parallel_for(n, rows_grain(4 * cols), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) write(x + r * cols, cols, rec.data() + static_cast<size_t>(r) * stride);
   });
   return rec;
@@ -85,6 +85,22 @@ void matmul_quant(ThreadPool& pool, const QuantKernel& k, const Matrix& w, const
   const size_t stride = k.record_bytes(w.cols);
   const std::vector<std::byte> qx = activation_records(pool, k.quantize, stride, x, n, w.cols);
   matmul_rows(pool, n >= kPrefillRows && k.prefill ? k.prefill : k.rows, w, qx.data(), stride, n, y);
+}
+
+// Packed panels (Matrix::packed): shares of whole panels.
+void matmul_packed(ThreadPool& pool, const QuantKernel& k, const Matrix& w, const float* x, int64_t n, float* y) {
+  const size_t stride = k.record_bytes(w.cols), panel_bytes = k.panel_bytes(w.cols);
+  const std::vector<std::byte> qx = activation_records(pool, k.quantize, stride, x, n, w.cols);
+  const int64_t O = w.rows, panels = (O + kPanelRows - 1) / kPanelRows;
+  const int64_t chunk = std::clamp<int64_t>(static_cast<int64_t>((size_t{512} << 10) / stride) / 8 * 8, 8, 256);
+  const size_t work = w.row_bytes * static_cast<size_t>(n) * static_cast<size_t>(O);
+  const int64_t shares = std::max<int64_t>(1, static_cast<int64_t>(work / kMinShareWork));
+  pool.parallel_for(panels, (panels + shares - 1) / shares, [&](int64_t p0, int64_t p1) {
+    const int64_t o0 = p0 * kPanelRows, o1 = std::min(O, p1 * kPanelRows);
+    for (int64_t r0 = 0; r0 < n; r0 += chunk)
+      k.packed(w.packed + static_cast<size_t>(p0) * panel_bytes, panel_bytes, o1 - o0,
+               qx.data() + static_cast<size_t>(r0) * stride, stride, std::min(chunk, n - r0), w.cols, y + r0 * O + o0, O);
+  });
 }
 
 // MLX affine weights with a kernel (4 and 8 bits): the codes in place, scales and biases beside them.
@@ -177,7 +193,10 @@ int64_t gemm_min_rows(DType type) {
 
 void matmul(ThreadPool& pool, const KernelSet& ks, const Matrix& w, const float* x, int64_t n, float* y) {
   if (n >= gemm_min_rows(w.type)) return matmul_gemm(pool, w, x, n, y);
-  if (const QuantKernel* k = quant_kernel(ks, w.type)) return matmul_quant(pool, *k, w, x, n, y);
+  if (const QuantKernel* k = quant_kernel(ks, w.type)) {
+    if (w.packed && k->packed) return matmul_packed(pool, *k, w, x, n, y);
+    return matmul_quant(pool, *k, w, x, n, y);
+  }
   if (const AffineKernel* k = mlx_kernel(ks, w)) return matmul_mlx(pool, *k, w, x, n, y);
   if (RowsKernel rows = float_kernel(ks, w.type))
     return matmul_rows(pool, rows, w, reinterpret_cast<const std::byte*>(x), static_cast<size_t>(w.cols) * 4, n, y);

@@ -12,6 +12,9 @@ const specula::OptionSchema kOptions = {
      std::nullopt, std::nullopt, {"auto", "avx2", "avx512"}},
     {"profile", specula::OptionType::Bool, "print time per op kind, weight and layer when the backend ends", false,
      std::nullopt, std::nullopt, {}},
+    {"pack_weights", specula::OptionType::Bool,
+     "copy Q8_0 / Q4_0 matrices into 16-row panels on first use (their size again in memory; faster products)",
+     true, std::nullopt, std::nullopt, {}},
 };
 const specula::PluginFactories* factories() {
   static const specula::PluginFactories f{.backend = &make_backend, .backend_options = &kOptions};

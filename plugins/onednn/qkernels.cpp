@@ -792,6 +792,199 @@ void rows_panel(const std::byte* w, size_t wrb, int64_t nw, const std::byte* x, 
 }
 #endif
 
+// ---- activation-row tiles ---------------------------------------------------------------------------------
+// over_x splits nx activation rows into tiles of TX rows and calls tile.template operator()<RX>(first row)
+// for each.
+template <int N, class F>
+void tail_x(int64_t left, int64_t r, F& tile) {
+  if constexpr (N > 0) {
+    if (left == N) return tile.template operator()<N>(r);
+    tail_x<N - 1>(left, r, tile);
+  }
+}
+template <int TX, class F>
+void over_x(int64_t nx, F&& tile) {
+  int64_t r = 0;
+  for (; r + TX <= nx; r += TX) tile.template operator()<TX>(r);
+  tail_x<TX - 1>(nx - r, r, tile);
+}
+
+// ---- packed weights: 16-row panels built once, read by every product ------------------------------------
+// The prefill panels' arithmetic (exact integer dot per 32-value block, then one scale and one add per
+// block and row, in block order) on a layout built when the weight is first multiplied, so decode pays
+// no repacking and reads as many bytes as the file holds. Every row count runs the same operations, so a
+// row's result depends on nothing else in the batch, and equals what the prefill panels give.
+// Panel block (16 weight rows x 32 values), 32-byte aligned:
+//   Q8_0: codes[8][16][4] (dword g of row i: values 4g..4g+3, as panel_codes gives them), f16 scale[16]
+//   Q4_0: nibbles[4][16][4] (byte j of dword g: value 4g+j low, 16+4g+j high: the file's own bytes),
+//         f16 scale[16]
+// Panels follow each other, blocks in order inside a panel; rows past the matrix's end are zeros.
+
+struct PackedQ8_0 {
+  using Unpack = Q8_0Unpack;
+  static constexpr size_t kCodes = 512;
+  static void pack(const std::byte* wb, std::byte* out, int i) {
+    alignas(32) uint8_t c[32];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(c), Unpack::panel_codes(wb));
+    for (int g = 0; g < 8; ++g) std::memcpy(out + 64 * g + 4 * i, c + 4 * g, 4);
+  }
+#if SPECULA_WIDE
+  static void unpack(const std::byte* blk, __m512i* wv) {
+    for (int g = 0; g < 8; ++g) wv[g] = _mm512_loadu_si512(blk + 64 * g);
+  }
+#else
+  static void unpack(const std::byte* blk, int h, __m256i* wv) {
+    for (int g = 0; g < 8; ++g) wv[g] = loadu256(blk + 64 * g + 32 * h);
+  }
+#endif
+};
+
+struct PackedQ4_0 {
+  using Unpack = Q4_0Unpack;
+  static constexpr size_t kCodes = 256;
+  static void pack(const std::byte* wb, std::byte* out, int i) {
+    for (int g = 0; g < 4; ++g) std::memcpy(out + 64 * g + 4 * i, wb + 2 + 4 * g, 4);
+  }
+#if SPECULA_WIDE
+  static void unpack(const std::byte* blk, __m512i* wv) {
+    const __m512i m = _mm512_set1_epi8(0x0f);
+    for (int g = 0; g < 4; ++g) {
+      const __m512i z = _mm512_loadu_si512(blk + 64 * g);
+      wv[g] = _mm512_and_si512(z, m);
+      wv[g + 4] = _mm512_and_si512(_mm512_srli_epi16(z, 4), m);
+    }
+  }
+#else
+  static void unpack(const std::byte* blk, int h, __m256i* wv) {
+    const __m256i m = _mm256_set1_epi8(0x0f);
+    for (int g = 0; g < 4; ++g) {
+      const __m256i z = loadu256(blk + 64 * g + 32 * h);
+      wv[g] = _mm256_and_si256(z, m);
+      wv[g + 4] = _mm256_and_si256(_mm256_srli_epi16(z, 4), m);
+    }
+  }
+#endif
+};
+
+template <class P>
+constexpr size_t packed_block_bytes() {
+  return P::kCodes + 2 * kPanelRows;
+}
+template <class P>
+size_t packed_panel_bytes(int64_t cols) {
+  return packed_block_bytes<P>() * static_cast<size_t>(cols / 32);
+}
+
+// Weight rows [0, nw) (row_bytes apart) into ceil(nw / 16) panels at out (zeroed by the caller).
+template <class P>
+void pack_weights(const std::byte* w, size_t wrb, int64_t nw, int64_t cols, std::byte* out) {
+  const int64_t nb = cols / 32;
+  for (int64_t o = 0; o < nw; o += kPanelRows) {
+    const int rows = static_cast<int>(nw - o < kPanelRows ? nw - o : kPanelRows);
+    std::byte* panel = out + static_cast<size_t>(o / kPanelRows) * packed_panel_bytes<P>(cols);
+    for (int64_t b = 0; b < nb; ++b) {
+      std::byte* blk = panel + static_cast<size_t>(b) * packed_block_bytes<P>();
+      for (int i = 0; i < rows; ++i) {
+        const std::byte* wb = P::Unpack::at(w + (o + i) * wrb, b);
+        P::pack(wb, blk, i);
+        std::memcpy(blk + P::kCodes + 2 * i, wb, 2);  // the f16 scale
+      }
+    }
+  }
+}
+
+// RX activation rows x one panel (`valid` of its rows are real) over all blocks.
+template <class P, int RX>
+[[gnu::always_inline]] inline void packed_tile(const std::byte* panel, int valid, const std::byte* x, size_t xs,
+                                               int64_t cols, float* y, int64_t ldy) {
+  const int64_t nb = cols / 32;
+  constexpr size_t kBlock = packed_block_bytes<P>();
+  const int8_t* xq[RX];
+  const float* xd[RX];
+  const int32_t* xi[RX];
+  for (int r = 0; r < RX; ++r) {
+    xq[r] = at<int8_t>(x, r * xs);
+    xd[r] = at<float>(x, r * xs + X32Layout(cols, false).scale());
+    xi[r] = at<int32_t>(x, r * xs + X32Layout(cols, false).block_init());
+  }
+#if SPECULA_WIDE
+  __m512 acc[RX];
+  for (int r = 0; r < RX; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const std::byte* blk = panel + static_cast<size_t>(b) * kBlock;
+    prefetch_ahead(blk, kBlock);
+    __m512i wv[8];
+    P::unpack(blk, wv);
+    // Two partial sums per row when there are few rows: the integer sum is the same, the chain half as long.
+    constexpr int kChains = RX < 4 ? 2 : 1;
+    __m512i sum[kChains][RX];
+    for (int r = 0; r < RX; ++r) {
+      sum[0][r] = _mm512_set1_epi32(xi[r][b]);
+      if constexpr (kChains == 2) sum[1][r] = _mm512_setzero_si512();
+    }
+    for (int g = 0; g < 8; ++g)
+      for (int r = 0; r < RX; ++r) {
+        int32_t x4;
+        std::memcpy(&x4, xq[r] + X32Layout::q(b, g), 4);
+        __m512i& s = sum[g % kChains][r];
+        s = _mm512_dpbusd_epi32(s, wv[g], _mm512_set1_epi32(x4));
+      }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(blk + P::kCodes)));
+    for (int r = 0; r < RX; ++r) {
+      const __m512i s = kChains == 2 ? _mm512_add_epi32(sum[0][r], sum[kChains - 1][r]) : sum[0][r];
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(xd[r][X32Layout::d(b)])), acc[r]);
+    }
+  }
+  const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
+  for (int r = 0; r < RX; ++r) _mm512_mask_storeu_ps(y + r * ldy, mask, acc[r]);
+#else
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int h = 0; h < 2 && valid > 8 * h; ++h) {
+    __m256 acc[RX];
+    for (int r = 0; r < RX; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const std::byte* blk = panel + static_cast<size_t>(b) * kBlock;
+      prefetch_ahead(blk, kBlock);
+      __m256i wv[8];
+      P::unpack(blk, h, wv);
+      __m256i sum[RX];
+      for (int r = 0; r < RX; ++r) sum[r] = _mm256_set1_epi32(xi[r][b]);
+      for (int g = 0; g < 8; ++g) {
+        const __m256i aw = P::Unpack::kSigned ? _mm256_sign_epi8(wv[g], wv[g]) : wv[g];
+        for (int r = 0; r < RX; ++r) {
+          int32_t x4;
+          std::memcpy(&x4, xq[r] + X32Layout::q(b, g), 4);
+          __m256i xv = _mm256_set1_epi32(x4);
+          if constexpr (P::Unpack::kSigned) xv = _mm256_sign_epi8(xv, wv[g]);
+          sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xv), ones));
+        }
+      }
+      const __m256 dw =
+          _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(blk + P::kCodes + 16 * h)));
+      for (int r = 0; r < RX; ++r)
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), _mm256_mul_ps(dw, _mm256_set1_ps(xd[r][X32Layout::d(b)])), acc[r]);
+    }
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid - 8 * h), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int r = 0; r < RX; ++r) _mm256_maskstore_ps(y + r * ldy + 8 * h, mask, acc[r]);
+  }
+#endif
+}
+
+// Weight rows [0, nw) packed at w (panels `panel_bytes` apart) times nx activation rows. A RowsKernel with
+// the packed panels in place of the rows.
+template <class P>
+void packed_rows(const std::byte* w, size_t panel_bytes, int64_t nw, const std::byte* x, size_t xs, int64_t nx,
+                 int64_t cols, float* y, int64_t ldy) {
+  constexpr int TX = kWide ? 8 : 2;  // AVX-512: 8 unpacked codes, 8 sums, 8 accumulators in 32 registers
+  for (int64_t o = 0; o < nw; o += kPanelRows) {
+    const std::byte* panel = w + static_cast<size_t>(o / kPanelRows) * panel_bytes;
+    const int valid = static_cast<int>(nw - o < kPanelRows ? nw - o : kPanelRows);
+    over_x<TX>(nx, [&]<int RX>(int64_t r) __attribute__((always_inline)) {
+      packed_tile<P, RX>(panel, valid, x + r * xs, xs, cols, y + r * ldy + o, ldy);
+    });
+  }
+}
+
 // ---- K-quants (Q4_K, Q6_K): 256-value super-blocks -----------------------------------------------------
 // q: int8[cols] | scale: float[cols / 256] | bsums: int16[cols / 16] (sums of 16 codes, for the offsets)
 size_t xk_bytes(int64_t cols) {
@@ -1403,22 +1596,7 @@ struct FloatTiles {
 
 // ---- tiling over weight rows and activation rows --------------------------------------------------------
 // TW x TX is the largest tile: TW weight rows share each activation load, TX activation rows each weight
-// unpack; TW * TX accumulators and the unpacked weights must fit in registers. over_x splits nx
-// activation rows into tiles of TX rows and calls tile.template operator()<RX>(first row) for each.
-template <int N, class F>
-void tail_x(int64_t left, int64_t r, F& tile) {
-  if constexpr (N > 0) {
-    if (left == N) return tile.template operator()<N>(r);
-    tail_x<N - 1>(left, r, tile);
-  }
-}
-template <int TX, class F>
-void over_x(int64_t nx, F&& tile) {
-  int64_t r = 0;
-  for (; r + TX <= nx; r += TX) tile.template operator()<TX>(r);
-  tail_x<TX - 1>(nx - r, r, tile);
-}
-
+// unpack; TW * TX accumulators and the unpacked weights must fit in registers.
 // Activation records kept in L1 while weight rows stream past them (of its 48 KB), and the weight rows
 // whose accumulators one column pass carries.
 constexpr size_t kL1Records = 24 << 10;
@@ -1621,6 +1799,14 @@ constexpr QuantKernel x32(RowsKernel prefill) {
   return {&quantize_x32<Unpack::kOffset, Unpack::kAffine>, &x32_bytes<Unpack::kAffine>,
           &rows<X32Tiles<Unpack>::template Tile, QW, QX>, prefill};
 }
+template <class Packed>
+constexpr QuantKernel x32_packed() {
+  QuantKernel k = x32<typename Packed::Unpack>(&rows_panel<typename Packed::Unpack>);
+  k.panel_bytes = &packed_panel_bytes<Packed>;
+  k.pack = &pack_weights<Packed>;
+  k.packed = &packed_rows<Packed>;
+  return k;
+}
 
 }  // namespace
 
@@ -1632,8 +1818,8 @@ const KernelSet& kernel_set() {
   constexpr int KX = kWide ? 4 : 2;                    // K-quants: one weight row unpacks to 8-16 registers
   static const KernelSet set{
       .name = kWide ? "avx512" : "avx2",
-      .q8_0 = x32<Q8_0Unpack>(&rows_panel<Q8_0Unpack>),
-      .q4_0 = x32<Q4_0Unpack>(&rows_panel<Q4_0Unpack>),
+      .q8_0 = x32_packed<PackedQ8_0>(),
+      .q4_0 = x32_packed<PackedQ4_0>(),
       .q4_1 = x32<Q4_1Unpack>(nullptr),  // prompt chunks: matmul_gemm
       .q5_0 = x32<Q5_0Unpack>(&rows_panel<Q5_0Unpack>),
       .q5_1 = x32<Q5_1Unpack>(nullptr),

@@ -122,6 +122,48 @@ TEST_P(KernelSets, BitIdenticalAcrossSetsAndBatchSizes) {
   EXPECT_LT(worst, quant ? 1e-2 : 1e-6) << dtype_name(type) << ": error relative to sum |w x|";
 }
 
+// Packed weights (QuantKernel::pack): every row count gives the prefill panels' bits, on every set, for a
+// matrix whose last panel is partial, split into shares of whole panels as the backend splits it.
+class PackedKernels : public ::testing::TestWithParam<DType> {};
+
+TEST_P(PackedKernels, EveryRowCountGivesThePrefillBits) {
+  const DType type = GetParam();
+  const int64_t O = 3 * cpu::kPanelRows + 5, I = 32 * 37;
+  const int64_t rows = 2 * cpu::kPrefillRows + 3;
+  const Product p = make(type, O, I, rows, 23);
+  const auto all = sets();
+  for (const KernelSet* ks : all) {
+    const cpu::QuantKernel* q = cpu::quant_kernel(*ks, type);
+    ASSERT_TRUE(q && q->pack && q->packed && q->panel_bytes) << ks->name << " packs " << dtype_name(type);
+    const size_t pb = q->panel_bytes(I);
+    const int64_t panels = (O + cpu::kPanelRows - 1) / cpu::kPanelRows;
+    std::vector<std::byte> packed(pb * static_cast<size_t>(panels));
+    q->pack(p.w.data(), p.row_bytes, O, I, packed.data());
+    const size_t stride = q->record_bytes(I);
+    std::vector<std::byte> rec(stride * static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) q->quantize(p.x.data() + r * I, I, rec.data() + static_cast<size_t>(r) * stride);
+    std::vector<float> ref(static_cast<size_t>(rows * O));
+    q->prefill(p.w.data(), p.row_bytes, O, rec.data(), stride, rows, I, ref.data(), O);
+    for (int64_t batch = 1; batch <= rows; ++batch)
+      for (int64_t r0 = 0; r0 + batch <= rows; r0 += batch) {
+        std::vector<float> y(static_cast<size_t>(batch * O), std::nanf(""));
+        // Two shares: panel 0, then the rest.
+        const std::byte* x = rec.data() + static_cast<size_t>(r0) * stride;
+        q->packed(packed.data(), pb, cpu::kPanelRows, x, stride, batch, I, y.data(), O);
+        q->packed(packed.data() + pb, pb, O - cpu::kPanelRows, x, stride, batch, I, y.data() + cpu::kPanelRows, O);
+        for (int64_t r = 0; r < batch; ++r)
+          for (int64_t o = 0; o < O; ++o) {
+            const float a = y[static_cast<size_t>(r * O + o)], b = ref[static_cast<size_t>((r0 + r) * O + o)];
+            ASSERT_TRUE(same_bits(a, b)) << ks->name << ", " << dtype_name(type) << " batch " << batch << " row "
+                                         << r0 + r << " col " << o << ": " << a << " != " << b;
+          }
+      }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, PackedKernels, ::testing::Values(DType::Q8_0, DType::Q4_0),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
 INSTANTIATE_TEST_SUITE_P(Types, KernelSets,
                          ::testing::Values(DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0, DType::Q5_1, DType::IQ4_NL,
                                            DType::IQ4_XS, DType::Q4_K,

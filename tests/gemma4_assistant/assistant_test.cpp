@@ -950,8 +950,12 @@ TEST(BenchCli, AdaptiveDraftLengthReportsTheLengthsItChose) {
 // pair (real acceptance; llama.cpp ran its assistant rewritten to the upstream schema, so Specula runs
 // the dense head). Rounds, drafts, the target's tokens, acceptance and the output must be identical; the
 // drafter's top-20 log-probabilities agree within tol * max(1, |logprob|): 1e-2 for F32 (measured
-// 1.3e-3: ggml's fp16 GELU table is most of it) and 3e-2 for Q8_0 (measured 1.4e-2: both engines round
-// the activations to 8 bits, at different points). Plain greedy decoding gives the same tokens.
+// 1.3e-3: ggml's fp16 GELU table is most of it) and 8e-2 for Q8_0: both engines round the activations to
+// 8 bits, and a value that lands on the other side of a rounding step moves the next layer's input by a
+// step; over four draft steps that measured 1.4e-2 with the few-row tiles' summation order and 5.2e-2
+// (one token at K = 4's last step) with the packed panels' (exact block sums: a different order, not a
+// worse one). The target's Q8_0 log-probabilities differ from PyTorch's by 7.1e-2 for the same reason
+// (tests/models). Plain greedy decoding gives the same tokens.
 namespace {
 
 std::vector<json> json_lines(const std::string& text) {
@@ -1001,7 +1005,7 @@ TEST(LlamaCppTrace, MatchesLlamaCppDraftMtp) {
   const Set sets[] = {
       {"fixture", fixture_dir() / "model-f32.gguf", fixture_dir() / "assistant-f32.gguf", "{}", 1e-2},
       {"tiny", models / "specula-tiny-kjv-q8_0.gguf", models / "specula-tiny-kjv-assistant-q8_0.gguf", "{head: dense}",
-       3e-2}};
+       8e-2}};
   for (const Set& set : sets) {
     for (int k = 1; k <= 4; ++k) {
       const std::string name = fmt::format("{}-k{}", set.name, k);
