@@ -69,7 +69,13 @@ int run_serve(const std::vector<std::string>& args) {
     try {
       specula::api::OpenOptions oo;
       oo.plugin_paths.assign(model.plugin_paths.begin(), model.plugin_paths.end());
-      server.set_model(specula::api::Model::from_pipeline(pipeline, oo));
+      auto loaded = specula::api::Model::from_pipeline(pipeline, oo);
+      // A few tokens before /health says ready: the first products on a backend may prepare their weights
+      // (the CPU backend packs them), which would otherwise land on the first request's time to first token.
+      specula::api::SamplingConfig warmup;
+      warmup.max_tokens = 3;
+      loaded->generate(loaded->tokenize("Hello"), warmup);
+      server.set_model(std::move(loaded));
       specula::log_info("model loaded; ready");
     } catch (const std::exception& e) {
       load_error = e.what();
