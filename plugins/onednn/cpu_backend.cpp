@@ -54,13 +54,15 @@ const std::byte* CpuTensor::packed(const QuantKernel& k, int64_t cols, ThreadPoo
     const int64_t rows = elements(shape_) / cols;
     const size_t row_bytes = *cpu::row_bytes(type_, cols, &quant), panel_bytes = k.panel_bytes(cols);
     const int64_t panels = (rows + kPanelRows - 1) / kPanelRows;
-    const size_t bytes = panel_bytes * static_cast<size_t>(panels);
-    // In 2 MB pages where the kernel allows: decode streams the panels, and 4 KB pages stop the
-    // hardware prefetcher at every page.
+    // Matrices of a megabyte and more in 2 MB pages where the kernel allows: decode streams the panels,
+    // and 4 KB pages stop the hardware prefetcher at every page. (Smaller ones would waste most of a page.)
     constexpr size_t kHuge = size_t{2} << 20;
-    auto* p = static_cast<std::byte*>(std::aligned_alloc(kHuge, (bytes + kHuge - 1) / kHuge * kHuge));
-    if (!p) fail("CPU backend: out of memory packing weight '{}' ({} bytes)", name_, bytes);
-    madvise(p, (bytes + kHuge - 1) / kHuge * kHuge, MADV_HUGEPAGE);
+    const size_t need = panel_bytes * static_cast<size_t>(panels);
+    const bool huge = need >= kHuge / 2;
+    const size_t align = huge ? kHuge : 64, size = (need + align - 1) / align * align;
+    auto* p = static_cast<std::byte*>(std::aligned_alloc(align, size));
+    if (!p) fail("CPU backend: out of memory packing weight '{}' ({} bytes)", name_, size);
+    if (huge) madvise(p, size, MADV_HUGEPAGE);
     packed_ = AlignedBytes(p);
     pool.parallel_for(panels, 4, [&](int64_t p0, int64_t p1) {
       std::byte* out = p + static_cast<size_t>(p0) * panel_bytes;
@@ -69,6 +71,12 @@ const std::byte* CpuTensor::packed(const QuantKernel& k, int64_t cols, ThreadPoo
              std::min(rows, p1 * kPanelRows) - p0 * kPanelRows, cols, out);
     });
     packed_cols_ = cols;
+    // The mapped rows are read again only by GetRows (a tied embedding): let the kernel reclaim their pages
+    // first when memory runs short (a hint; the contents stay what they are).
+    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    const uintptr_t first = (reinterpret_cast<uintptr_t>(data) + page - 1) / page * page;
+    const uintptr_t last = (reinterpret_cast<uintptr_t>(data) + bytes) / page * page;
+    if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_COLD);
   });
   return packed_cols_ == cols ? packed_.get() : nullptr;
 }
