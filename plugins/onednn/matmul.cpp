@@ -51,16 +51,17 @@ constexpr size_t kMinShareWork = size_t{64} << 10;
 
 // Each thread takes a contiguous share of the weight rows and streams it once per chunk of activation
 // rows; a chunk is sized so that its records stay in the core's L2 cache. rows(o0, o1, x, nx, y) runs
-// weight rows [o0, o1) against nx activation rows.
+// weight rows [o0, o1) against nx activation rows; shares start at multiples of `unit` rows (packed panels).
 template <class Rows>
 void over_weight_rows(ThreadPool& pool, const Matrix& w, const std::byte* x, size_t x_stride, int64_t n, float* y,
-                      const Rows& rows) {
-  const int64_t O = w.rows;
+                      const Rows& rows, int64_t unit = 1) {
+  const int64_t O = w.rows, units = (O + unit - 1) / unit;
   const int64_t chunk = std::clamp<int64_t>(static_cast<int64_t>((size_t{512} << 10) / x_stride) / 4 * 4, 4, 256);
   const size_t work = w.row_bytes * static_cast<size_t>(n) * static_cast<size_t>(O);
   const int64_t shares = std::max<int64_t>(1, static_cast<int64_t>(work / kMinShareWork));
-  const int64_t grain = std::max<int64_t>(16, (O + shares - 1) / shares);
-  pool.parallel_for(O, grain, [&](int64_t o0, int64_t o1) {
+  const int64_t grain = std::max<int64_t>((16 + unit - 1) / unit, (units + shares - 1) / shares);
+  pool.parallel_for(units, grain, [&](int64_t u0, int64_t u1) {
+    const int64_t o0 = u0 * unit, o1 = std::min(O, u1 * unit);
     for (int64_t r0 = 0; r0 < n; r0 += chunk)
       rows(o0, o1, x + static_cast<size_t>(r0) * x_stride, std::min(chunk, n - r0), y + r0 * O + o0);
   });
@@ -83,26 +84,22 @@ std::vector<std::byte> activation_records(ThreadPool& pool, QuantizeKernel write
   return rec;
 }
 
+// Packed weights (Matrix::packed) go through the set's packed panels, in shares of whole panels.
 void matmul_quant(ThreadPool& pool, const QuantKernel& k, const Matrix& w, const float* x, int64_t n, float* y) {
   const size_t stride = k.record_bytes(w.cols);
   const std::vector<std::byte> qx = activation_records(pool, k.quantize, stride, x, n, w.cols);
+  if (w.packed && k.packed) {
+    const size_t panel_bytes = k.panel_bytes(w.cols);
+    over_weight_rows(
+        pool, w, qx.data(), stride, n, y,
+        [&](int64_t o0, int64_t o1, const std::byte* xr, int64_t nx, float* yr) {
+          k.packed(w.packed + static_cast<size_t>(o0 / kPanelRows) * panel_bytes, panel_bytes, o1 - o0, xr, stride,
+                   nx, w.cols, yr, w.rows);
+        },
+        kPanelRows);
+    return;
+  }
   matmul_rows(pool, n >= kPrefillRows && k.prefill ? k.prefill : k.rows, w, qx.data(), stride, n, y);
-}
-
-// Packed panels (Matrix::packed): shares of whole panels.
-void matmul_packed(ThreadPool& pool, const QuantKernel& k, const Matrix& w, const float* x, int64_t n, float* y) {
-  const size_t stride = k.record_bytes(w.cols), panel_bytes = k.panel_bytes(w.cols);
-  const std::vector<std::byte> qx = activation_records(pool, k.quantize, stride, x, n, w.cols);
-  const int64_t O = w.rows, panels = (O + kPanelRows - 1) / kPanelRows;
-  const int64_t chunk = std::clamp<int64_t>(static_cast<int64_t>((size_t{512} << 10) / stride) / 8 * 8, 8, 256);
-  const size_t work = w.row_bytes * static_cast<size_t>(n) * static_cast<size_t>(O);
-  const int64_t shares = std::max<int64_t>(1, static_cast<int64_t>(work / kMinShareWork));
-  pool.parallel_for(panels, (panels + shares - 1) / shares, [&](int64_t p0, int64_t p1) {
-    const int64_t o0 = p0 * kPanelRows, o1 = std::min(O, p1 * kPanelRows);
-    for (int64_t r0 = 0; r0 < n; r0 += chunk)
-      k.packed(w.packed + static_cast<size_t>(p0) * panel_bytes, panel_bytes, o1 - o0,
-               qx.data() + static_cast<size_t>(r0) * stride, stride, std::min(chunk, n - r0), w.cols, y + r0 * O + o0, O);
-  });
 }
 
 // MLX affine weights with a kernel (4 and 8 bits): the codes in place, scales and biases beside them.
@@ -195,10 +192,7 @@ int64_t gemm_min_rows(DType type) {
 
 void matmul(ThreadPool& pool, const KernelSet& ks, const Matrix& w, const float* x, int64_t n, float* y) {
   if (n >= gemm_min_rows(w.type)) return matmul_gemm(pool, w, x, n, y);
-  if (const QuantKernel* k = quant_kernel(ks, w.type)) {
-    if (w.packed && k->packed) return matmul_packed(pool, *k, w, x, n, y);
-    return matmul_quant(pool, *k, w, x, n, y);
-  }
+  if (const QuantKernel* k = quant_kernel(ks, w.type)) return matmul_quant(pool, *k, w, x, n, y);
   if (const AffineKernel* k = mlx_kernel(ks, w)) return matmul_mlx(pool, *k, w, x, n, y);
   if (RowsKernel rows = float_kernel(ks, w.type))
     return matmul_rows(pool, rows, w, reinterpret_cast<const std::byte*>(x), static_cast<size_t>(w.cols) * 4, n, y);

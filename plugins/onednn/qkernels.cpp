@@ -553,6 +553,21 @@ struct X32Tiles {
   };
 };
 
+// What the panel kernels read of RX activation records: codes, block scales and block start values.
+template <int RX>
+struct PanelRecords {
+  const int8_t* xq[RX];
+  const float* xd[RX];
+  const int32_t* xi[RX];
+  PanelRecords(const std::byte* x, size_t xs, int64_t cols) {
+    for (int r = 0; r < RX; ++r) {
+      xq[r] = at<int8_t>(x, r * xs);
+      xd[r] = at<float>(x, r * xs + X32Layout(cols, false).scale());
+      xi[r] = at<int32_t>(x, r * xs + X32Layout(cols, false).block_init());
+    }
+  }
+};
+
 #if SPECULA_WIDE
 // ---- prefill: 16-row weight panels in the VNNI layout ---------------------------------------------------
 // With many activation rows, 16 weight rows are first rearranged, block by block, into 8 groups of
@@ -612,14 +627,7 @@ void pack_panel(const std::byte* w, size_t wrb, int rows, int64_t b0, int64_t nb
 template <int RX, int NP>
 void panel_tile(const PanelBlock* const* panel, const __mmask16* valid, int64_t b0, int64_t nb, bool first,
                 const std::byte* x, size_t xs, int64_t cols, float* y, int64_t ldy) {
-  const int8_t* xq[RX];
-  const float* xd[RX];
-  const int32_t* xi[RX];
-  for (int r = 0; r < RX; ++r) {
-    xq[r] = at<int8_t>(x, r * xs);
-    xd[r] = at<float>(x, r * xs + X32Layout(cols, false).scale());
-    xi[r] = at<int32_t>(x, r * xs + X32Layout(cols, false).block_init());
-  }
+  const auto& [xq, xd, xi] = PanelRecords<RX>(x, xs, cols);
   __m512 acc[NP][RX];
   for (int p = 0; p < NP; ++p)
     for (int r = 0; r < RX; ++r)
@@ -738,14 +746,7 @@ void pack_panel(const std::byte* w, size_t wrb, int rows, int64_t b0, int64_t nb
 template <class Unpack, int RX>
 void panel_tile(const PanelBlock* panel, int valid, int64_t b0, int64_t nb, bool first, const std::byte* x, size_t xs,
                 int64_t cols, float* y, int64_t ldy) {
-  const int8_t* xq[RX];
-  const float* xd[RX];
-  const int32_t* xi[RX];
-  for (int r = 0; r < RX; ++r) {
-    xq[r] = at<int8_t>(x, r * xs);
-    xd[r] = at<float>(x, r * xs + X32Layout(cols, false).scale());
-    xi[r] = at<int32_t>(x, r * xs + X32Layout(cols, false).block_init());
-  }
+  const auto& [xq, xd, xi] = PanelRecords<RX>(x, xs, cols);
   const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
   __m256 acc[RX];
   for (int r = 0; r < RX; ++r) acc[r] = first ? _mm256_setzero_ps() : _mm256_maskload_ps(y + r * ldy, mask);
@@ -899,14 +900,7 @@ template <class P, int RX>
                                                int64_t cols, float* y, int64_t ldy) {
   const int64_t nb = cols / 32;
   constexpr size_t kBlock = packed_block_bytes<P>();
-  const int8_t* xq[RX];
-  const float* xd[RX];
-  const int32_t* xi[RX];
-  for (int r = 0; r < RX; ++r) {
-    xq[r] = at<int8_t>(x, r * xs);
-    xd[r] = at<float>(x, r * xs + X32Layout(cols, false).scale());
-    xi[r] = at<int32_t>(x, r * xs + X32Layout(cols, false).block_init());
-  }
+  const auto& [xq, xd, xi] = PanelRecords<RX>(x, xs, cols);
 #if SPECULA_WIDE
   __m512 acc[RX];
   for (int r = 0; r < RX; ++r) acc[r] = _mm512_setzero_ps();

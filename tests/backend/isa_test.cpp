@@ -42,6 +42,14 @@ Product make(DType type, int64_t O, int64_t I, int64_t rows, uint32_t seed) {
   return p;
 }
 
+// Activation rows [rows, I] as the records the kernel reads, record_bytes(I) apart.
+std::vector<std::byte> records(const cpu::QuantKernel& q, const float* x, int64_t rows, int64_t I) {
+  const size_t stride = q.record_bytes(I);
+  std::vector<std::byte> rec(stride * static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) q.quantize(x + r * I, I, rec.data() + static_cast<size_t>(r) * stride);
+  return rec;
+}
+
 // y[rows, O] through one kernel set, as the backend calls it.
 std::vector<float> run(const KernelSet& ks, const Product& p, int64_t row0, int64_t rows) {
   std::vector<float> y(static_cast<size_t>(rows * p.O), std::nanf(""));
@@ -49,8 +57,7 @@ std::vector<float> run(const KernelSet& ks, const Product& p, int64_t row0, int6
   const cpu::QuantKernel* q = cpu::quant_kernel(ks, p.type);
   if (q) {
     const size_t stride = q->record_bytes(p.I);
-    std::vector<std::byte> rec(stride * static_cast<size_t>(rows));
-    for (int64_t r = 0; r < rows; ++r) q->quantize(x + r * p.I, p.I, rec.data() + static_cast<size_t>(r) * stride);
+    const std::vector<std::byte> rec = records(*q, x, rows, p.I);
     const cpu::RowsKernel k = rows >= cpu::kPrefillRows && q->prefill ? q->prefill : q->rows;
     k(p.w.data(), p.row_bytes, p.O, rec.data(), stride, rows, p.I, y.data(), p.O);
   } else {
@@ -140,8 +147,7 @@ TEST_P(PackedKernels, EveryRowCountGivesThePrefillBits) {
     std::vector<std::byte> packed(pb * static_cast<size_t>(panels));
     q->pack(p.w.data(), p.row_bytes, O, I, packed.data());
     const size_t stride = q->record_bytes(I);
-    std::vector<std::byte> rec(stride * static_cast<size_t>(rows));
-    for (int64_t r = 0; r < rows; ++r) q->quantize(p.x.data() + r * I, I, rec.data() + static_cast<size_t>(r) * stride);
+    const std::vector<std::byte> rec = records(*q, p.x.data(), rows, I);
     std::vector<float> ref(static_cast<size_t>(rows * O));
     q->prefill(p.w.data(), p.row_bytes, O, rec.data(), stride, rows, I, ref.data(), O);
     for (int64_t batch = 1; batch <= rows; ++batch)
