@@ -7,8 +7,8 @@
 //    llama.cpp scheme): tiles for few rows, repacked panels for prompt chunks.
 //  - MLX affine 4 / 8 bits below gemm_min_rows: float tiles (MLX's own numerics: float activations), the
 //    codes in place, scales and biases beside them.
-//  - F32 / F16 / BF16 / Q4_1 / Q5_1 / MLX with many rows (prefill): weight rows decoded to F32 in tiles,
-//    oneDNN's GEMM.
+//  - F32 / F16 / BF16 / Q4_1 / Q5_1 / MLX with many rows (prefill) and at least kGemmMinElements values:
+//    weight rows decoded to F32 in tiles, oneDNN's GEMM.
 //  - other types: matmul_generic (decode a row with the SDK codec, dot in F32).
 #include <dnnl.h>
 #include <omp.h>
@@ -190,8 +190,12 @@ int64_t gemm_min_rows(DType type) {
   }
 }
 
+// oneDNN's GEMM generates its code on the first call, tens of milliseconds; a smaller matrix (a small
+// model's) stays on this set's kernels at any row count, so its first prompt is not that much slower.
+constexpr int64_t kGemmMinElements = int64_t{1} << 20;
+
 void matmul(ThreadPool& pool, const KernelSet& ks, const Matrix& w, const float* x, int64_t n, float* y) {
-  if (n >= gemm_min_rows(w.type)) return matmul_gemm(pool, w, x, n, y);
+  if (n >= gemm_min_rows(w.type) && w.rows * w.cols >= kGemmMinElements) return matmul_gemm(pool, w, x, n, y);
   if (const QuantKernel* k = quant_kernel(ks, w.type)) return matmul_quant(pool, *k, w, x, n, y);
   if (const AffineKernel* k = mlx_kernel(ks, w)) return matmul_mlx(pool, *k, w, x, n, y);
   if (RowsKernel rows = float_kernel(ks, w.type))
