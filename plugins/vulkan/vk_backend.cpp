@@ -192,6 +192,11 @@ class VkTensor final : public BackendTensor {
   std::unique_ptr<Buffer> buf;
   uint64_t bytes = 0;     // stored bytes (before rounding to words)
   bool weight = false;    // read-only checkpoint weight
+  // MLX_AFFINE: the buffer holds the packed codes (rows of code_row bytes, whole words), then the scales
+  // and then the biases (rows of scale_row bytes), each section at an offset aligned for binding.
+  QuantParams mlx;                         // bits, group size and scale type (the spans are not kept)
+  uint64_t code_row = 0, scale_row = 0;
+  VkDeviceSize scales_off = 0, biases_off = 0, section_bytes[3] = {};  // sizes rounded up to words
 
  private:
   std::string name_;
@@ -338,6 +343,13 @@ class VulkanBackend final : public ComputeBackend {
   Support supports(Op op, DType type) const override {
     const DTypeTraits* tr = dtype_traits(type);
     if (!tr) return Support::no(fmt::format("unknown dtype {}", static_cast<uint32_t>(type)));
+    if (type == DType::MLX_AFFINE) {
+      if (op == Op::Constant || op == Op::Reshape || op == Op::GetRows || op == Op::MatMul || op == Op::MatMulId)
+        return Support::yes();
+      return Support::no(fmt::format(
+          "the Vulkan backend decodes MLX affine weights only as the weight of MatMul, MatMulId and GetRows, not in {}",
+          op_name(op)));
+    }
     switch (op) {
       case Op::Input:
         if (tr->quantized) return Support::no(fmt::format("inputs hold plain values, not {}", tr->name));
@@ -382,13 +394,11 @@ class VulkanBackend final : public ComputeBackend {
   BackendTensorPtr load_weight(const TensorInfo& info) override {
     const DTypeTraits* tr = dtype_traits(info.type);
     if (!tr) fail("Vulkan backend: weight '{}' has unknown dtype {}", info.name, static_cast<uint32_t>(info.type));
-    if (info.type == DType::MLX_AFFINE)
-      fail("Vulkan backend: weight '{}' is MLX_AFFINE, which the Vulkan backend does not decode; "
-           "use the onednn backend or a GGUF checkpoint", info.name);
     if (info.shape.empty()) fail("Vulkan backend: weight '{}' has no shape", info.name);
     for (int64_t d : info.shape)
       if (d <= 0) fail("Vulkan backend: weight '{}' has shape {}; every axis must be positive", info.name, shape_str(info.shape));
     const int64_t cols = info.shape.back(), rows = elements(info.shape) / cols;
+    if (info.type == DType::MLX_AFFINE) return load_mlx(info, rows, cols);
     const auto rb = dtype_row_bytes(info.type, static_cast<uint64_t>(cols));
     if (!rb)
       fail("Vulkan backend: weight '{}' {} {}: rows of {} values are not whole {}-value blocks", info.name, tr->name,
@@ -436,6 +446,45 @@ class VulkanBackend final : public ComputeBackend {
   void record(Plan& p, const std::vector<Node>& graph_nodes);
   void upload(Buffer& dst, const void* data, uint64_t bytes, VkDeviceSize dst_off = 0);
   void download(const Buffer& src, void* data, uint64_t bytes);
+
+  // An MLX affine weight (QuantParams in model_file.hpp): its codes, scales and biases in one buffer, each
+  // section at an offset that can be bound on its own (MatMul/GetRows bind them at bindings 0, 3 and 4).
+  BackendTensorPtr load_mlx(const TensorInfo& info, int64_t rows, int64_t cols) {
+    const QuantParams& q = info.quant;
+    if (!mlx_params_valid(q.bits, q.group_size))
+      fail("Vulkan backend: MLX weight '{}': bits {} / group size {} is not supported (bits 2, 3, 4, 5, 6 or 8; "
+           "groups of 32, 64 or 128)", info.name, q.bits, q.group_size);
+    if (cols % q.group_size != 0)
+      fail("Vulkan backend: MLX weight '{}' {}: rows of {} values are not whole groups of {}", info.name,
+           shape_str(info.shape), cols, q.group_size);
+    if (q.scale_type != DType::F32 && q.scale_type != DType::F16 && q.scale_type != DType::BF16)
+      fail("Vulkan backend: MLX weight '{}': scales and biases must be F32, F16 or BF16, not {}", info.name,
+           dtype_name(q.scale_type));
+    auto t = std::make_shared<VkTensor>(info.name, info.type, info.shape);
+    t->weight = true;
+    t->mlx = {q.bits, q.group_size, q.scale_type, {}, {}};
+    t->code_row = static_cast<uint64_t>(cols) * q.bits / 8;  // whole words: a group is 32+ values
+    t->scale_row = static_cast<uint64_t>(cols / q.group_size) * (q.scale_type == DType::F32 ? 4 : 2);
+    const uint64_t n = static_cast<uint64_t>(rows);
+    if (info.data.size() != t->code_row * n)
+      fail("Vulkan backend: MLX weight '{}' {} of {} bits needs {} bytes of codes but has {}", info.name,
+           shape_str(info.shape), q.bits, t->code_row * n, info.data.size());
+    if (q.scales.size() != t->scale_row * n || q.biases.size() != t->scale_row * n)
+      fail("Vulkan backend: MLX weight '{}' {}: scales ({} bytes) and biases ({} bytes) must each have {} bytes",
+           info.name, shape_str(info.shape), q.scales.size(), q.biases.size(), t->scale_row * n);
+    const VkDeviceSize align = std::max<VkDeviceSize>(dev_->props.limits.minStorageBufferOffsetAlignment, 16);
+    auto round = [](VkDeviceSize v, VkDeviceSize a) { return (v + a - 1) / a * a; };
+    t->section_bytes[0] = round(info.data.size(), 4);
+    t->section_bytes[1] = t->section_bytes[2] = round(q.scales.size(), 4);
+    t->scales_off = round(t->section_bytes[0], align);
+    t->biases_off = round(t->scales_off + t->section_bytes[1], align);
+    t->bytes = t->biases_off + t->section_bytes[2];
+    t->buf = dev_->buffer(t->bytes, false, "weight '" + info.name + "'", dev_);
+    upload(*t->buf, info.data.data(), info.data.size());
+    upload(*t->buf, q.scales.data(), q.scales.size(), t->scales_off);
+    upload(*t->buf, q.biases.data(), q.biases.size(), t->biases_off);
+    return t;
+  }
 
   std::shared_ptr<Device> dev_;
   VkDescriptorSetLayout set_layout_ = VK_NULL_HANDLE;
@@ -605,7 +654,11 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
     const Support ok = supports(n.op, sn.type);
     if (!ok.ok || !decodable(sn.type))
       fail("Vulkan backend: {} '{}': operand '{}' is {}, which the Vulkan backend cannot read here: {}", op_name(n.op),
-           n.name, sn.name, dtype_name(sn.type), ok.ok ? "not a decodable type" : ok.reason);
+           n.name, sn.name, dtype_name(sn.type),
+           !ok.ok ? ok.reason
+           : sn.type == DType::MLX_AFFINE
+               ? "MLX affine weights are decoded only as the weight (first operand) of MatMul, MatMulId and GetRows"
+               : "not a decodable type");
     const int64_t cols = sn.shape.back(), rows = elements(sn.shape) / cols;
     const VkDeviceSize bytes = static_cast<VkDeviceSize>(rows * cols) * 4;
     const VkDeviceSize off = arena.alloc(bytes);
@@ -628,14 +681,28 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
   // Row windows [first, end) of a weight that fit maxStorageBufferRange at an aligned offset (one
   // window when it fits whole); `unit` rows move together (an expert's O rows).
   const VkDeviceSize max_range = dev_->max_binding;
-  auto windows = [&](const Loc& w, DType type, int64_t rows, int64_t cols, int64_t unit) {
+  // An MLX weight's tensor (its codes, scales and biases are bound as three sections, windowed alike).
+  auto mlx_tensor = [&](const Loc& w, const Node& wn, int64_t cols) -> const VkTensor& {
+    if (!w.tensor || w.tensor->type() != DType::MLX_AFFINE || w.tensor->shape().back() != cols)
+      fail("Vulkan backend: MLX weight '{}' {} must be used as loaded, with rows of its {} values", wn.name,
+           shape_str(wn.shape), w.tensor ? w.tensor->shape().back() : cols);
+    return *w.tensor;
+  };
+  auto windows = [&](const Loc& w, const Node& wn, int64_t rows, int64_t cols, int64_t unit) {
     std::vector<std::pair<int64_t, int64_t>> out;
-    if (w.size <= max_range) return std::vector<std::pair<int64_t, int64_t>>{{0, rows}};
-    const uint64_t rb = *dtype_row_bytes(type, static_cast<uint64_t>(cols)) * static_cast<uint64_t>(unit);
+    const DType type = wn.type;
+    const bool mlx = type == DType::MLX_AFFINE;
+    // MLX: the codes are the largest section; scale windows start at the same rows.
+    if ((mlx ? mlx_tensor(w, wn, cols).section_bytes[0] : w.size) <= max_range)
+      return std::vector<std::pair<int64_t, int64_t>>{{0, rows}};
+    const uint64_t rb = (mlx ? mlx_tensor(w, wn, cols).code_row : *dtype_row_bytes(type, static_cast<uint64_t>(cols))) *
+                        static_cast<uint64_t>(unit);
+    const uint64_t sb = mlx ? mlx_tensor(w, wn, cols).scale_row * static_cast<uint64_t>(unit) : 0;
     uint64_t step = std::max<uint64_t>(1, (max_range - 4) / rb);
-    while (step > 1 && (step * rb) % align != 0) --step;
-    if ((step * rb) % align != 0 || step * rb > max_range)
-      fail("Vulkan backend: weight rows of {} bytes cannot be bound in windows of at most {} bytes", rb, max_range);
+    while (step > 1 && ((step * rb) % align != 0 || (step * sb) % align != 0)) --step;
+    if ((step * rb) % align != 0 || (step * sb) % align != 0 || step * rb > max_range)
+      fail("Vulkan backend: weight '{}': rows of {} bytes cannot be bound in windows of at most {} bytes", wn.name, rb,
+           max_range);
     const int64_t units = rows / unit;
     for (int64_t u = 0; u < units; u += static_cast<int64_t>(step))
       out.emplace_back(u * unit, std::min<int64_t>(units, u + static_cast<int64_t>(step)) * unit);
@@ -648,6 +715,27 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
     l.off = w.off + static_cast<VkDeviceSize>(win.first) * rb;
     l.size = std::min<VkDeviceSize>((static_cast<VkDeviceSize>(win.second - win.first) * rb + 3) / 4 * 4, w.size - (l.off - w.off));
     return l;
+  };
+  // Binds window `win` of weight `wn` (at `w`) for get_rows / matmul: at binding 0; for MLX, the codes
+  // there, the scales and biases at bindings 3 and 4 and the parameters in pc[24..26] (common.glsl).
+  // After d.pc is set.
+  auto bind_weight = [&](Dispatch& d, const Loc& w, const Node& wn, int64_t cols, std::pair<int64_t, int64_t> win) {
+    if (wn.type != DType::MLX_AFFINE) {
+      d.bind[0] = window_loc(w, wn.type, cols, win);
+      return;
+    }
+    const VkTensor& t = mlx_tensor(w, wn, cols);
+    const VkDeviceSize first = static_cast<VkDeviceSize>(win.first), count = static_cast<VkDeviceSize>(win.second - win.first);
+    auto section = [&](int k, VkDeviceSize start, uint64_t row) {
+      const VkDeviceSize off = first * row;
+      return Loc{w.tensor, start + off, std::min<VkDeviceSize>((count * row + 3) / 4 * 4, t.section_bytes[k] - off)};
+    };
+    d.bind[0] = section(0, 0, t.code_row);
+    d.bind[3] = section(1, t.scales_off, t.scale_row);
+    d.bind[4] = section(2, t.biases_off, t.scale_row);
+    d.pc[24] = t.mlx.bits;
+    d.pc[25] = t.mlx.group_size;
+    d.pc[26] = static_cast<uint32_t>(t.mlx.scale_type);
   };
   auto need_weight = [&](const Node& n, int k) {
     const Node& w = src_node(n, k);
@@ -687,9 +775,9 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
         d.groups = (static_cast<uint64_t>(rows) * static_cast<uint64_t>((C + 31) / 32) + 63) / 64;
         p.id_bound[static_cast<size_t>(i)] = R;
         const Loc table = loc_of(n.src[0]);
-        for (auto win : windows(table, t.type, R, C, 1)) {
-          d.bind[0] = window_loc(table, t.type, C, win);
+        for (auto win : windows(table, t, R, C, 1)) {
           d.pc = {static_cast<uint32_t>(t.type), u32(R), u32(C), u32(rows), 0, u32(i), u32(win.first), u32(win.second)};
+          bind_weight(d, table, t, C, win);
           p.dispatches.push_back(d);
         }
         d.shader.clear();
@@ -710,13 +798,13 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
         d.pc[11] = tpr;
         if (n.op == Op::MatMul) {
           const int64_t O = w.shape[0], I = w.shape[1], N = elements(src_node(n, 1).shape) / I;
-          for (auto win : windows(wl, w.type, O, I, 1)) {
-            d.bind[0] = window_loc(wl, w.type, I, win);
+          for (auto win : windows(wl, w, O, I, 1)) {
             d.pc = {static_cast<uint32_t>(w.type), u32(O), u32(I), u32(N), 0};
             d.pc[8] = u32(i);
             d.pc[9] = u32(win.first);
             d.pc[10] = u32(win.second - win.first);
             d.pc[11] = tpr;
+            bind_weight(d, wl, w, I, win);
             d.groups = (static_cast<uint64_t>(win.second - win.first) + rpw - 1) / rpw * static_cast<uint64_t>((N + 7) / 8);
             p.dispatches.push_back(d);
           }
@@ -724,10 +812,10 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
           const int64_t E = w.shape[0], O = w.shape[1], I = w.shape[2], N = n.shape[0], K = n.shape[1];
           d.bind[2] = loc_of(n.src[2]);
           const bool shared = src_node(n, 1).shape[1] == 1 && K != 1;
-          for (auto win : windows(wl, w.type, E * O, I, O)) {
-            d.bind[0] = window_loc(wl, w.type, I, win);
+          for (auto win : windows(wl, w, E * O, I, O)) {
             d.pc = {static_cast<uint32_t>(w.type), u32(O), u32(I), u32(N * K), 1, u32(K), shared ? 1u : 0u, u32(E), u32(i),
                     u32(win.first / O), u32(win.second / O), tpr};
+            bind_weight(d, wl, w, I, win);
             d.groups = (static_cast<uint64_t>(O) + rpw - 1) / rpw * static_cast<uint64_t>((N * K + 7) / 8);
             p.dispatches.push_back(d);
           }

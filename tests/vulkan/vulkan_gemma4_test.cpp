@@ -7,6 +7,8 @@
 //  - the quantizer's block types (Q4_1, Q5_0, Q5_1, Q5_K, Q6_K, IQ4_NL, IQ4_XS: what a Q4_K_M download
 //    mixes, with llama.cpp's fallbacks for rows that are not whole 256-value blocks) give the CPU's
 //    next-token log-probabilities.
+//  - the e2b fixture as an MLX checkpoint (affine 4-bit): the numpy reference of its dequantized weights
+//    within 1e-4 and the CPU backend within 1e-4 (both multiply MLX weights with F32 activations).
 // Skipped (GTEST_SKIP) when no Vulkan device exists.
 #include <gtest/gtest.h>
 
@@ -50,6 +52,20 @@ fs::path fixture() {
                             " --vocab " + SPECULA_SHARED_DIR + "/gemma4-vocab/ggml-vocab-gemma-4.gguf";
     if (std::system(cmd.c_str()) != 0) throw std::runtime_error("fixture generation failed: " + cmd);
     return d;
+  }();
+  return dir;
+}
+
+// The same weights as an MLX checkpoint (mlx4: affine 4-bit in groups of 32, BF16 scales, the router at
+// 8 bits), in a directory of its own so the GGUF fixture above keeps its stamp.
+fs::path mlx_fixture() {
+  static const fs::path dir = [] {
+    const fs::path d = fs::path(SPECULA_FIXTURE_DIR) / "vulkan-fixtures" / "e2b-mlx";
+    const std::string cmd = std::string(SPECULA_PYTHON) + " " + SPECULA_SOURCE_DIR +
+                            "/tools/gemma4_fixture.py --variant e2b --formats mlx4 --out " + d.string() +
+                            " --vocab " + SPECULA_SHARED_DIR + "/gemma4-vocab/ggml-vocab-gemma-4.gguf";
+    if (std::system(cmd.c_str()) != 0) throw std::runtime_error("fixture generation failed: " + cmd);
+    return d / "mlx4";
   }();
   return dir;
 }
@@ -172,6 +188,27 @@ TEST(VulkanGemma4, Q8_0MatchesLlamaCppAndDequantizedCpu) {
     EXPECT_LE(cmax, 0.45) << "CPU backend q8_0, sequence " << name;
     std::printf("[vulkan-gemma4] q8_0 %s: llama.cpp median %.2e, %.0f%% within 0.45 | cpu max %.2e\n", name.c_str(),
                 d[d.size() / 2], 100 * within, cmax);
+  }
+}
+
+TEST(VulkanGemma4, Mlx4MatchesNumpyAndCpu) {
+  REQUIRE_VULKAN();
+  SKIP_UNDER_SANITIZERS();
+  auto f = host().open_model(mlx_fixture());
+  auto vk = host().find_model_loader(*f)->load(f, backend("vulkan"), json::object());
+  auto cpu = host().find_model_loader(*f)->load(f, backend("onednn"), json::object());
+  const int64_t V = vk->info().vocab_size;
+  const json ref = read_json(golden("ref-e2b-mlx4.json"));
+  for (const auto& [name, seq] : ref["sequences"].items()) {
+    if (name != "seed") continue;  // 6 tokens: a few seconds on lavapipe (the 41-token "long" adds ~25 s)
+    const auto tokens = seq["tokens"].get<std::vector<int32_t>>();
+    const auto logits = run_all(*vk, tokens);
+    const auto d = golden_diffs(logits, V, seq);
+    const double ref_max = *std::max_element(d.begin(), d.end());
+    EXPECT_LE(ref_max, 1e-4) << "numpy reference (mlx4), sequence " << name;
+    const double cmax = max_logprob_diff(run_all(*cpu, tokens), logits, V);
+    EXPECT_LE(cmax, 1e-4) << "CPU backend mlx4, sequence " << name;
+    std::printf("[vulkan-gemma4] mlx4 %s: numpy max %.2e | cpu max %.2e\n", name.c_str(), ref_max, cmax);
   }
 }
 

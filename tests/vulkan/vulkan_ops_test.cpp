@@ -39,6 +39,8 @@ ComputeBackend* vulkan(std::string* why = nullptr) {
   std::string why_;                                          \
   if (!vulkan(&why_)) GTEST_SKIP() << "no Vulkan device: " << why_
 
+struct MlxWeight;
+
 // A backend plus the weight storage its tensors point into.
 struct Side {
   ComputeBackend* b;
@@ -53,6 +55,7 @@ struct Side {
     info.data = std::span<const std::byte>(held->data(), held->size());
     return b->load_weight(info);
   }
+  BackendTensorPtr mlx_weight(const std::string& name, Shape shape, const MlxWeight& w);
 };
 
 struct Built {
@@ -134,6 +137,45 @@ std::vector<std::byte> make_weight(DType type, int64_t rows, int64_t cols, uint3
   return packed;
 }
 
+// An MLX affine weight (the SDK's MLX quantizer on random values) and the values the SDK decodes it to.
+struct MlxWeight {
+  MlxRowParams p;
+  std::vector<std::byte> packed, scales, biases;
+  std::vector<float> decoded;
+};
+
+MlxWeight make_mlx(MlxRowParams p, int64_t rows, int64_t cols, uint32_t seed) {
+  auto w = test::random_floats(static_cast<size_t>(rows * cols), seed);
+  const size_t code_row = static_cast<size_t>(cols) * p.bits / 8;
+  const size_t scale_row = static_cast<size_t>(cols / p.group_size) * (p.scale_type == DType::F32 ? 4 : 2);
+  MlxWeight m{p, std::vector<std::byte>(code_row * rows), std::vector<std::byte>(scale_row * rows),
+              std::vector<std::byte>(scale_row * rows), std::vector<float>(w.size())};
+  for (int64_t r = 0; r < rows; ++r) {
+    mlx_quantize_row(p, w.data() + r * cols, cols, m.packed.data() + r * code_row, m.scales.data() + r * scale_row,
+                     m.biases.data() + r * scale_row);
+    mlx_dequantize_row(p, m.packed.data() + r * code_row, m.scales.data() + r * scale_row,
+                       m.biases.data() + r * scale_row, m.decoded.data() + r * cols, cols);
+  }
+  return m;
+}
+
+std::string mlx_name(const MlxRowParams& p) {
+  return fmt::format("MLX{}b/g{}/{}", p.bits, p.group_size, dtype_name(p.scale_type));
+}
+
+BackendTensorPtr Side::mlx_weight(const std::string& name, Shape shape, const MlxWeight& w) {
+  auto held = std::make_shared<MlxWeight>(w);
+  TensorInfo info;
+  info.name = name;
+  info.type = DType::MLX_AFFINE;
+  info.shape = std::move(shape);
+  info.data = std::span<const std::byte>(held->packed);
+  info.quant = {w.p.bits, w.p.group_size, w.p.scale_type, std::span<const std::byte>(held->scales),
+                std::span<const std::byte>(held->biases)};
+  storage.push_back(std::shared_ptr<std::vector<std::byte>>(held, &held->packed));  // keeps all of it
+  return b->load_weight(info);
+}
+
 // Activations the CPU's 8-bit activation kernels represent exactly (one code at 127 per 32 values).
 std::vector<float> exact_activations(size_t n, uint32_t seed) {
   auto x = test::random_floats(n, seed);
@@ -192,6 +234,74 @@ INSTANTIATE_TEST_SUITE_P(Types, VulkanMatMul,
                                            DType::Q5_0, DType::Q5_1, DType::Q4_K, DType::Q5_K, DType::Q6_K,
                                            DType::IQ4_NL, DType::IQ4_XS),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+// MLX affine weights: every bit width, group size and scale type appears (not every combination: each
+// case runs graphs on both backends). The CPU multiplies them with float activations, as MLX does, so the
+// activations are plain random values; the double-precision product of the SDK-decoded weight checks both.
+class VulkanMlx : public ::testing::TestWithParam<MlxRowParams> {};
+
+TEST_P(VulkanMlx, MatMulAndGetRowsMatchCpu) {
+  REQUIRE_VULKAN();
+  const MlxRowParams p = GetParam();
+  const int64_t O = 37, I = 384;  // 384: whole groups of 32, 64 and 128, several per row
+  const MlxWeight w = make_mlx(p, O, I, 70 + p.bits);
+  for (int64_t N : {1, 3, 17}) {  // 17: two 8-row groups and a remainder, and the CPU's GEMM row count
+    auto x = test::random_floats(static_cast<size_t>(N * I), 71);
+    const std::string what = fmt::format("matmul {} O={} I={} N={}", mlx_name(p), O, I, N);
+    auto build = [&](Side& s, Built& b) {
+      b.out(b.g.matmul(b.g.constant(s.mlx_weight("w", {O, I}, w)), b.input(DType::F32, {N, I}, x, "x")));
+    };
+    const Result want = run_on(cpu(), build), got = run_on(vulkan(), build);
+    test::expect_close(got.f[0], std::vector<double>(want.f[0].begin(), want.f[0].end()), 1e-5, 1e-5, what);
+    std::vector<double> ref(static_cast<size_t>(N * O));
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t o = 0; o < O; ++o) {
+        double acc = 0;
+        for (int64_t i = 0; i < I; ++i) acc += double(w.decoded[o * I + i]) * x[n * I + i];
+        ref[n * O + o] = acc;
+      }
+    test::expect_close(got.f[0], ref, 1e-5, 1e-5, what + " vs double reference");
+  }
+  std::vector<int32_t> ids{36, 0, 17, 36, 5};
+  compare([&](Side& s, Built& b) {
+    b.out(b.g.get_rows(b.g.constant(s.mlx_weight("table", {O, I}, w)), b.input(DType::I32, {5}, ids, "ids")));
+  }, 0, 0, "get_rows " + mlx_name(p));
+  // Bit for bit the SDK's decode, too.
+  Result r = run_on(vulkan(), [&](Side& s, Built& b) {
+    b.out(b.g.get_rows(b.g.constant(s.mlx_weight("table", {O, I}, w)), b.input(DType::I32, {5}, ids, "ids")));
+  });
+  std::vector<double> want;
+  for (int32_t id : ids)
+    for (int64_t c = 0; c < I; ++c) want.push_back(w.decoded[id * I + c]);
+  test::expect_close(r.f[0], want, 0, 0, "get_rows " + mlx_name(p) + " vs the SDK");
+}
+
+INSTANTIATE_TEST_SUITE_P(Params, VulkanMlx,
+                         ::testing::Values(MlxRowParams{2, 32, DType::F16}, MlxRowParams{3, 64, DType::BF16},
+                                           MlxRowParams{4, 128, DType::F32}, MlxRowParams{5, 32, DType::BF16},
+                                           MlxRowParams{6, 64, DType::F32}, MlxRowParams{8, 128, DType::F16},
+                                           MlxRowParams{4, 64, DType::BF16}, MlxRowParams{8, 32, DType::F32},
+                                           MlxRowParams{3, 128, DType::F16}, MlxRowParams{6, 32, DType::F16}),
+                         [](const auto& info) {
+                           return fmt::format("b{}_g{}_{}", info.param.bits, info.param.group_size,
+                                              dtype_name(info.param.scale_type));
+                         });
+
+TEST(VulkanOps, MlxMatMulIdSharedAndPerSlotInputs) {
+  REQUIRE_VULKAN();
+  const int64_t E = 5, O = 7, I = 256, N = 3, K = 2;
+  for (MlxRowParams p : {MlxRowParams{4, 64, DType::BF16}, MlxRowParams{3, 32, DType::F16}, MlxRowParams{6, 128, DType::F32}}) {
+    const MlxWeight w = make_mlx(p, E * O, I, 80);
+    std::vector<int32_t> ids{4, 0, 2, 2, 1, 3};
+    auto x1 = test::random_floats(N * I, 81), xk = test::random_floats(N * K * I, 82);
+    compare([&](Side& s, Built& b) {
+      Value e = b.g.constant(s.mlx_weight("experts", {E, O, I}, w));
+      Value iv = b.input(DType::I32, {N, K}, ids, "ids");
+      b.out(b.g.matmul_id(e, b.input(DType::F32, {N, 1, I}, x1, "x1"), iv));
+      b.out(b.g.matmul_id(e, b.input(DType::F32, {N, K, I}, xk, "xk"), iv));
+    }, 1e-5, 1e-5, "matmul_id " + mlx_name(p));
+  }
+}
 
 TEST(VulkanOps, MatMulIdSharedAndPerSlotInputs) {
   REQUIRE_VULKAN();
@@ -416,6 +526,27 @@ TEST(VulkanOps, WeightsAboveTheBindingLimitRunInWindows) {
       test::expect_close(got.f[k], std::vector<double>(want.f[k].begin(), want.f[k].end()), 1e-5, 1e-5,
                          std::string("windows ") + std::string(dtype_name(type)) + " output " + std::to_string(k));
   }
+  // MLX: codes, scales and biases windowed alike. 5 bits in groups of 128 with BF16 scales: 160 code
+  // bytes and 4 scale bytes a row, so windows hold multiples of 4 rows (4 experts of 61 rows) to keep
+  // every section's offset aligned.
+  const MlxRowParams p{5, 128, DType::BF16};
+  const int64_t O = 601, I = 256, E = 8, Oe = 61;
+  const MlxWeight w = make_mlx(p, O, I, 64), experts = make_mlx(p, E * Oe, I, 65);
+  auto x = test::random_floats(3 * I, 66);
+  std::vector<int32_t> ids{600, 0, 407, 408, 599, 250};
+  std::vector<int32_t> eids{7, 0, 3, 4, 5, 1};
+  auto build = [&](Side& s, Built& b) {
+    Value wv = b.g.constant(s.mlx_weight("w", {O, I}, w));
+    Value xv = b.input(DType::F32, {3, I}, x, "x");
+    b.out(b.g.matmul(wv, xv));
+    b.out(b.g.get_rows(wv, b.input(DType::I32, {6}, ids, "ids")));
+    Value e = b.g.constant(s.mlx_weight("experts", {E, Oe, I}, experts));
+    b.out(b.g.matmul_id(e, b.g.reshape(xv, {3, 1, I}), b.input(DType::I32, {3, 2}, eids, "eids")));
+  };
+  const Result want = run_on(cpu(), build), got = run_on(small.get(), build);
+  for (size_t k = 0; k < want.f.size(); ++k)
+    test::expect_close(got.f[k], std::vector<double>(want.f[k].begin(), want.f[k].end()), k == 1 ? 0 : 1e-5,
+                       k == 1 ? 0 : 1e-5, "windows " + mlx_name(p) + " output " + std::to_string(k));
 }
 
 TEST(VulkanErrors, BadOptionsDeviceAndIds) {
@@ -442,13 +573,38 @@ TEST(VulkanErrors, BadOptionsDeviceAndIds) {
   EXPECT_FALSE(vk->supports(Op::Attention, DType::Q8_0).ok);
 
   Side s{vk, {}};
-  // Every GGUF block type decodes; MLX affine weights are refused when loaded, naming the weight.
-  TensorInfo mlx;
-  mlx.name = "blk.0.ffn_up.weight";
-  mlx.type = DType::MLX_AFFINE;
-  mlx.shape = {4, 32};
-  const std::string ml = message([&] { vk->load_weight(mlx); });
-  EXPECT_NE(ml.find("'blk.0.ffn_up.weight' is MLX_AFFINE"), std::string::npos) << ml;
+  // MLX affine weights decode as the weight of MatMul, MatMulId and GetRows only; a malformed one is
+  // refused when loaded, naming it.
+  for (Op op : {Op::MatMul, Op::MatMulId, Op::GetRows}) EXPECT_TRUE(vk->supports(op, DType::MLX_AFFINE).ok) << op_name(op);
+  const Support no_mlx = vk->supports(Op::Add, DType::MLX_AFFINE);
+  EXPECT_FALSE(no_mlx.ok);
+  EXPECT_NE(no_mlx.reason.find("MLX affine weights only as the weight of MatMul, MatMulId and GetRows, not in Add"),
+            std::string::npos) << no_mlx.reason;
+  EXPECT_FALSE(vk->supports(Op::Attention, DType::MLX_AFFINE).ok);
+  const MlxWeight mlx_ok = make_mlx({4, 32, DType::F16}, 4, 32, 5);
+  MlxWeight mlx_bad = mlx_ok;
+  mlx_bad.scales.resize(2);
+  const std::string ml = message([&] { s.mlx_weight("blk.0.ffn_up.weight", {4, 32}, mlx_bad); });
+  EXPECT_NE(ml.find("MLX weight 'blk.0.ffn_up.weight' [4, 32]: scales (2 bytes) and biases (8 bytes) must each have 8 bytes"),
+            std::string::npos) << ml;
+  mlx_bad = mlx_ok;
+  mlx_bad.p.bits = 7;
+  const std::string mb = message([&] { s.mlx_weight("blk.0.ffn_up.weight", {4, 32}, mlx_bad); });
+  EXPECT_NE(mb.find("'blk.0.ffn_up.weight': bits 7 / group size 32 is not supported"), std::string::npos) << mb;
+  {
+    auto mw = s.mlx_weight("mlx_w", {4, 32}, mlx_ok);
+    Graph g;
+    Value x = g.input(DType::F32, {4, 32}, "x");
+    g.mark_output(g.named(g.mul(x, g.constant(mw)), "scaled"));
+    const std::string mm = message([&] { vk->compile(g); });
+    EXPECT_NE(mm.find("Mul 'scaled': operand 'mlx_w' is MLX_AFFINE"), std::string::npos) << mm;
+    EXPECT_NE(mm.find("not in Mul"), std::string::npos) << mm;
+    Graph g1;
+    auto f = s.weight("f", DType::F32, {5, 32}, test::encode(test::random_floats(160, 6), DType::F32));
+    g1.mark_output(g1.named(g1.matmul(g1.constant(f), g1.constant(mw)), "y"));
+    const std::string mx = message([&] { vk->compile(g1); });
+    EXPECT_NE(mx.find("MLX affine weights are decoded only as the weight (first operand)"), std::string::npos) << mx;
+  }
   std::vector<float> xs(32, 1.0f);
 
   Graph g2;

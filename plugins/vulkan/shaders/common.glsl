@@ -18,6 +18,9 @@ layout(push_constant) uniform PC { uint p[32]; } pc;
 // ggml type ids (specula::DType)
 const uint T_F32 = 0u, T_F16 = 1u, T_Q4_0 = 2u, T_Q4_1 = 3u, T_Q5_0 = 6u, T_Q5_1 = 7u, T_Q8_0 = 8u,
            T_Q4_K = 12u, T_Q5_K = 13u, T_Q6_K = 14u, T_IQ4_NL = 20u, T_IQ4_XS = 23u, T_I32 = 26u, T_BF16 = 30u;
+// MLX affine (specula::DType::MLX_AFFINE), decoded by get_rows and matmul: codes at binding 0, scales and
+// biases at bindings 3 and 4, and pc[24] bits, pc[25] group size, pc[26] scale type (F32, F16 or BF16).
+const uint T_MLX = 1100u;
 
 // IQ4_NL / IQ4_XS code book (ggml's kvalues_iq4nl).
 const int kIq4nl[16] = int[16](-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113);
@@ -76,6 +79,8 @@ uint f32_to_bf16(float f) {
 DEFINE_LOAD(load0, b0)
 DEFINE_LOAD(load1, b1)
 DEFINE_LOAD(load2, b2)
+DEFINE_LOAD(load3, b3)
+DEFINE_LOAD(load4, b4)
 
 // Bytes of binding 0 (weights, which may be byte-packed blocks).
 uint byte0(uint off) { return (b0.d[off >> 2] >> ((off & 3u) * 8u)) & 0xFFu; }
@@ -116,6 +121,23 @@ void decode_chunk(uint type, uint row, uint cols, uint c, out float w[32]) {
   if (type == T_F32 || type == T_F16 || type == T_BF16) {
     uint base = row * cols, e0 = c * 32u;
     for (uint j = 0u; j < 32u; ++j) w[j] = e0 + j < cols ? load0(type, base + e0 + j) : 0.0;
+    return;
+  }
+  if (type == T_MLX) {
+    // A row is cols / 32 * bits words of `bits`-bit codes, a little-endian bit stream (as the SDK's
+    // mlx_dequantize_row), so the chunk's 32 codes are the `bits` words from c * bits, within one group.
+    // scale * code + bias, rounded twice as the SDK does.
+    uint bits = pc.p[24], mask = (1u << bits) - 1u, st = pc.p[26];
+    uint g = row * (cols / pc.p[25]) + c * 32u / pc.p[25];
+    float s = load3(st, g), bias = load4(st, g);
+    uint base = row * (cols / 32u * bits) + c * bits;
+    for (uint j = 0u; j < 32u; ++j) {
+      uint p = j * bits, wd = base + (p >> 5), sh = p & 31u;
+      uint v = b0.d[wd] >> sh;
+      if (sh + bits > 32u) v |= b0.d[wd + 1u] << (32u - sh);
+      precise float y = s * float(v & mask);
+      w[j] = y + bias;
+    }
     return;
   }
   uint rb = row_bytes(type, cols), off = row * rb;

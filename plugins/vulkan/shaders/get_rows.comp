@@ -2,7 +2,8 @@
 // GetRows (and the conversion of any stored operand to F32: ids = identity): one thread per 32-value
 // chunk of an output row. p: 0 type, 1 R, 2 C, 3 rows out, 4 identity, 5 node, 6..7 the table rows
 // [first, end) bound at binding 0 (a table above maxStorageBufferRange is bound in windows, one dispatch
-// each; ids outside the window are another dispatch's)
+// each; ids outside the window are another dispatch's), 24..26 MLX parameters (common.glsl; scales and
+// biases then at bindings 3 and 4)
 #include "common.glsl"
 layout(local_size_x = 64) in;
 

@@ -5,7 +5,8 @@
 // p: 0 weight type, 1 O, 2 I, 3 N (activation rows), 4 mode (0 matmul, 1 matmul_id), 5 K,
 //    6 x_shared (x has one row per token for all K), 7 E, 8 node, 9..10 the window bound at binding 0
 //    (weights above maxStorageBufferRange are split in windows, one dispatch each): matmul: first output
-//    column and count; matmul_id: experts [first, end); 11 threads per weight row
+//    column and count; matmul_id: experts [first, end); 11 threads per weight row; 24..26 MLX parameters
+//    (common.glsl; scales and biases then at bindings 3 and 4)
 #include "common.glsl"
 layout(local_size_x = 64) in;
 const uint NR = 8u;  // activation rows per workgroup
