@@ -134,6 +134,7 @@ struct Built {
   Graph graph;
   std::unique_ptr<CompiledGraph> plan;  // after `graph`: destroyed before it
   Value x, qpos, zero;
+  Value in_use;  // I32 [1]: the target cache's slots in use (its position)
   Value token;   // I32 [1, 1]: argmax over the head's logits (dense: a vocab id; centroid: a candidate index)
   Value top;     // centroid: I32 [1, Kc] selected clusters
   Value logits;  // dense: [1, V]; centroid: [1, Kc * S]
@@ -322,6 +323,7 @@ class Drafter final : public AssistantDrafter {
     b.x = g.input(DType::I32, {1}, "token");
     b.qpos = g.input(DType::I32, {1}, "query_position");
     b.zero = g.input(DType::I32, {1}, "row0");
+    b.in_use = g.input(DType::I32, {1}, "slots_in_use");
     // §2.2-2.3: e = E_target[x] * target scale; u = W_pre [e, h] (embedding first).
     Value e = g.scale(g.get_rows(g.constant(t.embed.table), b.x), t.embed.scale);
     Value h = first ? g.reshape(g.constant(t.hidden), {1, Hb}) : g.constant(h_);
@@ -338,7 +340,7 @@ class Drafter final : public AssistantDrafter {
       q = g.rope(q, b.qpos, rope.rotated_pairs, rope.theta, rope.exponent_divisor, rope.freq_scale);
       // Scale 1, no mask beyond the window: causality comes from what the target's cache holds (§2.4).
       Value o = attention_->build(g, {q, g.constant(kv.k), g.constant(kv.v), g.constant(kv.positions), b.qpos, 1.0f,
-                                      ly.full ? 0 : c.window, false});
+                                      ly.full ? 0 : c.window, false, b.in_use});
       r = g.add(r, g.rms_norm(g.matmul(g.constant(w.o), o), g.constant(w.post_attn_norm), c.eps));
       Value f = g.rms_norm(r, g.constant(w.ffn_norm), c.eps);
       Value m = g.matmul(g.constant(w.down),
@@ -408,6 +410,7 @@ class Drafter final : public AssistantDrafter {
     const int64_t vocab_t = t.embed.table->shape()[0];
     const int32_t qpos = static_cast<int32_t>(std::max<int64_t>(0, target.position() - opt_.query_offset));
     const int32_t zero = 0;
+    const int32_t in_use = static_cast<int32_t>(target.position());
     int32_t x = last;
     const int64_t S = centroid_ ? c.vocab / c.centroids : 0;
     for (int k = 0; k < n; ++k) {
@@ -416,7 +419,7 @@ class Drafter final : public AssistantDrafter {
       Built& b = *graphs_[k == 0 ? 1 : 0];
       RunInputs in;
       in.inputs = {{b.x, std::as_bytes(std::span(&x, 1))}, {b.qpos, std::as_bytes(std::span(&qpos, 1))},
-                   {b.zero, std::as_bytes(std::span(&zero, 1))}};
+                   {b.zero, std::as_bytes(std::span(&zero, 1))}, {b.in_use, std::as_bytes(std::span(&in_use, 1))}};
       b.plan->run(in);
       int32_t am = 0;
       b.plan->read(b.token, std::as_writable_bytes(std::span(&am, 1)));

@@ -585,6 +585,7 @@ void CpuBackend::execute(const Graph& g, int32_t id) {
       a.Hq = q.shape[1];
       a.D = q.shape[2];
       a.S = k.shape[0];
+      if (n.src[5] >= 0) a.S = std::clamp<int64_t>(ints(5)[0], 0, a.S);  // slots in use: the rest are empty
       a.Hkv = k.shape[1];
       a.Dv = v.shape[2];
       a.scale = n.f[0];

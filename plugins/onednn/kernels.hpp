@@ -59,7 +59,7 @@ struct AttentionArgs {
   DType k_type = DType::F32, v_type = DType::F32;  // F32, F16 or BF16
   const int32_t* key_pos;
   const int32_t* query_pos;
-  int64_t T, S, Hq, Hkv, D, Dv;
+  int64_t T, S, Hq, Hkv, D, Dv;  // S: the slots read (those in use)
   float scale;
   int64_t window;
   bool causal;

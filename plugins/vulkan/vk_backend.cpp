@@ -265,7 +265,7 @@ struct Loc {
 
 struct Dispatch {
   std::string shader;
-  std::array<Loc, 6> bind{};  // operands 0-4 and the result
+  std::array<Loc, 7> bind{};  // operands 0-4, the result, operand 5 (bindings 0-5 and 7; 6 is the error record)
   std::array<uint32_t, 32> pc{};
   uint64_t groups = 0;
   int32_t node = -1;
@@ -494,15 +494,15 @@ class VulkanBackend final : public ComputeBackend {
 };
 
 void VulkanBackend::create_layouts() {
-  std::array<VkDescriptorSetLayoutBinding, 7> b{};
-  for (uint32_t i = 0; i < 7; ++i) {
+  std::array<VkDescriptorSetLayoutBinding, 8> b{};
+  for (uint32_t i = 0; i < 8; ++i) {
     b[i].binding = i;
     b[i].descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
     b[i].descriptorCount = 1;
     b[i].stageFlags = VK_SHADER_STAGE_COMPUTE_BIT;
   }
   VkDescriptorSetLayoutCreateInfo li{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO};
-  li.bindingCount = 7;
+  li.bindingCount = 8;
   li.pBindings = b.data();
   check(vkCreateDescriptorSetLayout(dev_->dev, &li, nullptr, &set_layout_), "vkCreateDescriptorSetLayout");
   VkPushConstantRange pr{VK_SHADER_STAGE_COMPUTE_BIT, 0, 128};
@@ -900,11 +900,14 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
         d.bind[2] = loc_of(n.src[2]);
         d.bind[3] = loc_of(n.src[3]);
         d.bind[4] = loc_of(n.src[4]);
-        const VkDeviceSize res = value_bytes(n.type, n.shape);
-        d.bind[5] = result(static_cast<VkDeviceSize>(T * Hq * S) * 4);
+        const bool in_use = n.src[5] >= 0;  // slots in use: the shader reads only those
+        if (in_use) d.bind[6] = loc_of(n.src[5]);
+        d.bind[5] = result();
         d.pc = {u32(T), u32(Hq), u32(q.shape[2]), u32(S), u32(k.shape[1]), u32(v.shape[2]), fbits(n.f[0]),
                 u32(n.i[0]), n.i[1] != 0 ? 1u : 0u, static_cast<uint32_t>(k.type), static_cast<uint32_t>(v.type),
-                static_cast<uint32_t>(res / 4)};
+                in_use ? 1u : 0u};
+        if (v.shape[2] > 1024)
+          fail("Vulkan backend: Attention '{}': V head dim {} is above the 1024 the shader accumulates", n.name, v.shape[2]);
         d.groups = static_cast<uint64_t>(T * Hq);
         break;
       }
@@ -999,7 +1002,9 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
 
   VkDeviceSize readback_size = 0;
   for (int32_t o : g.outputs()) {
-    if (p.readback_off.count(o)) continue;
+    // A persistent tensor (a cache after WriteRows) is read from its buffer when asked: copying it out
+    // every run would cost its whole size (a KV cache: the allocated context) per step.
+    if (p.readback_off.count(o) || p.loc[static_cast<size_t>(o)].tensor) continue;
     p.readback_off[o] = readback_size;
     readback_size += (value_bytes(nodes[static_cast<size_t>(o)].type, nodes[static_cast<size_t>(o)].shape) + 15) / 16 * 16;
   }
@@ -1021,7 +1026,7 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
 void VulkanBackend::record(Plan& p, const std::vector<Node>& graph_nodes) {
   VkDevice d = dev_->dev;
   const uint32_t sets = static_cast<uint32_t>(std::max<size_t>(p.dispatches.size(), 1));
-  VkDescriptorPoolSize ps{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, sets * 7};
+  VkDescriptorPoolSize ps{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, sets * 8};
   VkDescriptorPoolCreateInfo pi{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
   pi.maxSets = sets;
   pi.poolSizeCount = 1;
@@ -1041,12 +1046,13 @@ void VulkanBackend::record(Plan& p, const std::vector<Node>& graph_nodes) {
     return {dummy_->buf, 0, VK_WHOLE_SIZE};
   };
   for (size_t k = 0; k < p.dispatches.size(); ++k) {
-    std::array<VkDescriptorBufferInfo, 7> bi;
+    std::array<VkDescriptorBufferInfo, 8> bi;
     for (size_t b = 0; b < 6; ++b) bi[b] = info(p.dispatches[k].bind[b]);
     bi[6] = {p.err->buf, 0, VK_WHOLE_SIZE};
+    bi[7] = info(p.dispatches[k].bind[6]);
     VkWriteDescriptorSet w{VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET};
     w.dstSet = ds[k];
-    w.descriptorCount = 7;
+    w.descriptorCount = 8;
     w.descriptorType = VK_DESCRIPTOR_TYPE_STORAGE_BUFFER;
     w.pBufferInfo = bi.data();
     vkUpdateDescriptorSets(d, 1, &w, 0, nullptr);
@@ -1096,7 +1102,7 @@ void VulkanBackend::record(Plan& p, const std::vector<Node>& graph_nodes) {
     const Dispatch& dp = p.dispatches[k];
     bool need = false;
     const Range w = range(dp.bind[5]);
-    for (size_t b = 0; b < 5; ++b)
+    for (size_t b : {0, 1, 2, 3, 4, 6})
       if (dp.bind[b].valid() && overlaps(written, range(dp.bind[b]))) need = true;
     if (overlaps(written, w) || overlaps(read, w)) need = true;
     if (need) {
@@ -1106,7 +1112,7 @@ void VulkanBackend::record(Plan& p, const std::vector<Node>& graph_nodes) {
       written.clear();
       read.clear();
     }
-    for (size_t b = 0; b < 5; ++b)
+    for (size_t b : {0, 1, 2, 3, 4, 6})
       if (dp.bind[b].valid()) read.push_back(range(dp.bind[b]));
     written.push_back(w);
     VkPipeline pl = pipeline(dp.shader);

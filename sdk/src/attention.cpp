@@ -7,7 +7,8 @@ class StandardAttention final : public Attention {
  public:
   std::string name() const override { return "attention"; }
   Value build(Graph& g, const AttentionCall& c) const override {
-    return g.attention(c.q, c.k, c.v, c.key_positions, c.query_positions, c.scale, c.window, c.causal);
+    return g.attention(c.q, c.k, c.v, c.key_positions, c.query_positions, c.scale, c.window, c.causal,
+                       c.slots_in_use);
   }
 };
 

@@ -162,7 +162,7 @@ Value Graph::get_rows(Value table, Value ids) {
   n.op = Op::GetRows;
   n.shape = id.shape;
   n.shape.push_back(t.shape[1]);
-  n.src = {table.id, ids.id, -1, -1, -1};
+  n.src = {table.id, ids.id, -1, -1, -1, -1};
   return push(std::move(n));
 }
 
@@ -180,7 +180,7 @@ Value Graph::matmul(Value weight, Value x) {
   n.op = Op::MatMul;
   n.shape = a.shape;
   n.shape.back() = w.shape[0];
-  n.src = {weight.id, x.id, -1, -1, -1};
+  n.src = {weight.id, x.id, -1, -1, -1, -1};
   return push(std::move(n));
 }
 
@@ -204,7 +204,7 @@ Value Graph::matmul_id(Value experts, Value x, Value ids) {
   Node n;
   n.op = Op::MatMulId;
   n.shape = {id.shape[0], id.shape[1], e.shape[1]};
-  n.src = {experts.id, x.id, ids.id, -1, -1};
+  n.src = {experts.id, x.id, ids.id, -1, -1, -1};
   return push(std::move(n));
 }
 
@@ -227,7 +227,7 @@ Node binary(const Graph& g, Op op, Value a, Value b, size_t index) {
   Node n;
   n.op = op;
   n.shape = x.shape;
-  n.src = {a.id, b.id, -1, -1, -1};
+  n.src = {a.id, b.id, -1, -1, -1, -1};
   n.name = c.node_name;
   return n;
 }
@@ -239,7 +239,7 @@ Node unary(const Graph& g, Op op, Value a, size_t index) {
   Node n;
   n.op = op;
   n.shape = x.shape;
-  n.src = {a.id, -1, -1, -1, -1};
+  n.src = {a.id, -1, -1, -1, -1, -1};
   n.name = c.node_name;
   return n;
 }
@@ -302,14 +302,14 @@ Value Graph::rope(Value x, Value positions, int64_t rotated_pairs, float theta,
   Node n;
   n.op = Op::Rope;
   n.shape = a.shape;
-  n.src = {x.id, positions.id, -1, -1, -1};
+  n.src = {x.id, positions.id, -1, -1, -1, -1};
   n.i[0] = rotated_pairs;
   n.f = {theta, exponent_divisor, freq_scale, 0.0f};
   return push(std::move(n));
 }
 
 Value Graph::attention(Value q, Value k, Value v, Value key_pos, Value query_pos, float scale,
-                       int64_t window, bool causal) {
+                       int64_t window, bool causal, Value slots_in_use) {
   Checker c{*this, Op::Attention, fmt::format("Attention#{}", nodes_.size())};
   const Node& qn = c.get(q, "q");
   const Node& kn = c.get(k, "k");
@@ -344,10 +344,15 @@ Value Graph::attention(Value q, Value k, Value v, Value key_pos, Value query_pos
     c.error(fmt::format("query positions {} must have one entry per token of q {}", describe(qp),
                         describe(qn)));
   if (window < 0) c.error(fmt::format("window {} must be >= 0 (0 = none)", window));
+  if (slots_in_use) {
+    const Node& live = c.get(slots_in_use, "slots in use");
+    c.type_i32(live, "slots in use");
+    if (live.shape != Shape{1}) c.error(fmt::format("slots in use {} must be I32 [1]", describe(live)));
+  }
   Node n;
   n.op = Op::Attention;
   n.shape = {T, Hq * vn.shape[2]};
-  n.src = {q.id, k.id, v.id, key_pos.id, query_pos.id};
+  n.src = {q.id, k.id, v.id, key_pos.id, query_pos.id, slots_in_use.id};
   n.i[0] = window;
   n.i[1] = causal ? 1 : 0;
   n.f[0] = scale;
@@ -392,7 +397,7 @@ Value Graph::reshape(Value x, Shape shape) {
   n.op = Op::Reshape;
   n.type = a.type;
   n.shape = shape;
-  n.src = {x.id, -1, -1, -1, -1};
+  n.src = {x.id, -1, -1, -1, -1, -1};
   for (size_t k = 0; k < shape.size(); ++k) n.i[k] = shape[k];
   return push(std::move(n));
 }
@@ -410,7 +415,7 @@ Value Graph::slice(Value x, int64_t start, int64_t length) {
   n.type = a.type;
   n.shape = a.shape;
   n.shape.back() = length;
-  n.src = {x.id, -1, -1, -1, -1};
+  n.src = {x.id, -1, -1, -1, -1, -1};
   n.i[0] = start;
   n.i[1] = length;
   return push(std::move(n));
@@ -432,7 +437,7 @@ Value Graph::concat(Value a, Value b) {
   n.type = x.type;
   n.shape = x.shape;
   n.shape.back() += y.shape.back();
-  n.src = {a.id, b.id, -1, -1, -1};
+  n.src = {a.id, b.id, -1, -1, -1, -1};
   return push(std::move(n));
 }
 
@@ -462,7 +467,7 @@ Value Graph::write_rows(const BackendTensorPtr& dst, Value rows, Value row_ids) 
   n.op = Op::WriteRows;
   n.type = dst->type();
   n.shape = ds;
-  n.src = {d.id, rows.id, row_ids.id, -1, -1};
+  n.src = {d.id, rows.id, row_ids.id, -1, -1, -1};
   n.tensor = dst;
   n.name = c.node_name;
   return push(std::move(n));
@@ -502,7 +507,7 @@ Value Graph::scatter(Value a, Value ids, Value values) {
   Node n;
   n.op = Op::Scatter;
   n.shape = x.shape;
-  n.src = {a.id, ids.id, values.id, -1, -1};
+  n.src = {a.id, ids.id, values.id, -1, -1, -1};
   return push(std::move(n));
 }
 
@@ -527,7 +532,7 @@ Value Graph::top_p_draw(Value logits, Value uniform, Value ids, float temperatur
   n.op = Op::TopPDraw;
   n.type = DType::I32;
   n.shape = {1};
-  n.src = {logits.id, uniform.id, ids.id, -1, -1};
+  n.src = {logits.id, uniform.id, ids.id, -1, -1, -1};
   n.f[0] = temperature;
   n.f[1] = top_p;
   n.f[2] = min_p;

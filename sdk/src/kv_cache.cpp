@@ -234,7 +234,10 @@ Value BatchGraph::attention(size_t layer, Value q, Value k, Value v, float scale
     } else if (!w.k) {
       fail("BatchGraph::attention: cache layer {} was not written in this graph before being read", layer);
     }
-    Value a = attention_->build(g_, {rows(q, off, n), w.k, w.v, w.pos, pos, scale, l.window, true});
+    if (in_use_.empty())
+      for (size_t i = 0; i < entries_.size(); ++i)
+        in_use_.push_back(g_.input(DType::I32, {1}, fmt::format("slots_in_use.{}", i)));
+    Value a = attention_->build(g_, {rows(q, off, n), w.k, w.v, w.pos, pos, scale, l.window, true, in_use_[e]});
     if (entries_.size() == 1) return a;
     a = g_.reshape(a, {1, n * C});
     out = out ? g_.concat(out, a) : a;
@@ -274,6 +277,12 @@ void BatchGraph::set_inputs(RunInputs& in) {
         s.data[static_cast<size_t>(offsets_[e] + t)] = c.slot(c.layer(s.layer), c.position() + t);
     }
     in.inputs.emplace_back(s.value, bytes_of(s.data));
+  }
+  in_use_data_.resize(in_use_.size());  // sized once: the inputs point into it
+  for (size_t e = 0; e < in_use_.size(); ++e) {
+    const KvCache& c = *entries_[e].cache;
+    in_use_data_[e] = static_cast<int32_t>(c.position() + entries_[e].tokens);
+    in.inputs.emplace_back(in_use_[e], std::as_bytes(std::span<const int32_t>(&in_use_data_[e], 1)));
   }
   if (!hidden_ids_.empty()) {
     hidden_id_data_.resize(hidden_ids_.size());

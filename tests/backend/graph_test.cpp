@@ -93,6 +93,11 @@ TEST_F(GraphTest, AttentionChecks) {
   expect_error([&] { g.attention(q4, k, k, pk, pq, 1.0f, -1, true); }, {"Attention", "window -1"});
   Value kq = g.constant(w("kq", {5, 2, 8}, DType::F32));
   EXPECT_EQ(g.shape(g.attention(q4, kq, k, pk, pq, 1.0f, 4, false)), (Shape{2, 32}));
+  expect_error([&] { g.attention(q4, k, k, pk, pq, 1.0f, 0, true, pk); }, {"Attention", "slots in use", "I32 [1]"});
+  Value live = g.input(DType::I32, {1}, "live");
+  const Value a = g.attention(q4, k, k, pk, pq, 1.0f, 0, true, live);
+  EXPECT_EQ(g.node(a).src[5], live.id);
+  EXPECT_EQ(g.node(g.attention(q4, k, k, pk, pq, 1.0f, 0, true)).src[5], -1);
 }
 
 TEST_F(GraphTest, OtherOpErrors) {

@@ -382,6 +382,7 @@ struct AttCase {
   int64_t window;
   bool causal;
   std::vector<int32_t> kpos, qpos;
+  int32_t in_use = -1;  // >= 0: Op::Attention's slots in use (src5); slots past it are not read
 };
 
 std::vector<double> ref_attention(const AttCase& c, const std::vector<float>& q, const std::vector<float>& k,
@@ -392,7 +393,8 @@ std::vector<double> ref_attention(const AttCase& c, const std::vector<float>& q,
       const int64_t hk = h * c.Hkv / c.Hq;  // repeat_interleave of KV heads
       std::vector<double> sc;
       std::vector<int64_t> slots;
-      for (int64_t s = 0; s < c.S; ++s) {
+      const int64_t live = c.in_use >= 0 ? std::min<int64_t>(c.in_use, c.S) : c.S;
+      for (int64_t s = 0; s < live; ++s) {
         const int64_t kp = c.kpos[s], qp = c.qpos[t];
         if (kp < 0) continue;
         if (c.causal && kp > qp) continue;
@@ -428,9 +430,13 @@ void check_attention(const AttCase& c, DType kv_type, const std::string& what) {
   Value qv = g.input(DType::F32, {c.T, c.Hq, c.D}, "q");
   Value kp = g.input(DType::I32, {c.S}, "kpos");
   Value qp = g.input(DType::I32, {c.T}, "qpos");
-  Value y = g.attention(qv, g.constant(kc), g.constant(vc), kp, qp, scale, c.window, c.causal);
+  const std::vector<int32_t> in_use{c.in_use};
+  Value live = c.in_use >= 0 ? g.input(DType::I32, {1}, "in_use") : Value{};
+  Value y = g.attention(qv, g.constant(kc), g.constant(vc), kp, qp, scale, c.window, c.causal, live);
   g.mark_output(y);
-  fx.run(g, {{{qv, test::bytes_of(q)}, {kp, test::bytes_of(c.kpos)}, {qp, test::bytes_of(c.qpos)}}});
+  RunInputs in{{{qv, test::bytes_of(q)}, {kp, test::bytes_of(c.kpos)}, {qp, test::bytes_of(c.qpos)}}};
+  if (live) in.inputs.emplace_back(live, test::bytes_of(in_use));
+  fx.run(g, in);
   expect_close(fx.read_f32(g, y), ref_attention(c, q, k, v, scale), 2e-6, 1e-5, what);
 }
 
@@ -468,6 +474,16 @@ TEST(Attention, F16AndBf16Caches) {
   AttCase c{2, 7, 4, 1, 16, 16, 4, true, {3, 4, 5, 6, 0, 1, 2}, {5, 6}};
   check_attention(c, DType::F16, "F16 cache");
   check_attention(c, DType::BF16, "BF16 cache");
+}
+
+TEST(Attention, ReadsOnlyTheSlotsInUse) {
+  // Slots 6..9 hold positions a bidirectional query would see: with 6 slots in use they must not count.
+  AttCase c{2, 10, 4, 2, 16, 16, 0, false, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, {4, 5}, 6};
+  check_attention(c, DType::F32, "6 of 10 slots in use");
+  c.in_use = 40;  // more than the slots: all of them
+  check_attention(c, DType::F32, "in use past the end");
+  c.in_use = 0;  // none: zeros
+  check_attention(c, DType::F16, "no slot in use");
 }
 
 TEST(Attention, QueryThatSeesNothingGivesZero) {

@@ -364,6 +364,7 @@ struct AttCase {
   int64_t T, S, Hq, Hkv, D, Dv, window;
   bool causal;
   std::vector<int32_t> kpos, qpos;
+  int32_t in_use = -1;  // >= 0: the slots in use (Op::Attention's src5)
 };
 
 void check_attention(const AttCase& c, DType kv, const std::string& what) {
@@ -377,7 +378,8 @@ void check_attention(const AttCase& c, DType kv, const std::string& what) {
     s.b->write(*vc, bytes_of(v));
     b.out(b.g.attention(b.input(DType::F32, {c.T, c.Hq, c.D}, q, "q"), b.g.constant(kc), b.g.constant(vc),
                         b.input(DType::I32, {c.S}, c.kpos, "kpos"), b.input(DType::I32, {c.T}, c.qpos, "qpos"), 0.7f,
-                        c.window, c.causal));
+                        c.window, c.causal,
+                        c.in_use >= 0 ? b.input(DType::I32, {1}, std::vector<int32_t>{c.in_use}, "in_use") : Value{}));
   }, 2e-6, 1e-5, what);
 }
 
@@ -396,6 +398,13 @@ TEST(VulkanOps, Attention) {
                      std::iota(p.begin(), p.end(), 0);
                      return p;
                    }(), {298, 299}}, DType::F16, "300 slots");
+  // The CPU reads only the slots in use (tests/backend, against a float64 reference); so must the shader:
+  // the slots past them hold positions a bidirectional query would otherwise see.
+  check_attention({2, 10, 4, 2, 16, 16, 0, false, {0, 1, 2, 3, 4, 5, 6, 7, 8, 9}, {4, 5}, 6}, DType::F32, "6 of 10 in use");
+  check_attention({1, 4, 2, 1, 8, 8, 0, false, {0, 1, 2, 3}, {3}, 0}, DType::F32, "none in use");
+  std::vector<int32_t> all(300);
+  std::iota(all.begin(), all.end(), 0);
+  check_attention({2, 300, 2, 1, 64, 64, 0, false, all, {98, 99}, 130}, DType::F16, "130 of 300 in use, three tiles");
 }
 
 TEST(VulkanOps, TopKArgmaxTiesAndDataMovement) {

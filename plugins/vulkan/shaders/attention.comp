@@ -1,11 +1,15 @@
 #version 450
-// Attention, one workgroup per (query t, head j): the scores of every slot go to a scratch row that
-// the host places in the output binding past the T * Hq * Dv results, softmax with shared reductions,
-// then each thread accumulates its output dimensions over the slots.
-// Bindings: 0 q (F32), 1 K, 2 V (F32/F16/BF16), 3 key positions I32, 4 query positions I32, 5 out.
+// Attention, one workgroup per (query t, head j), over the slots in use only (operand 5, when the graph
+// gives it) in tiles of 64: each thread scores one slot of a tile, then the tile's weights rescale and
+// update a running maximum, sum and output (online softmax). No T x Hq x S buffer of scores is needed,
+// and a decode step costs the live context, not the allocated one.
+// Bindings: 0 q (F32), 1 K, 2 V (F32/F16/BF16), 3 key positions I32, 4 query positions I32, 5 out,
+// 7 (operand 5) slots in use I32 [1].
 #include "common.glsl"
 layout(local_size_x = 64) in;
 shared float red[64];
+shared float prob[64];
+const uint kMaxDvPerThread = 16u;  // V head dims up to 1024 (the host checks)
 
 float wg_reduce(float v, bool is_max) {
   uint tid = gl_LocalInvocationID.x;
@@ -21,51 +25,57 @@ float wg_reduce(float v, bool is_max) {
 }
 
 // p: 0 T, 1 Hq, 2 D, 3 S, 4 Hkv, 5 Dv, 6 scale, 7 window, 8 causal, 9 K type, 10 V type,
-//    11 scores offset (in words, inside the output binding, past T * Hq * Dv)
+//    11 1 when operand 5 (slots in use) is bound
 void main() {
   uint T = pc.p[0], Hq = pc.p[1], D = pc.p[2], S = pc.p[3], Hkv = pc.p[4], Dv = pc.p[5];
   int window = int(pc.p[7]);
   bool causal = pc.p[8] != 0u;
-  uint kt = pc.p[9], vt = pc.p[10], sc0 = pc.p[11];
+  uint kt = pc.p[9], vt = pc.p[10];
+  uint n = pc.p[11] != 0u ? min(S, uint(max(int(b5.d[0]), 0))) : S;
   uint row = wg_linear(), t = row / Hq, j = row % Hq, kvh = j / (Hq / Hkv), tid = gl_LocalInvocationID.x;
   int qp = int(b4.d[t]);
-  uint qb = (t * Hq + j) * D, sb = sc0 + row * S;
-  float m = -1.0 / 0.0;
-  for (uint s = tid; s < S; s += 64u) {
-    int kp = int(b3.d[s]);
-    bool vis = kp >= 0 && (!causal || kp <= qp) &&
-               (window <= 0 || abs(qp - kp) < window);
-    float sc = -1.0 / 0.0;
-    if (vis) {
-      uint kb = (s * Hkv + kvh) * D;
-      float dot = 0.0;
-      for (uint d = 0u; d < D; ++d) dot += uintBitsToFloat(b0.d[qb + d]) * load1(kt, kb + d);
-      sc = dot * pf(6);
-      m = max(m, sc);
+  uint qb = (t * Hq + j) * D;
+  const float neg_inf = -1.0 / 0.0;
+  float m = neg_inf, l = 0.0;
+  float acc[kMaxDvPerThread];
+  for (uint k = 0u; k < kMaxDvPerThread; ++k) acc[k] = 0.0;
+  for (uint base = 0u; base < n; base += 64u) {
+    uint s = base + tid;
+    float sc = neg_inf;
+    if (s < n) {
+      int kp = int(b3.d[s]);
+      if (kp >= 0 && (!causal || kp <= qp) && (window <= 0 || abs(qp - kp) < window)) {
+        uint kb = (s * Hkv + kvh) * D;
+        float dot = 0.0;
+        for (uint d = 0u; d < D; ++d) dot += uintBitsToFloat(b0.d[qb + d]) * load1(kt, kb + d);
+        sc = dot * pf(6);
+      }
     }
-    bo.d[sb + s] = floatBitsToUint(sc);
+    float tile_max = wg_reduce(sc, true);
+    if (tile_max == neg_inf) continue;  // nothing visible in this tile (the same on every thread)
+    float m_new = max(m, tile_max);
+    float c = exp(m - m_new);  // 0 for the first visible tile
+    float e = sc == neg_inf ? 0.0 : exp(sc - m_new);
+    prob[tid] = e;
+    l = l * c + wg_reduce(e, false);  // its barriers also publish prob[]
+    m = m_new;
+    uint count = min(64u, n - base);
+    for (uint k = 0u; k * 64u < Dv; ++k) {
+      uint d = tid + 64u * k;
+      if (d >= Dv) break;
+      float a = acc[k] * c;
+      for (uint i = 0u; i < count; ++i) {
+        float p = prob[i];
+        if (p != 0.0) a += p * load2(vt, ((base + i) * Hkv + kvh) * Dv + d);
+      }
+      acc[k] = a;
+    }
+    barrier();  // prob[] is the next tile's
   }
-  m = wg_reduce(m, true);
   uint ob = (t * Hq + j) * Dv;
-  if (isinf(m) && m < 0.0) {  // no visible slot
-    for (uint d = tid; d < Dv; d += 64u) bo.d[ob + d] = 0u;
-    return;
-  }
-  float sum = 0.0;
-  for (uint s = tid; s < S; s += 64u) {
-    float e = exp(uintBitsToFloat(bo.d[sb + s]) - m);
-    bo.d[sb + s] = floatBitsToUint(e);
-    sum += e;
-  }
-  float inv = 1.0 / wg_reduce(sum, false);
-  memoryBarrierBuffer();
-  barrier();
-  for (uint d = tid; d < Dv; d += 64u) {
-    float acc = 0.0;
-    for (uint s = 0u; s < S; ++s) {
-      float p = uintBitsToFloat(bo.d[sb + s]);
-      if (p != 0.0) acc += p * load2(vt, (s * Hkv + kvh) * Dv + d);
-    }
-    bo.d[ob + d] = floatBitsToUint(acc * inv);
+  for (uint k = 0u; k * 64u < Dv; ++k) {
+    uint d = tid + 64u * k;
+    if (d >= Dv) break;
+    bo.d[ob + d] = floatBitsToUint(l > 0.0 ? acc[k] / l : 0.0);  // no visible slot: zeros
   }
 }

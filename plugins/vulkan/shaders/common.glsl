@@ -1,5 +1,5 @@
-// Shared declarations of every Specula Vulkan shader: seven storage buffers seen as uint words
-// (operands 0-4, the result, the run's error record), 32 words of push constants, and the dtype codecs.
+// Shared declarations of every Specula Vulkan shader: eight storage buffers seen as uint words
+// (operands 0-4, the result, the run's error record, operand 5), 32 words of push constants, and the dtype codecs.
 // Values are addressed by element index; 16-bit and byte-packed types are unpacked with integer ops so
 // no 8/16-bit storage feature is needed and conversions round exactly as the SDK codecs do.
 #extension GL_GOOGLE_include_directive : require
@@ -12,6 +12,7 @@ layout(std430, set = 0, binding = 4) buffer B4 { uint d[]; } b4;
 layout(std430, set = 0, binding = 5) buffer BO { uint d[]; } bo;
 // err.d[0] = 1 when a run-time value was out of range; d[1] = node, d[2] = value, d[3] = position.
 layout(std430, set = 0, binding = 6) buffer BE { uint d[]; } err;
+layout(std430, set = 0, binding = 7) buffer B5 { uint d[]; } b5;  // operand 5
 
 layout(push_constant) uniform PC { uint p[32]; } pc;
 

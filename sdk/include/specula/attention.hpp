@@ -23,6 +23,7 @@ struct AttentionCall {
   float scale = 1.0f;
   int64_t window = 0;     // sliding window; 0 = none
   bool causal = true;     // false: bidirectional over what the cache holds (a drafter over its target's)
+  Value slots_in_use;     // optional I32 [1]: slots >= it are empty (Op::Attention's src5)
 };
 
 class Attention {

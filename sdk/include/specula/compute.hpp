@@ -58,6 +58,9 @@ enum class Op : uint32_t {
                // |qp - kp| < window when windowed (causal: 0 <= qp - kp < window). Query head j reads
                // KV head j / (Hq / Hkv). Scores and softmax in F32; a query that sees no slot gives 0.
                // K and V are F32, F16 or BF16 (a cache); slots may be in any order (a ring buffer).
+               // Optional src5 I32 [1] = n, the slots in use: the caller promises that slots >= n are
+               // empty (a cache fills slots from 0), so a backend reads only min(n, S) slots and a
+               // decode step costs the live context, not the allocated one.
   Softmax,     // over the last axis
   TopK,        // i[0] = k over the last axis -> I32 [..., k] indices, highest first (ties: lower index)
   Argmax,      // over the last axis -> I32 [..., 1] (ties: lower index)
@@ -94,7 +97,7 @@ struct Node {
   Op op = Op::Input;
   DType type = DType::F32;
   Shape shape;
-  std::array<int32_t, 5> src{-1, -1, -1, -1, -1};  // indices of earlier nodes, -1 = unused
+  std::array<int32_t, 6> src{-1, -1, -1, -1, -1, -1};  // indices of earlier nodes, -1 = unused
   std::array<int64_t, 8> i{};
   std::array<float, 4> f{};
   BackendTensorPtr tensor;  // Constant and WriteRows destination
@@ -125,7 +128,7 @@ class Graph {
   Value rope(Value x, Value positions, int64_t rotated_pairs, float theta, float exponent_divisor,
              float freq_scale = 1.0f);
   Value attention(Value q, Value k, Value v, Value key_pos, Value query_pos, float scale,
-                  int64_t window, bool causal);
+                  int64_t window, bool causal, Value slots_in_use = {});
   Value softmax(Value x);
   Value top_k(Value x, int64_t k);
   Value argmax(Value x);

@@ -166,6 +166,10 @@ class BatchGraph {
   std::vector<SlotInput> slot_inputs_;
   std::vector<std::vector<Written>> written_;          // [entry][layer]
   std::vector<Value> hidden_ids_;                      // per entry: iota rows for keep_hidden
+  // Per entry, made by the first attention() call: its cache's slots in use after this step, I32 [1]
+  // (position + tokens; a layer's slots fill from 0, so later ones are empty: Op::Attention's src5).
+  std::vector<Value> in_use_;
+  std::vector<int32_t> in_use_data_;
   // Host buffers of the inputs, filled by set_inputs (RunInputs points into them).
   std::vector<int32_t> pos_data_;
   std::vector<std::vector<int32_t>> hidden_id_data_;
