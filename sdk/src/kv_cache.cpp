@@ -73,6 +73,43 @@ int64_t KvCache::max_rollback() const {
   return ring ? std::min(spec_.step_tokens, position_) : position_;
 }
 
+// Rollback of `depth` positions: every layer's slots of the forgotten positions marked empty (slot ids
+// and -1s from the host), and optionally row `hidden_row` of step_hidden copied into last_hidden.
+struct KvCache::Rollback {
+  Graph graph;
+  std::unique_ptr<CompiledGraph> plan;  // after graph: destroyed first
+  Value empty;                          // I32 [depth] of -1
+  std::vector<Value> slots;             // per layer: I32 [depth]
+  Value hidden_row, hidden_columns;     // I32 [1], I32 [hidden_size]
+};
+
+KvCache::~KvCache() = default;
+
+KvCache::Rollback& KvCache::rollback(int64_t depth, bool hidden) {
+  // Speculative depths (up to a step) are kept for the next rounds; a deeper one (copy_prefix of a
+  // long prefix) replaces the single deep slot.
+  if (depth > spec_.step_tokens)
+    std::erase_if(rollbacks_, [&](const auto& kv) { return kv.first.first > spec_.step_tokens; });
+  auto& r = rollbacks_[{depth, hidden}];
+  if (r) return *r;
+  r = std::make_unique<Rollback>();
+  Graph& g = r->graph;
+  r->empty = g.input(DType::I32, {depth}, "empty");
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    r->slots.push_back(g.input(DType::I32, {depth}, fmt::format("slots.{}", i)));
+    g.mark_output(g.write_rows(layers_[i].pos, r->empty, r->slots.back()));
+  }
+  if (hidden) {
+    const int64_t H = spec_.hidden_size;
+    r->hidden_row = g.input(DType::I32, {1}, "hidden_row");
+    r->hidden_columns = g.input(DType::I32, {H}, "hidden_columns");
+    const Value row = g.reshape(g.get_rows(g.constant(step_hidden_), r->hidden_row), {H, 1});
+    g.mark_output(g.write_rows(last_hidden_, row, r->hidden_columns));
+  }
+  r->plan = backend_.compile(g);
+  return *r;
+}
+
 void KvCache::truncate(int64_t pos) {
   if (pos < 0 || pos > position_) fail("{}: truncate({}) outside [0, {}]", spec_.name, pos, position_);
   if (pos == position_) return;
@@ -80,21 +117,29 @@ void KvCache::truncate(int64_t pos) {
   if (depth > max_rollback())
     fail("{}: cannot roll back {} tokens: the sliding-window cache keeps only {} (the model's step size, e.g. "
          "option prefill_chunk)", spec_.name, depth, max_rollback());
-  for (const Layer& l : layers_) {
-    std::vector<int32_t> p(static_cast<size_t>(l.slots));
-    backend_.read(*l.pos, std::as_writable_bytes(std::span<int32_t>(p)));
-    for (int32_t& v : p)
-      if (v >= pos) v = -1;
-    backend_.write(*l.pos, bytes_of(p));
+  // Within max_rollback the slots of positions [pos, position) hold exactly those positions (a ring has
+  // not wrapped over them), so marking them empty forgets every position >= pos.
+  const int64_t row = pos - 1 - step_start_;  // the hidden row of the new last position, if the last step has it
+  const bool hidden = last_hidden_ && row >= 0 && row < step_len_;
+  Rollback& r = rollback(depth, hidden);
+  const std::vector<int32_t> empty(static_cast<size_t>(depth), -1);
+  std::vector<std::vector<int32_t>> slots(layers_.size(), std::vector<int32_t>(static_cast<size_t>(depth)));
+  RunInputs in;
+  in.inputs.emplace_back(r.empty, bytes_of(empty));
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    for (int64_t j = 0; j < depth; ++j) slots[i][static_cast<size_t>(j)] = slot(layers_[i], pos + j);
+    in.inputs.emplace_back(r.slots[i], bytes_of(slots[i]));
   }
-  // The hidden state of the new last position, when the last step computed it.
-  const int64_t row = pos - 1 - step_start_;
-  if (last_hidden_ && row >= 0 && row < step_len_) {
-    const int64_t H = spec_.hidden_size;
-    std::vector<float> rows(static_cast<size_t>(spec_.step_tokens * H));
-    backend_.read(*step_hidden_, std::as_writable_bytes(std::span<float>(rows)));
-    backend_.write(*last_hidden_, bytes_of(std::vector<float>(rows.begin() + row * H, rows.begin() + (row + 1) * H)));
-  } else if (last_hidden_) {
+  const std::vector<int32_t> hidden_row{static_cast<int32_t>(row)};
+  std::vector<int32_t> columns;
+  if (hidden) {
+    columns.resize(static_cast<size_t>(spec_.hidden_size));
+    for (size_t c = 0; c < columns.size(); ++c) columns[c] = static_cast<int32_t>(c);
+    in.inputs.emplace_back(r.hidden_row, bytes_of(hidden_row));
+    in.inputs.emplace_back(r.hidden_columns, bytes_of(columns));
+  }
+  r.plan->run(in);
+  if (!hidden && last_hidden_) {
     log_debug("{}: after truncate({}) last_hidden() still holds position {}", spec_.name, pos, step_start_ + step_len_ - 1);
   }
   step_len_ = std::max<int64_t>(0, std::min(step_len_, pos - step_start_));

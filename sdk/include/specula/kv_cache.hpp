@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -57,6 +58,7 @@ struct KvCacheSpec {
 class KvCache {
  public:
   KvCache(ComputeBackend& backend, KvCacheSpec spec, int64_t capacity);
+  ~KvCache();
   KvCache(const KvCache&) = delete;
   KvCache& operator=(const KvCache&) = delete;
 
@@ -79,7 +81,7 @@ class KvCache {
   int64_t max_rollback() const;
   // Forgets every position >= pos (speculative rollback): 0 <= pos <= position(), and position() - pos
   // <= max_rollback(). The hidden state of position pos - 1 becomes last_hidden() when the last step
-  // computed it.
+  // computed it. One graph run on the backend: the host reads nothing back.
   void truncate(int64_t pos);
   // Prefix sharing: this cache takes `from`'s first n positions (a copy: the layout is contiguous per
   // sequence). Both caches must have the same spec and capacity; from.position() - n <= from.max_rollback().
@@ -100,6 +102,9 @@ class KvCache {
   int64_t position_ = 0;
   std::vector<Layer> layers_;
   BackendTensorPtr last_hidden_, step_hidden_;
+  struct Rollback;  // truncate()'s graph for one depth, with or without the hidden row
+  std::map<std::pair<int64_t, bool>, std::unique_ptr<Rollback>> rollbacks_;
+  Rollback& rollback(int64_t depth, bool hidden);
   int64_t step_start_ = 0, step_len_ = 0;  // positions the rows of step_hidden_ hold
 };
 
