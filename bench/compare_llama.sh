@@ -5,10 +5,12 @@
 # measured here, in the same run, by build/bin/bench_bandwidth).
 #
 # usage: bench/compare_llama.sh [MODEL.gguf | --real-e2b] [--prompt-tokens N] [--gen-tokens N]
-#                               [--repetitions N] [--threads N] [--rounds N] [--verify V]
+#                               [--repetitions N] [--threads N] [--rounds N] [--verify V] [--backend vulkan]
 #   --real-e2b  writes (once) and uses a real-shape Gemma 4 E2B Q8_0 file with random weights
 #               (tools/gemma4_fixture.py --variant e2b-real; about 5 GB under build/fixtures).
 #   --verify V  also times one forward of V tokens (a speculative verification of V - 1 drafts); 0: skip
+#   --backend vulkan  Specula on its Vulkan backend against llama.cpp's Vulkan build (node-llama-cpp with
+#               @node-llama-cpp/linux-x64-vulkan, every layer offloaded); bench/gpu_check.sh uses it
 # The llama.cpp side: $LLAMA_BENCH, a llama-bench-lite binary (`../shared/tools/llama-bench-lite/build.sh`
 # prints one; llama.cpp's C API driven as llama-bench measures: the figures in docs/performance.md), else
 # bench/llama_peer.mjs through node-llama-cpp (its JavaScript loop adds a little per-token time).
@@ -18,7 +20,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${BUILD:-$root/build}"
 specula="${SPECULA:-$build/bin/specula}"
 bandwidth="$build/bin/bench_bandwidth"
-model="" pp=512 tg=128 reps=3 threads=0 rounds=2 verify=4
+model="" pp=512 tg=128 reps=3 threads=0 rounds=2 verify=4 backend=onednn
 while [ $# -gt 0 ]; do
   case "$1" in
     --real-e2b) model="--real-e2b" ;;
@@ -28,12 +30,13 @@ while [ $# -gt 0 ]; do
     --threads) threads="$2"; shift ;;
     --rounds) rounds="$2"; shift ;;
     --verify) verify="$2"; shift ;;
+    --backend) backend="$2"; shift ;;
     -*) echo "compare_llama.sh: unknown option $1" >&2; exit 2 ;;
     *) model="$1" ;;
   esac
   shift
 done
-[ -n "$model" ] || { sed -n 2,16p "$0" >&2; exit 2; }
+[ -n "$model" ] || { sed -n 2,18p "$0" >&2; exit 2; }
 for tool in "$specula" "$bandwidth"; do
   [ -x "$tool" ] || { echo "compare_llama.sh: $tool not found; run 'make build' first" >&2; exit 1; }
 done
@@ -58,11 +61,13 @@ n = [v for k, v in m.items() if k.endswith(".context_length") and isinstance(v, 
 print(min([4096] + n))' "$work/inspect.json")
 # One measurement of each engine: pp over N tokens and tg over G, R repetitions, as one JSON line.
 ours() {  # N G R
-  "$specula" bench --model "$model" --prompt-tokens "$1" --gen-tokens "$2" --repetitions "$3" --threads "$threads" \
-    --context-length "$ctx" --no-drafter --json -q
+  "$specula" bench --model "$model" --backend "$backend" --prompt-tokens "$1" --gen-tokens "$2" --repetitions "$3" \
+    --threads "$threads" --context-length "$ctx" --no-drafter --json -q
 }
 peer() {  # N G R
-  if [ -n "${LLAMA_BENCH:-}" ]; then
+  if [ "$backend" = vulkan ]; then
+    node "$root/bench/llama_peer.mjs" "$model" --prompt-tokens "$1" --gen-tokens "$2" --repetitions "$3" --threads "$threads" --gpu vulkan
+  elif [ -n "${LLAMA_BENCH:-}" ]; then
     "$LLAMA_BENCH" bench "$model" "$threads" "$1" "$2" "$3" | tail -n1
   else
     node "$root/bench/llama_peer.mjs" "$model" --prompt-tokens "$1" --gen-tokens "$2" --repetitions "$3" --threads "$threads"

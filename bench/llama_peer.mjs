@@ -3,7 +3,8 @@
 // steps), each repetition on a fresh context after an untimed warm-up. Prints one JSON object.
 //
 // usage: node bench/llama_peer.mjs MODEL.gguf [--prompt-tokens 512] [--gen-tokens 128]
-//                                  [--repetitions 3] [--threads N]
+//                                  [--repetitions 3] [--threads N] [--gpu vulkan]
+// --gpu vulkan: llama.cpp's Vulkan build (npm @node-llama-cpp/linux-x64-vulkan@3.22.1), every layer on the GPU.
 // Needs `npm install --ignore-scripts --omit=optional` in tools/llama-ref (bench/compare_llama.sh does it).
 import path from "node:path";
 import {createRequire} from "node:module";
@@ -15,10 +16,11 @@ const {getLlama, LlamaLogLevel} = await import(require.resolve("node-llama-cpp")
 
 const args = process.argv.slice(2);
 const opt = {"prompt-tokens": 512, "gen-tokens": 128, repetitions: 3, threads: 0};
-let modelPath = null;
+let modelPath = null, gpu = false;
 for (let i = 0; i < args.length; i++) {
     const key = args[i].replace(/^--/, "");
-    if (args[i].startsWith("--") && key in opt) opt[key] = Number(args[++i]);
+    if (args[i] === "--gpu" && args[i + 1] === "vulkan") gpu = args[++i];
+    else if (args[i].startsWith("--") && key in opt) opt[key] = Number(args[++i]);
     else if (!modelPath && !args[i].startsWith("--")) modelPath = args[i];
     else {
         console.error(`llama_peer.mjs: unknown argument '${args[i]}'`);
@@ -43,9 +45,9 @@ function syntheticPrompt(n) {
 }
 
 const threads = opt.threads > 0 ? opt.threads : undefined;
-const llama = await getLlama({gpu: false, logLevel: LlamaLogLevel.error});
+const llama = await getLlama({gpu, logLevel: LlamaLogLevel.error});
 const t0 = performance.now();
-const model = await llama.loadModel({modelPath});
+const model = await llama.loadModel({modelPath, gpuLayers: gpu ? "max" : 0});
 const loadSeconds = (performance.now() - t0) / 1000;
 const prompt = syntheticPrompt(opt["prompt-tokens"]);
 
@@ -82,7 +84,8 @@ for (let r = 0; r < opt.repetitions; r++) {
 }
 const P = median(pp), G = median(tg);
 console.log(JSON.stringify({
-    engine: "llama.cpp (node-llama-cpp 3.22.1, CPU)", model: modelPath, threads: opt.threads,
+    engine: `llama.cpp (node-llama-cpp 3.22.1, ${gpu ? "Vulkan" : "CPU"})`, model: modelPath, threads: opt.threads,
+    gpu_devices: gpu ? await llama.getGpuDeviceNames() : [],
     prompt_tokens: prompt.length, gen_tokens: opt["gen-tokens"], repetitions: opt.repetitions,
     load_seconds: loadSeconds, pp_tokens_per_second: P.median, pp_min: P.min, pp_max: P.max,
     tg_tokens_per_second: G.median, tg_min: G.min, tg_max: G.max,
