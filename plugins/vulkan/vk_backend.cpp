@@ -691,13 +691,12 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
   auto windows = [&](const Loc& w, const Node& wn, int64_t rows, int64_t cols, int64_t unit) {
     std::vector<std::pair<int64_t, int64_t>> out;
     const DType type = wn.type;
-    const bool mlx = type == DType::MLX_AFFINE;
+    const VkTensor* mlx = type == DType::MLX_AFFINE ? &mlx_tensor(w, wn, cols) : nullptr;
     // MLX: the codes are the largest section; scale windows start at the same rows.
-    if ((mlx ? mlx_tensor(w, wn, cols).section_bytes[0] : w.size) <= max_range)
-      return std::vector<std::pair<int64_t, int64_t>>{{0, rows}};
-    const uint64_t rb = (mlx ? mlx_tensor(w, wn, cols).code_row : *dtype_row_bytes(type, static_cast<uint64_t>(cols))) *
+    if ((mlx ? mlx->section_bytes[0] : w.size) <= max_range) return std::vector<std::pair<int64_t, int64_t>>{{0, rows}};
+    const uint64_t rb = (mlx ? mlx->code_row : *dtype_row_bytes(type, static_cast<uint64_t>(cols))) *
                         static_cast<uint64_t>(unit);
-    const uint64_t sb = mlx ? mlx_tensor(w, wn, cols).scale_row * static_cast<uint64_t>(unit) : 0;
+    const uint64_t sb = mlx ? mlx->scale_row * static_cast<uint64_t>(unit) : 0;
     uint64_t step = std::max<uint64_t>(1, (max_range - 4) / rb);
     while (step > 1 && ((step * rb) % align != 0 || (step * sb) % align != 0)) --step;
     if ((step * rb) % align != 0 || (step * sb) % align != 0 || step * rb > max_range)

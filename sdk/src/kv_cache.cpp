@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <numeric>
 
 #include "specula/error.hpp"
 #include "specula/log.hpp"
@@ -81,6 +82,7 @@ struct KvCache::Rollback {
   Value empty;                          // I32 [depth] of -1
   std::vector<Value> slots;             // per layer: I32 [depth]
   Value hidden_row, hidden_columns;     // I32 [1], I32 [hidden_size]
+  std::vector<int32_t> empty_data, column_data;  // the constant inputs: -1s, 0..hidden_size-1
 };
 
 KvCache::~KvCache() = default;
@@ -95,6 +97,7 @@ KvCache::Rollback& KvCache::rollback(int64_t depth, bool hidden) {
   r = std::make_unique<Rollback>();
   Graph& g = r->graph;
   r->empty = g.input(DType::I32, {depth}, "empty");
+  r->empty_data.assign(static_cast<size_t>(depth), -1);
   for (size_t i = 0; i < layers_.size(); ++i) {
     r->slots.push_back(g.input(DType::I32, {depth}, fmt::format("slots.{}", i)));
     g.mark_output(g.write_rows(layers_[i].pos, r->empty, r->slots.back()));
@@ -103,6 +106,8 @@ KvCache::Rollback& KvCache::rollback(int64_t depth, bool hidden) {
     const int64_t H = spec_.hidden_size;
     r->hidden_row = g.input(DType::I32, {1}, "hidden_row");
     r->hidden_columns = g.input(DType::I32, {H}, "hidden_columns");
+    r->column_data.resize(static_cast<size_t>(H));
+    std::iota(r->column_data.begin(), r->column_data.end(), 0);
     const Value row = g.reshape(g.get_rows(g.constant(step_hidden_), r->hidden_row), {H, 1});
     g.mark_output(g.write_rows(last_hidden_, row, r->hidden_columns));
   }
@@ -122,21 +127,17 @@ void KvCache::truncate(int64_t pos) {
   const int64_t row = pos - 1 - step_start_;  // the hidden row of the new last position, if the last step has it
   const bool hidden = last_hidden_ && row >= 0 && row < step_len_;
   Rollback& r = rollback(depth, hidden);
-  const std::vector<int32_t> empty(static_cast<size_t>(depth), -1);
   std::vector<std::vector<int32_t>> slots(layers_.size(), std::vector<int32_t>(static_cast<size_t>(depth)));
   RunInputs in;
-  in.inputs.emplace_back(r.empty, bytes_of(empty));
+  in.inputs.emplace_back(r.empty, bytes_of(r.empty_data));
   for (size_t i = 0; i < layers_.size(); ++i) {
     for (int64_t j = 0; j < depth; ++j) slots[i][static_cast<size_t>(j)] = slot(layers_[i], pos + j);
     in.inputs.emplace_back(r.slots[i], bytes_of(slots[i]));
   }
   const std::vector<int32_t> hidden_row{static_cast<int32_t>(row)};
-  std::vector<int32_t> columns;
   if (hidden) {
-    columns.resize(static_cast<size_t>(spec_.hidden_size));
-    for (size_t c = 0; c < columns.size(); ++c) columns[c] = static_cast<int32_t>(c);
     in.inputs.emplace_back(r.hidden_row, bytes_of(hidden_row));
-    in.inputs.emplace_back(r.hidden_columns, bytes_of(columns));
+    in.inputs.emplace_back(r.hidden_columns, bytes_of(r.column_data));
   }
   r.plan->run(in);
   if (!hidden && last_hidden_) {

@@ -43,30 +43,25 @@ json read_json(const fs::path& p) {
 }
 fs::path golden(const std::string& name) { return fs::path(SPECULA_SOURCE_DIR) / "tests/gemma4/golden" / name; }
 
-// The e2b fixture (F32 and Q8_0 GGUF), written once per build dir by the generator tests/gemma4 uses.
+// The e2b fixture in `formats`, written once per build dir into vulkan-fixtures/<dir> by the generator
+// tests/gemma4 uses (each set in a directory of its own, so one set's stamp does not rewrite another).
+fs::path write_fixture(const std::string& dir, const std::string& formats) {
+  const fs::path d = fs::path(SPECULA_FIXTURE_DIR) / "vulkan-fixtures" / dir;
+  const std::string cmd = std::string(SPECULA_PYTHON) + " " + SPECULA_SOURCE_DIR +
+                          "/tools/gemma4_fixture.py --variant e2b --formats " + formats + " --out " + d.string() +
+                          " --vocab " + SPECULA_SHARED_DIR + "/gemma4-vocab/ggml-vocab-gemma-4.gguf";
+  if (std::system(cmd.c_str()) != 0) throw std::runtime_error("fixture generation failed: " + cmd);
+  return d;
+}
+// F32 and Q8_0 GGUF.
 fs::path fixture() {
-  static const fs::path dir = [] {
-    const fs::path d = fs::path(SPECULA_FIXTURE_DIR) / "vulkan-fixtures" / "e2b";
-    const std::string cmd = std::string(SPECULA_PYTHON) + " " + SPECULA_SOURCE_DIR +
-                            "/tools/gemma4_fixture.py --variant e2b --formats f32,q8_0 --out " + d.string() +
-                            " --vocab " + SPECULA_SHARED_DIR + "/gemma4-vocab/ggml-vocab-gemma-4.gguf";
-    if (std::system(cmd.c_str()) != 0) throw std::runtime_error("fixture generation failed: " + cmd);
-    return d;
-  }();
+  static const fs::path dir = write_fixture("e2b", "f32,q8_0");
   return dir;
 }
-
 // The same weights as an MLX checkpoint (mlx4: affine 4-bit in groups of 32, BF16 scales, the router at
-// 8 bits), in a directory of its own so the GGUF fixture above keeps its stamp.
+// 8 bits).
 fs::path mlx_fixture() {
-  static const fs::path dir = [] {
-    const fs::path d = fs::path(SPECULA_FIXTURE_DIR) / "vulkan-fixtures" / "e2b-mlx";
-    const std::string cmd = std::string(SPECULA_PYTHON) + " " + SPECULA_SOURCE_DIR +
-                            "/tools/gemma4_fixture.py --variant e2b --formats mlx4 --out " + d.string() +
-                            " --vocab " + SPECULA_SHARED_DIR + "/gemma4-vocab/ggml-vocab-gemma-4.gguf";
-    if (std::system(cmd.c_str()) != 0) throw std::runtime_error("fixture generation failed: " + cmd);
-    return d / "mlx4";
-  }();
+  static const fs::path dir = write_fixture("e2b-mlx", "mlx4") / "mlx4";
   return dir;
 }
 
