@@ -214,7 +214,8 @@ int run_run(const std::vector<std::string>& args) {
                   {"draft_seconds", st.draft_seconds},
                   {"sampling", st.sampling_path()},
                   {"device_sampled_tokens", st.device_sampled_tokens},
-                  {"host_sampled_tokens", st.host_sampled_tokens}};
+                  {"host_sampled_tokens", st.host_sampled_tokens},
+                  {"device_verified_steps", st.device_verified_steps}};
     if (!st.host_sampling_reason.empty()) j["stats"]["host_sampling_reason"] = st.host_sampling_reason;
     j["stats"].update(by_position);
     if (plain) {

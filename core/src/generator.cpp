@@ -162,6 +162,7 @@ struct Generation::State {
     std::vector<Distribution> q;  // the drafter's distribution per sampled draft
     double draft_seconds = 0;
     int64_t base = 0;             // the context's position before the forward
+    bool on_device = false;       // the drafts stayed on the backend: verified by ctx.verify_greedy
     RoundTrace trace;
   } pending;
 
@@ -279,8 +280,20 @@ struct Generation::State {
   // checks the stop conditions and drafts, leaving the tokens to process in `pending.input` (false: the
   // generation has ended, nothing to run); conclude() takes their logits ([input size, vocab]), samples
   // or accepts, emits and rolls back.
-  bool plan();
+  // `alone`: this generation's forward runs by itself, so its drafts may stay on the backend.
+  bool plan(bool alone);
   void conclude(std::span<const float> logits, double forward_seconds);
+  // The rest of a speculative round once the target's distribution p(i) at each of its n + 1 rows is
+  // known (from logits, or the argmax ids of a round verified on the backend).
+  void conclude_round(const std::function<Distribution(int64_t)>& p, double forward_seconds,
+                      std::span<const float> logits);
+  // Greedy choices are plain argmaxes now (no repetition penalty, end tokens no longer held back), so a
+  // round can be verified on the backend without logits.
+  bool argmax_greedy() const {
+    const SamplingParams& sp = sampler->params();
+    return sp.temperature == 0.0f && sp.repetition_penalty == 1.0f &&
+           sp.min_length <= static_cast<int64_t>(result.tokens.size());
+  }
   void run_planned();  // the forward of a planned step on its own, then conclude()
   void step();
   GenerationResult finish();
@@ -340,7 +353,7 @@ void Generation::State::begin() {
   if (drafter && options.draft_auto) policy.emplace(options.draft_max, options.draft_tokens);
 }
 
-bool Generation::State::plan() {
+bool Generation::State::plan(bool alone) {
   if (done) return false;
   if (options.interrupt && options.interrupt->load()) {
     result.stop_reason = StopReason::Interrupted;
@@ -385,13 +398,21 @@ bool Generation::State::plan() {
         return t;
       };
     }
+    // A greedy round alone can keep its drafts on the backend: one read per round (the verdict).
+    if (alone && device != SamplingDevice::Off && !sampled_drafts && !llamacpp && !request.logits && argmax_greedy())
+      request.device_tokens = ctx.draft_tokens(n);
     auto td = Clock::now();
     steps = drafter->draft(ctx.view(), request);
     draft_seconds = seconds_since(td);
     stats().draft_seconds += draft_seconds;
     if (static_cast<int64_t>(steps.size()) > n) steps.resize(static_cast<size_t>(n));
     drafts.clear();
-    for (const DraftStep& st : steps) {
+    // Tokens -1: the drafter kept them on the backend (DraftRequest::device_tokens).
+    const auto held = [](const DraftStep& st) { return st.token < 0; };
+    pending.on_device = request.device_tokens && !steps.empty() && std::all_of(steps.begin(), steps.end(), held);
+    if (!pending.on_device && request.device_tokens && std::any_of(steps.begin(), steps.end(), held))
+      fail("drafter returned some drafts on the backend (token -1) and some on the host; it must keep all or none");
+    for (const DraftStep& st : pending.on_device ? std::span<const DraftStep>() : std::span<const DraftStep>(steps)) {
       if (st.token < 0 || st.token >= vocab) fail("drafter proposed token {} outside the vocabulary [0, {})", st.token, vocab);
       drafts.push_back(st.token);
     }
@@ -414,11 +435,11 @@ bool Generation::State::plan() {
 }
 
 void Generation::State::step() {
-  if (plan()) run_planned();
+  if (plan(true)) run_planned();
 }
 
 void Generation::State::run_planned() {
-  if (pending.drafts.empty()) {  // a plain step: forward and sampling in one graph where possible
+  if (pending.drafts.empty() && !pending.on_device) {  // a plain step: forward and sampling in one graph where possible
     const auto tp = Clock::now();
     last = forward_sample(std::span<const int32_t>(&last, 1));
     if (policy) policy->observe_plain(seconds_since(tp));
@@ -427,6 +448,26 @@ void Generation::State::run_planned() {
     return;
   }
   const auto tv = Clock::now();
+  if (pending.on_device) {  // drafts and verdict stay on the backend but for one read of ids
+    const int64_t n = static_cast<int64_t>(pending.steps.size());
+    GreedyVerification v = ctx.verify_greedy(last, n);
+    const double seconds = seconds_since(tv);
+    if (static_cast<int64_t>(v.drafts.size()) != n || static_cast<int64_t>(v.greedy.size()) != n + 1)
+      fail("model verified {} drafts with {} greedy tokens, expected {} and {}", v.drafts.size(), v.greedy.size(), n,
+           n + 1);
+    for (const std::vector<int32_t>* ids : {&v.drafts, &v.greedy})
+      for (int32_t t : *ids)
+        if (t < 0 || t >= vocab) fail("a round verified on the backend gave token {} outside the vocabulary [0, {})", t, vocab);
+    pending.drafts = std::move(v.drafts);
+    ++stats().device_verified_steps;
+    conclude_round(
+        [&](int64_t i) {
+          ++stats().device_sampled_tokens;
+          return Distribution{{v.greedy[static_cast<size_t>(i)], 1.0}};
+        },
+        seconds, {});
+    return;
+  }
   const std::vector<float> logits = ctx.forward(pending.input, static_cast<int64_t>(pending.input.size()));
   conclude(logits, seconds_since(tv));
 }
@@ -443,25 +484,34 @@ void Generation::State::conclude(std::span<const float> logits, double forward_s
     return;
   }
   // Speculative step: [last, d1..dn] verified in one forward, n+1 logit rows.
+  const int64_t n = static_cast<int64_t>(pending.drafts.size());
+  if (static_cast<int64_t>(logits.size()) != (n + 1) * vocab) {
+    fail("model returned {} logits for a verification of {} positions, expected {}", logits.size(), n + 1,
+         (n + 1) * vocab);
+  }
+  conclude_round(
+      [&](int64_t i) {
+        // The accepted drafts are in the history already: p is the target's distribution as plain
+        // decoding would see it there.
+        ++stats().host_sampled_tokens;
+        return distribution_of(logits.subspan(i * vocab, vocab), {}, "model");
+      },
+      forward_seconds, logits);
+}
+
+void Generation::State::conclude_round(const std::function<Distribution(int64_t)>& target, double forward_seconds,
+                                       std::span<const float> logits) {
   const std::vector<int32_t>& drafts = pending.drafts;
   const std::vector<Distribution>& q = pending.q;
   const int64_t n = static_cast<int64_t>(drafts.size());
   const int64_t base = pending.base;
   RoundTrace& trace = pending.trace;
   const double draft_seconds = pending.draft_seconds, verify_seconds = forward_seconds;
-  if (static_cast<int64_t>(logits.size()) != (n + 1) * vocab) {
-    fail("model returned {} logits for a verification of {} positions, expected {}", logits.size(), n + 1,
-         (n + 1) * vocab);
-  }
-  auto row = [&](int64_t i) { return std::span<const float>(logits).subspan(i * vocab, vocab); };
   // Each draft in turn by the speculative sampling rule (speculative.hpp): accepted ones are emitted, the
   // first rejected one is replaced and ends the step; when all are accepted the last row gives a bonus.
   int64_t accepted = 0;
   for (int64_t i = 0; i <= n && !done; ++i) {
-    // The accepted drafts are in the history already: p is the target's distribution as plain decoding
-    // would see it there.
-    const Distribution p = distribution_of(row(i), {}, "model");
-    ++stats().host_sampled_tokens;
+    const Distribution p = target(i);
     Verdict v;
     if (i < n) {
       static const Distribution kPointMass;  // an empty q: the draft is certain
@@ -492,9 +542,9 @@ void Generation::State::conclude(std::span<const float> logits, double forward_s
     if (i < accepted) ++st.accepted_by_position[i];
   }
   if (policy) policy->observe_step(static_cast<int>(n), static_cast<int>(accepted), draft_seconds, verify_seconds);
-  if (options.on_round) {
+  if (options.on_round && !logits.empty()) {
     for (int64_t i = 0; i <= n; ++i) {
-      const auto r = row(i);
+      const auto r = logits.subspan(i * vocab, vocab);
       trace.target_greedy.push_back(static_cast<int32_t>(std::max_element(r.begin(), r.end()) - r.begin()));
     }
     trace.accepted = accepted;
@@ -539,7 +589,7 @@ void Generation::step() { s_->step(); }
 void Generation::step_all(std::span<Generation* const> generations) {
   std::vector<State*> ready;
   for (Generation* g : generations)
-    if (g && g->s_->plan()) ready.push_back(g->s_.get());
+    if (g && g->s_->plan(generations.size() == 1)) ready.push_back(g->s_.get());
   while (!ready.empty()) {
     Model& model = *ready.front()->model;
     std::vector<State*> group, rest;

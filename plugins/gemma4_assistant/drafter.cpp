@@ -129,11 +129,14 @@ std::vector<int32_t> read_ordering(const ModelFile& file, const TensorInfo& t, i
 }
 
 // A graph for one draft step. `first`: h comes from the target's last hidden state, else from the
-// drafter's own persistent h (the previous step's post_projection).
+// drafter's own persistent h (the previous step's post_projection). `device`: the drafts stay on the
+// backend (DraftRequest::device_tokens): step k writes its vocab id into row k of that tensor, and a
+// later step embeds row k - 1 from there.
 struct Built {
   Graph graph;
   std::unique_ptr<CompiledGraph> plan;  // after `graph`: destroyed before it
   Value x, qpos, zero;
+  Value prev_row, draft_row;  // device: I32 [1], the row step k reads (k - 1) and writes (k)
   Value in_use;  // I32 [1]: the target cache's slots in use (its position)
   Value token;   // I32 [1, 1]: argmax over the head's logits (dense: a vocab id; centroid: a candidate index)
   Value top;     // centroid: I32 [1, Kc] selected clusters
@@ -199,6 +202,9 @@ class Drafter final : public AssistantDrafter {
         oi.quant.biases = cluster_order(embed, embed.quant.biases, ordered_biases_);
       }
       head_weights_ = {backend_->load_weight(oi), 0.0f, centroids_, c.centroid_top_k};
+      // The ordering on the backend too, as a [C, S] table: a step maps its candidate to a vocab id there.
+      ordering_table_ = backend_->allocate("gemma4_assistant.token_ordering", DType::I32, {c.centroids, S});
+      backend_->write(*ordering_table_, std::as_bytes(std::span<const int32_t>(ordering_)));
     } else {
       head_weights_ = {backend_->load_weight(embed), 0.0f, {}, 0};  // no softcap (§2.5)
     }
@@ -227,6 +233,11 @@ class Drafter final : public AssistantDrafter {
   std::vector<DraftStep> draft(const TargetView& target, const DraftRequest& request) override {
     std::vector<DraftStep> out;
     const bool logits = request.logits || static_cast<bool>(request.pick);
+    if (request.device_tokens && !logits && can_keep_drafts(*request.device_tokens, request.n)) {
+      run_on_device(target, request.last_token, request.n, request.device_tokens);
+      out.resize(static_cast<size_t>(std::max(0, request.n)));  // tokens -1: on the backend
+      return out;
+    }
     run(target, request.last_token, request.n, [&](int k, const Built& b, int32_t token) {
       DraftStep st{token, {}};
       if (logits) {
@@ -316,11 +327,16 @@ class Drafter final : public AssistantDrafter {
     return b;
   }
 
-  void build(Built& b, const Bound& t, bool first) const {
+  void build(Built& b, const Bound& t, bool first, const BackendTensorPtr& drafts) const {
     const Config& c = cfg_;
     Graph& g = b.graph;
     const int64_t Hb = c.backbone;
-    b.x = g.input(DType::I32, {1}, "token");
+    if (drafts && !first) {  // the previous step's draft, read where it wrote it
+      b.prev_row = g.input(DType::I32, {1}, "previous_draft_row");
+      b.x = g.reshape(g.get_rows(g.constant(drafts), b.prev_row), {1});
+    } else {
+      b.x = g.input(DType::I32, {1}, "token");
+    }
     b.qpos = g.input(DType::I32, {1}, "query_position");
     b.zero = g.input(DType::I32, {1}, "row0");
     b.in_use = g.input(DType::I32, {1}, "slots_in_use");
@@ -357,6 +373,18 @@ class Drafter final : public AssistantDrafter {
     if (b.top) g.mark_output(b.top);
     b.logits = g.named(head.logits, "logits");
     b.token = g.argmax(b.logits);
+    if (drafts) {
+      // The vocab id stays here: centroid candidates map through the ordering (ids of ids).
+      Value id = b.token;
+      if (b.top) {
+        const int64_t K = c.centroid_top_k, S = c.vocab / c.centroids;
+        const Value candidates = g.get_rows(g.constant(ordering_table_), g.reshape(b.top, {K}));  // [K, S]
+        id = g.get_rows(g.reshape(candidates, {K * S, 1}), g.reshape(b.token, {1}));
+      }
+      b.draft_row = g.input(DType::I32, {1}, "draft_row");
+      g.mark_output(g.write_rows(drafts, g.reshape(id, {1, 1}), b.draft_row));
+      return;
+    }
     g.mark_output(b.logits);
     g.mark_output(b.token);
   }
@@ -390,36 +418,17 @@ class Drafter final : public AssistantDrafter {
            const std::function<int32_t(int, const Built&, int32_t)>& next) {
     if (n <= 0) return;
     const Config& c = cfg_;
-    // Bind (and check) the target once per set of target tensors; the checks then cost nothing.
-    Bound t = bind(target);
-    if (t.key() != key_) {
-      graphs_[0].reset();
-      graphs_[1].reset();
-      key_ = t.key();
-      // A target ring sized for a smaller window may not hold every key the drafter's window reaches.
-      if (t.sliding.window > 0 && t.sliding.window < c.window)
-        log_warn("gemma4-assistant ({}): the drafter's sliding window {} is wider than the target's {}; keys the "
-                 "target's cache has dropped are not seen", file_->path().string(), c.window, t.sliding.window);
-    }
-    for (int first = 0; first < 2; ++first)
-      if (!graphs_[first]) {
-        graphs_[first] = std::make_unique<Built>();
-        build(*graphs_[first], t, first == 1);
-        graphs_[first]->plan = backend_->compile(graphs_[first]->graph);
-      }
+    const Bound t = prepare(target, nullptr);
     const int64_t vocab_t = t.embed.table->shape()[0];
-    const int32_t qpos = static_cast<int32_t>(std::max<int64_t>(0, target.position() - opt_.query_offset));
-    const int32_t zero = 0;
-    const int32_t in_use = static_cast<int32_t>(target.position());
+    const StepInputs si = step_inputs(target);
     int32_t x = last;
     const int64_t S = centroid_ ? c.vocab / c.centroids : 0;
     for (int k = 0; k < n; ++k) {
       if (x < 0 || x >= vocab_t)
         fail("gemma4-assistant: token {} is outside the target's embedding table [0, {})", x, vocab_t);
       Built& b = *graphs_[k == 0 ? 1 : 0];
-      RunInputs in;
-      in.inputs = {{b.x, std::as_bytes(std::span(&x, 1))}, {b.qpos, std::as_bytes(std::span(&qpos, 1))},
-                   {b.zero, std::as_bytes(std::span(&zero, 1))}, {b.in_use, std::as_bytes(std::span(&in_use, 1))}};
+      RunInputs in = si.of(b);
+      in.inputs.emplace_back(b.x, std::as_bytes(std::span(&x, 1)));
       b.plan->run(in);
       int32_t am = 0;
       b.plan->read(b.token, std::as_writable_bytes(std::span(&am, 1)));
@@ -432,12 +441,88 @@ class Drafter final : public AssistantDrafter {
     }
   }
 
+  // Whether `drafts` can take n drafts from this drafter's device graphs (an I32 [N >= n, 1] tensor on a
+  // backend that gathers I32 rows).
+  bool can_keep_drafts(const BackendTensor& drafts, int n) const {
+    return drafts.type() == DType::I32 && drafts.shape().size() == 2 && drafts.shape()[1] == 1 &&
+           drafts.shape()[0] >= n && backend_->supports(Op::GetRows, DType::I32).ok;
+  }
+
+  // The greedy steps with the drafts kept on the backend: no reads, each step's id written into
+  // `drafts` row k and embedded from there by step k + 1.
+  void run_on_device(const TargetView& target, int32_t last, int n, const BackendTensorPtr& drafts) {
+    if (n <= 0) return;
+    const Bound t = prepare(target, drafts);
+    const int64_t vocab_t = t.embed.table->shape()[0];
+    if (last < 0 || last >= vocab_t)
+      fail("gemma4-assistant: token {} is outside the target's embedding table [0, {})", last, vocab_t);
+    const StepInputs si = step_inputs(target);
+    for (int32_t k = 0; k < n; ++k) {
+      Built& b = *graphs_[k == 0 ? 3 : 2];
+      RunInputs in = si.of(b);
+      const int32_t prev = k - 1;
+      if (k == 0)
+        in.inputs.emplace_back(b.x, std::as_bytes(std::span(&last, 1)));
+      else
+        in.inputs.emplace_back(b.prev_row, std::as_bytes(std::span(&prev, 1)));
+      in.inputs.emplace_back(b.draft_row, std::as_bytes(std::span(&k, 1)));
+      b.plan->run(in);
+    }
+  }
+
+  // Binds (and checks) the target once per set of target tensors, so the checks then cost nothing, and
+  // builds the step graphs: host ones, or device ones writing into `drafts`.
+  Bound prepare(const TargetView& target, const BackendTensorPtr& drafts) {
+    const Config& c = cfg_;
+    Bound t = bind(target);
+    if (t.key() != key_) {
+      for (auto& g : graphs_) g.reset();
+      key_ = t.key();
+      // A target ring sized for a smaller window may not hold every key the drafter's window reaches.
+      if (t.sliding.window > 0 && t.sliding.window < c.window)
+        log_warn("gemma4-assistant ({}): the drafter's sliding window {} is wider than the target's {}; keys the "
+                 "target's cache has dropped are not seen", file_->path().string(), c.window, t.sliding.window);
+    }
+    if (drafts && drafts != device_drafts_) {
+      graphs_[2].reset();
+      graphs_[3].reset();
+      device_drafts_ = drafts;
+    }
+    const int base = drafts ? 2 : 0;
+    for (int first = 0; first < 2; ++first)
+      if (!graphs_[base + first]) {
+        graphs_[base + first] = std::make_unique<Built>();
+        build(*graphs_[base + first], t, first == 1, drafts);
+        graphs_[base + first]->plan = backend_->compile(graphs_[base + first]->graph);
+      }
+    return t;
+  }
+
+  // The inputs every step graph takes: the query position, row 0 and the target's slots in use.
+  struct StepInputs {
+    int32_t qpos = 0, zero = 0, in_use = 0;
+    RunInputs of(const Built& b) const {
+      RunInputs in;
+      in.inputs = {{b.qpos, std::as_bytes(std::span(&qpos, 1))}, {b.zero, std::as_bytes(std::span(&zero, 1))},
+                   {b.in_use, std::as_bytes(std::span(&in_use, 1))}};
+      return in;
+    }
+  };
+  StepInputs step_inputs(const TargetView& target) const {
+    StepInputs si;
+    si.qpos = static_cast<int32_t>(std::max<int64_t>(0, target.position() - opt_.query_offset));
+    si.in_use = static_cast<int32_t>(target.position());
+    return si;
+  }
+
   std::shared_ptr<const ModelFile> file_;
   std::shared_ptr<ComputeBackend> backend_;
   Options opt_;
   Config cfg_;
   bool centroid_ = false;
   BackendTensorPtr pre_, post_, norm_, centroids_, h_;
+  BackendTensorPtr ordering_table_;  // centroid: ordering_ as I32 [C, S] on the backend
+  BackendTensorPtr device_drafts_;   // the tensor graphs_[2..3] write into
   std::shared_ptr<const LmHead> head_;
   LmHeadWeights head_weights_;
   std::shared_ptr<const Attention> attention_;
@@ -446,7 +531,8 @@ class Drafter final : public AssistantDrafter {
   std::vector<std::byte> ordered_;  // the reordered head; the CPU backend maps weights in place
   std::vector<std::byte> ordered_scales_, ordered_biases_;  // the same for an MLX head's scales and biases
   std::vector<const void*> key_;
-  std::unique_ptr<Built> graphs_[2];  // [0]: h from the drafter's own state, [1]: from the target
+  // [0]: h from the drafter's own state, [1]: from the target; [2], [3]: the same keeping drafts on the backend.
+  std::unique_ptr<Built> graphs_[4];
 };
 
 }  // namespace

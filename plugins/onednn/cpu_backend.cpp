@@ -182,6 +182,9 @@ class CpuBackend final : public ComputeBackend {
         if (op == Op::Argmax || op == Op::TopK) break;
         return Support::no(fmt::format("{} takes F32 or I32 values on the CPU backend, not {}",
                                        op_name(op), tr->name));
+      case Op::GetRows:
+        if (type == DType::I32) return Support::yes();  // ids of ids
+        break;
       case Op::Attention:
         if (plain_float) return Support::yes();
         return Support::no(fmt::format("the CPU backend keeps K/V caches as F32, F16 or BF16, not {}", tr->name));
@@ -516,6 +519,18 @@ void CpuBackend::execute(const Graph& g, int32_t id) {
     }
     case Op::GetRows: {
       const Node& t = src(0);
+      if (t.type == DType::I32) {  // ids of ids: rows copied as they are
+        const int64_t R = t.shape[0], C = t.shape[1], N = elements(src(1).shape);
+        const auto* table = reinterpret_cast<const int32_t*>(slots_[static_cast<size_t>(n.src[0])].data);
+        const int32_t* ids = ints(1);
+        auto* out = reinterpret_cast<int32_t*>(output(n, id));
+        for (int64_t r = 0; r < N; ++r) {
+          if (ids[r] < 0 || ids[r] >= R)
+            fail("CPU backend: GetRows '{}': row id {} at index {} is outside the table's rows [0, {})", n.name, ids[r], r, R);
+          std::memcpy(out + r * C, table + static_cast<int64_t>(ids[r]) * C, static_cast<size_t>(C) * 4);
+        }
+        return;
+      }
       get_rows(pool_, matrix(g, n.src[0], t.shape[0], t.shape[1]), ints(1), elements(src(1).shape),
                reinterpret_cast<float*>(output(n, id)), n.name);
       return;

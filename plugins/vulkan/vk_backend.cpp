@@ -377,8 +377,11 @@ class VulkanBackend final : public ComputeBackend {
       case Op::Scatter:
         if (type == DType::F32) return Support::yes();
         return Support::no(fmt::format("Scatter takes F32 values, not {}", tr->name));
+      case Op::GetRows:
+        if (type == DType::I32) return Support::yes();  // ids of ids (the copy shader's gather)
+        [[fallthrough]];
       case Op::Div: case Op::Clamp:
-      case Op::GetRows: case Op::MatMul: case Op::MatMulId: case Op::Add: case Op::Mul: case Op::Scale:
+      case Op::MatMul: case Op::MatMulId: case Op::Add: case Op::Mul: case Op::Scale:
       case Op::RmsNorm: case Op::GeluTanh: case Op::Softcap: case Op::Rope: case Op::Softmax: case Op::TopK:
       case Op::Argmax:
         if (decodable(type)) return Support::yes();
@@ -765,8 +768,20 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
         out = loc_of(n.src[0]);
         break;
       case Op::GetRows: {
-        need_weight(n, 0);
         const Node& t = src_node(n, 0);
+        if (t.type == DType::I32) {  // ids of ids: a gather of 32-bit words, from any value
+          const int64_t R = t.shape[0], C = t.shape[1];
+          const uint64_t words = static_cast<uint64_t>(elements(n.shape));
+          d.shader = "copy";
+          d.bind[0] = as_f32(n, i, 0, true);
+          d.bind[1] = loc_of(n.src[1]);
+          d.bind[5] = result();
+          d.pc = {5, u32(static_cast<int64_t>(words)), u32(C), u32(R), 0, 0, 0, u32(i)};
+          d.groups = (words + 255) / 256;
+          p.id_bound[static_cast<size_t>(i)] = R;
+          break;
+        }
+        need_weight(n, 0);
         const int64_t R = t.shape[0], C = t.shape[1], rows = elements(src_node(n, 1).shape);
         d.shader = "get_rows";
         d.bind[1] = loc_of(n.src[1]);

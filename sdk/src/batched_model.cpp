@@ -15,6 +15,7 @@ struct BatchedModel::Built {
   std::unique_ptr<BatchGraph> batch;
   Value ids, logits;
   Value sampler_ids, uniform, token;
+  Value last, verdict;  // verify_greedy: the input before the drafts; I32 [drafts n, greedy n + 1]
   std::string why;  // a sampling graph without `token`: why the sampler cannot run in it
 };
 
@@ -43,6 +44,19 @@ class BatchedModel::Context final : public ModelContext, public TargetView {
   }
   const TargetView& view() const override { return *this; }
 
+  // One verification of up to step_tokens - 1 drafts fits one graph; the buffer grows to the longest asked.
+  BackendTensorPtr draft_tokens(int64_t n) override {
+    if (n < 1 || n + 1 > m_->spec_.step_tokens) return nullptr;
+    if (!drafts_ || drafts_->shape()[0] < n)
+      drafts_ = m_->backend().allocate(m_->name_ + ".draft_tokens", DType::I32, {std::max<int64_t>(n, 4), 1});
+    return drafts_;
+  }
+  GreedyVerification verify_greedy(int32_t last, int64_t n) override {
+    if (!drafts_ || n < 1 || n > drafts_->shape()[0])
+      fail("{}: verify_greedy of {} drafts, but draft_tokens() holds {}", m_->name_, n, drafts_ ? drafts_->shape()[0] : 0);
+    return m_->verify_greedy(cache_, drafts_, last, n);
+  }
+
   KvView kv(const std::string& attention_type) const override {
     return cache_.view(m_->target_cache_layer(attention_type));
   }
@@ -55,6 +69,7 @@ class BatchedModel::Context final : public ModelContext, public TargetView {
  private:
   std::shared_ptr<const BatchedModel> m_;
   KvCache cache_;
+  BackendTensorPtr drafts_;  // draft_tokens(): I32 [N, 1]
 };
 
 BatchedModel::BatchedModel(std::string name, std::shared_ptr<ComputeBackend> backend)
@@ -188,6 +203,47 @@ SampledToken BatchedModel::forward_sample(KvCache& cache, std::span<const int32_
   int32_t token = -1;
   b.plan->read(b.token, std::as_writable_bytes(std::span<int32_t>(&token, 1)));
   return {token, true, {}};
+}
+
+GreedyVerification BatchedModel::verify_greedy(KvCache& cache, const BackendTensorPtr& drafts, int32_t last,
+                                              int64_t n) const {
+  const std::vector<int32_t> first{last};
+  check_tokens(cache, first, 1);
+  if (cache.position() + n + 1 > cache.capacity())
+    fail("{}: context overflow: {} tokens at position {} exceed the context length {}", name_, n + 1, cache.position(),
+         cache.capacity());
+  const int64_t N = drafts->shape()[0];
+  Built* built = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(graphs_mu_);
+    auto& slot = graphs_[{{static_cast<int64_t>(cache.id()), n + 1, n + 1}, fmt::format("verify:{}", N)}];
+    if (!slot) {
+      auto b = std::make_unique<Built>();
+      Graph& g = b->graph;
+      b->batch = std::make_unique<BatchGraph>(g, std::vector<BatchGraph::Entry>{{&cache, n + 1}}, attention_);
+      b->last = g.input(DType::I32, {1}, "last_token");
+      const Value d = g.slice(g.reshape(g.constant(drafts), {N}), 0, n);
+      b->ids = g.concat(b->last, d);
+      b->logits = g.named(build_forward(*b->batch, b->ids, std::vector<int64_t>{n + 1}), "logits");
+      b->verdict = g.concat(d, g.reshape(g.argmax(b->logits), {n + 1}));
+      g.mark_output(b->verdict);
+      b->plan = backend_->compile(g);
+      slot = std::move(b);
+    }
+    built = slot.get();
+  }
+  Built& b = *built;
+  RunInputs in;
+  in.inputs.emplace_back(b.last, std::as_bytes(std::span<const int32_t>(first)));
+  b.batch->set_inputs(in);
+  b.plan->run(in);
+  b.batch->appended();
+  std::vector<int32_t> verdict(static_cast<size_t>(2 * n + 1));
+  b.plan->read(b.verdict, std::as_writable_bytes(std::span<int32_t>(verdict)));
+  GreedyVerification v;
+  v.drafts.assign(verdict.begin(), verdict.begin() + n);
+  v.greedy.assign(verdict.begin() + n, verdict.end());
+  return v;
 }
 
 std::vector<std::vector<float>> BatchedModel::forward_batch(std::span<const BatchEntry> batch) {

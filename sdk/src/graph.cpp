@@ -156,10 +156,11 @@ Value Graph::get_rows(Value table, Value ids) {
   const Node& t = c.get(table, "table");
   const Node& id = c.get(ids, "ids");
   c.rank(t, "table", 2, 2);
-  c.type_float(t, "table");
+  if (t.type != DType::I32) c.type_float(t, "table");
   c.type_i32(id, "ids");
   Node n;
   n.op = Op::GetRows;
+  n.type = t.type == DType::I32 ? DType::I32 : DType::F32;
   n.shape = id.shape;
   n.shape.push_back(t.shape[1]);
   n.src = {table.id, ids.id, -1, -1, -1, -1};

@@ -4,50 +4,13 @@
 
 #include <numeric>
 
+#include "common/counting_backend.hpp"
 #include "specula/kv_cache.hpp"
 #include "test_util.hpp"
 
 using namespace specula;
 
 namespace {
-
-// Forwards to a backend and counts what crosses back to the host: tensor reads and graph output reads.
-class CountingBackend final : public ComputeBackend {
- public:
-  explicit CountingBackend(ComputeBackend& inner) : inner_(inner) {}
-  int reads = 0;
-
-  std::string name() const override { return inner_.name(); }
-  DeviceInfo device() const override { return inner_.device(); }
-  Support supports(Op op, DType type) const override { return inner_.supports(op, type); }
-  BackendTensorPtr load_weight(const TensorInfo& info) override { return inner_.load_weight(info); }
-  BackendTensorPtr allocate(const std::string& name, DType type, const Shape& shape) override {
-    return inner_.allocate(name, type, shape);
-  }
-  std::unique_ptr<CompiledGraph> compile(const Graph& graph) override {
-    struct Counted final : CompiledGraph {
-      std::unique_ptr<CompiledGraph> plan;
-      int* reads;
-      void run(const RunInputs& in) override { plan->run(in); }
-      void read(Value v, std::span<std::byte> dst) const override {
-        ++*reads;
-        plan->read(v, dst);
-      }
-    };
-    auto c = std::make_unique<Counted>();
-    c->plan = inner_.compile(graph);
-    c->reads = &reads;
-    return c;
-  }
-  void read(const BackendTensor& t, std::span<std::byte> dst) override {
-    ++reads;
-    inner_.read(t, dst);
-  }
-  void write(BackendTensor& t, std::span<const std::byte> src) override { inner_.write(t, src); }
-
- private:
-  ComputeBackend& inner_;
-};
 
 std::vector<int32_t> read_i32(ComputeBackend& b, const BackendTensorPtr& t) {
   std::vector<int32_t> v(static_cast<size_t>(t->shape()[0]));
@@ -57,7 +20,7 @@ std::vector<int32_t> read_i32(ComputeBackend& b, const BackendTensorPtr& t) {
 
 TEST(KvCache, TruncateMarksSlotsEmptyOnTheBackendWithoutReadingBack) {
   test::Fixture fx;
-  CountingBackend b(*fx.backend);
+  specula_test::CountingBackend b(std::shared_ptr<ComputeBackend>(fx.backend.get(), [](ComputeBackend*) {}));
   KvCacheSpec spec;
   spec.layers = {{1, 4, 0, "full"}, {1, 4, 3, "ring"}};  // a ring of window - 1 + step = 6 slots
   spec.step_tokens = 4;

@@ -194,6 +194,34 @@ TEST(Ops, GetRowsAnyType) {
   }
 }
 
+// An I32 table gives I32 rows, from a constant or a computed value (a drafter maps a candidate index to a
+// vocab id so); an id outside the table fails naming it.
+TEST(Ops, GetRowsOfIdsStaysI32) {
+  test::Fixture fx;
+  const std::vector<int32_t> table{10, 11, 12, 20, 21, 22, 30, 31, 32, 40, 41, 42};  // [4, 3]
+  auto t = fx.backend->allocate("ordering", DType::I32, {4, 3});
+  fx.backend->write(*t, test::bytes_of(table));
+  Graph g;
+  Value iv = g.input(DType::I32, {2}, "ids");
+  Value rows = g.get_rows(g.constant(t), iv);                                  // [2, 3]
+  EXPECT_EQ(g.node(rows).type, DType::I32);
+  Value one = g.input(DType::I32, {1}, "one");
+  Value picked = g.get_rows(g.reshape(rows, {6, 1}), one);                   // computed table
+  g.mark_output(rows);
+  g.mark_output(picked);
+  const std::vector<int32_t> ids{3, 1}, at{4};
+  fx.run(g, {{{iv, test::bytes_of(ids)}, {one, test::bytes_of(at)}}});
+  EXPECT_EQ(fx.read_i32(g, rows), (std::vector<int32_t>{40, 41, 42, 20, 21, 22}));
+  EXPECT_EQ(fx.read_i32(g, picked), (std::vector<int32_t>{21}));
+  const std::vector<int32_t> bad{0, 4};
+  try {
+    fx.run(g, {{{iv, test::bytes_of(bad)}, {one, test::bytes_of(at)}}});
+    ADD_FAILURE() << "an id past the table must fail";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("id 4"), std::string::npos) << e.what();
+  }
+}
+
 TEST(Ops, MatMulIdSharedAndPerSlotInputs) {
   test::Fixture fx;
   const int64_t E = 4, O = 6, I = 16, N = 3, K = 2;

@@ -336,7 +336,9 @@ class PartlyRight final : public specula::Drafter {
   PartlyRight(std::shared_ptr<specula::Drafter> d, std::vector<int32_t> truth, int64_t prompt)
       : d_(std::move(d)), truth_(std::move(truth)), prompt_(prompt) {}
   std::vector<specula::DraftStep> draft(const specula::TargetView& t, const specula::DraftRequest& r) override {
-    auto out = d_->draft(t, r);
+    specula::DraftRequest on_host = r;  // it edits the drafts, so they must come to the host
+    on_host.device_tokens = nullptr;
+    auto out = d_->draft(t, on_host);
     const int64_t generated = t.position() - prompt_ + 1;  // the context holds all but `last`
     const int m = static_cast<int>(calls++ % r.n);
     for (int i = 0; i < m && generated + i < static_cast<int64_t>(truth_.size()); ++i) {

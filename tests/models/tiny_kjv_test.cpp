@@ -18,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "assistant.hpp"
+#include "common/counting_backend.hpp"
 #include "common/plugins.hpp"
 #include "specula/core/generator.hpp"
 #include "specula/core/plugin_host.hpp"
@@ -233,6 +234,45 @@ TEST(TinyKjv, SpeculativeGreedyIsLosslessWithRealAcceptance) {
               static_cast<long long>(accepted), static_cast<long long>(drafted), 100 * rate);
   EXPECT_GT(drafted, 0);
   EXPECT_GE(rate, 0.3);
+}
+
+// A greedy round kept on the backend (docs/architecture.md): the drafter writes its drafts into the
+// target context's draft tokens, the target verifies them there and one read returns the drafts and its
+// argmaxes; rollback needs none. So every step (plain or speculative) reads once and writes nothing,
+// and the tokens are plain decoding's.
+TEST(TinyKjv, GreedyRoundReadsOnceFromTheBackendAndEqualsPlain) {
+  auto counting = std::make_shared<specula_test::CountingBackend>(backend());
+  auto file = host().open_model(kModels / kTarget);
+  auto target = host().find_model_loader(*file)->load(file, counting, json::object());
+  auto sampler = [] { return host().make_sampler("standard", specula::SamplingParams{}); };
+  auto chat = target->chat_format();
+  const std::string text = golden("tiny-kjv-assistant.json")["held_out_prompts"][0].get<std::string>();
+  const std::vector<specula::ChatMessage> messages{{"user", text}};
+  const auto ids = target->tokenizer()->encode(chat->render(messages, true, false), false, true);
+  for (auto [k, head] : {std::pair{1, "centroid"}, std::pair{3, "centroid"}, std::pair{2, "dense"}}) {
+    auto d = ga::load_drafter(host().open_model(kModels / kDrafter), counting, target->info(), {{"head", head}});
+    specula::core::GenerationOptions o;
+    o.max_tokens = 48;
+    o.draft_tokens = k;
+    auto plain_ctx = target->new_context({});
+    const auto want = specula::core::Generator(target, sampler()).generate(*plain_ctx, ids, o);
+    auto ctx = target->new_context({});
+    specula::core::Generation gen = specula::core::Generator(target, sampler(), d).start(*ctx, ids, o);
+    int steps = 0;
+    while (!gen.finished()) {
+      counting->reads = counting->writes = 0;
+      gen.step();
+      EXPECT_LE(counting->reads, 1) << head << " K = " << k << ", step " << steps;
+      EXPECT_EQ(counting->writes, 0) << head << " K = " << k << ", step " << steps;
+      ++steps;
+    }
+    const auto got = gen.finish();
+    EXPECT_EQ(got.tokens, want.tokens) << head << " K = " << k;
+    EXPECT_GT(got.stats.speculative_steps, 0) << head << " K = " << k;
+    EXPECT_EQ(got.stats.device_verified_steps, got.stats.speculative_steps) << head << " K = " << k;
+    EXPECT_EQ(got.stats.host_sampled_tokens, 0) << head << " K = " << k;
+    EXPECT_GT(got.stats.accepted_tokens, 0) << head << " K = " << k;
+  }
 }
 
 // Several prompts of different lengths decoded together (Generation::step_all: one target forward per

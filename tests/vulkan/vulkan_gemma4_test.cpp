@@ -24,8 +24,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/counting_backend.hpp"
 #include "common/plugins.hpp"
 #include "common/sanitizers.hpp"
+#include "specula/core/generator.hpp"
 #include "specula/core/plugin_host.hpp"
 #include "specula/core/quantize.hpp"
 #include "specula/error.hpp"
@@ -227,6 +229,43 @@ TEST(VulkanGemma4, GreedyDecodeEqualsCpuPastTheSlidingWindow) {
     seqs.push_back(seq);
   }
   EXPECT_EQ(seqs[0], seqs[1]) << "greedy tokens, Vulkan vs CPU";
+}
+
+// The shipped tiny pair on Vulkan: greedy speculative decoding gives plain decoding's tokens, and each
+// step crosses back to the host once: the drafts stay on the device (the drafter writes them into the
+// target context's draft tokens), the verification reads the drafts and its argmaxes in one go, and the
+// rollback is a graph.
+TEST(VulkanGemma4, GreedySpeculativeRoundReadsOnceAndEqualsPlain) {
+  REQUIRE_VULKAN();
+  const fs::path models = fs::path(SPECULA_SOURCE_DIR) / "models";
+  auto counting = std::make_shared<specula_test::CountingBackend>(backend("vulkan"));
+  auto tf = host().open_model(models / "specula-tiny-kjv-q8_0.gguf");
+  auto target = host().find_model_loader(*tf)->load(tf, counting, json::object());
+  auto df = host().open_model(models / "specula-tiny-kjv-assistant-q8_0.gguf");
+  auto drafter = host().find_drafter_loader(*df)->load(df, counting, target->info(), json::object());
+  auto sampler = [] { return host().make_sampler("standard", specula::SamplingParams{}); };
+  const std::vector<specula::ChatMessage> messages{{"user", "In the beginning God created the heaven and the earth."}};
+  const auto ids = target->tokenizer()->encode(target->chat_format()->render(messages, true, false), false, true);
+  specula::core::GenerationOptions o;
+  o.max_tokens = 12;
+  o.draft_tokens = 2;
+  auto plain_ctx = target->new_context({256});
+  const auto want = specula::core::Generator(target, sampler()).generate(*plain_ctx, ids, o);
+  auto ctx = target->new_context({256});
+  specula::core::Generation gen = specula::core::Generator(target, sampler(), drafter).start(*ctx, ids, o);
+  while (!gen.finished()) {
+    counting->reads = counting->writes = 0;
+    gen.step();
+    EXPECT_LE(counting->reads, 1);
+    EXPECT_EQ(counting->writes, 0);
+  }
+  const auto got = gen.finish();
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_GT(got.stats.speculative_steps, 0);
+  EXPECT_EQ(got.stats.device_verified_steps, got.stats.speculative_steps);
+  std::printf("[vulkan-gemma4] tiny pair, K = 2: %lld rounds on the device, %lld of %lld drafts accepted\n",
+              static_cast<long long>(got.stats.device_verified_steps), static_cast<long long>(got.stats.accepted_tokens),
+              static_cast<long long>(got.stats.drafted_tokens));
 }
 
 TEST(VulkanGemma4, EvalCliRunsOnVulkan) {

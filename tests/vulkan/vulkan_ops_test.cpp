@@ -433,6 +433,11 @@ TEST(VulkanOps, TopKArgmaxTiesAndDataMovement) {
     b.out(g.concat(g.slice(av, 2, 3), b.input(DType::F32, {3, 2}, bb, "b")));
     Value iv = b.input(DType::I32, {3, 4}, ints, "ints");
     b.out(g.concat(g.slice(iv, 1, 2), iv));
+    // GetRows of an I32 table (ids of ids), from an input and from a computed value.
+    Value which = b.input(DType::I32, {2}, std::vector<int32_t>{2, 0}, "which");
+    Value rows = g.get_rows(iv, which);
+    b.out(rows);
+    b.out(g.get_rows(g.reshape(rows, {8, 1}), g.slice(which, 0, 1)));
     b.out(g.copy(av, DType::F16));
     b.out(g.copy(g.scale(av, 3.3f), DType::BF16));
   }, 0, 0, "top_k, argmax, reshape, slice, concat, copy");

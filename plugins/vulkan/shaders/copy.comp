@@ -5,6 +5,7 @@
 //  op 2 Copy    F32 -> dst type (F32, F16, BF16), flat
 //  op 3 WriteRows: rows b0 [N, C] into dst bo at rows ids b2 [N] (dst type F32/I32/F16/BF16)
 //  op 4 Scatter (after a copy of a into bo): bo[ids b1[m]] = values b2[m], one thread per m; p[3] = N
+//  op 5 Gather (GetRows of an I32 table): out[r, j] = b0[ids b1[r], j]; p[2] = C, p[3] = R
 // p: 0 op, 1 words out, 2 cols (Slice: src cols; Concat: ca; WriteRows: C), 3 (Slice: start, Concat: cb,
 //    WriteRows: R), 4 out cols (Slice: len), 5 dst type, 6 N, 7 node, 8 count of values (Copy)
 #include "common.glsl"
@@ -39,6 +40,14 @@ void main() {
       return;
     }
     bo.d[uint(id)] = b2.d[w];
+  } else if (op == 5u) {
+    uint C = pc.p[2], r = w / C, j = w % C;
+    int id = int(b1.d[r]);
+    if (id < 0 || uint(id) >= pc.p[3]) {
+      if (j == 0u) report(pc.p[7], uint(id), r);
+      return;
+    }
+    bo.d[w] = b0.d[uint(id) * C + j];
   } else {
     uint type = pc.p[5], C = pc.p[2], R = pc.p[3];
     bool wide = type == T_F32 || type == T_I32;

@@ -64,6 +64,7 @@ class BatchedModel : public Model, public std::enable_shared_from_this<BatchedMo
   std::vector<float> forward(KvCache& cache, std::span<const int32_t> tokens, int64_t n_logits) const;
   SampledToken forward_sample(KvCache& cache, std::span<const int32_t> tokens, const Sampler& sampler,
                               const SamplingState& state, float uniform) const;
+  GreedyVerification verify_greedy(KvCache& cache, const BackendTensorPtr& drafts, int32_t last, int64_t n) const;
   void check_tokens(const KvCache& cache, std::span<const int32_t> tokens, int64_t n_logits) const;
   // The graph of a batch shape, ending in `sampler`'s device form when one is given.
   Built& graph_for(std::span<const Part> parts, const Sampler* sampler, const SamplingState* state) const;
@@ -76,7 +77,7 @@ class BatchedModel : public Model, public std::enable_shared_from_this<BatchedMo
   KvCacheSpec spec_;
   int64_t vocab_ = 0;
   std::shared_ptr<const Attention> attention_ = standard_attention();
-  // Graphs by batch shape (cache id, tokens, logits of each part) and sampler device key.
+  // Graphs by batch shape (cache id, tokens, logits of each part) and sampler device key (or "verify:N").
   mutable std::mutex graphs_mu_;
   mutable std::map<std::pair<std::vector<int64_t>, std::string>, std::unique_ptr<Built>> graphs_;
 };

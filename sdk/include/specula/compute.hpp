@@ -36,7 +36,9 @@ using BackendTensorPtr = std::shared_ptr<BackendTensor>;
 enum class Op : uint32_t {
   Input,       // host data set before each run (token ids, positions); any plain dtype
   Constant,    // a BackendTensor (weight, cache)
-  GetRows,     // src0 table [R, C] (any dtype), src1 ids I32 [...] -> F32 [..., C]; ids must be in [0, R)
+  GetRows,     // src0 table [R, C] (any dtype), src1 ids I32 [...] -> F32 [..., C]; ids must be in [0, R).
+               // An I32 table (a constant or a computed value) gives its I32 rows: ids of ids, e.g. a
+               // drafter's vocab id from a candidate index, without the host
   MatMul,      // src0 weight [O, I] (any dtype), src1 x F32 [..., I] -> F32 [..., O]   (x @ W^T)
   MatMulId,    // src0 experts [E, O, I], src1 x [N, K, I] or [N, 1, I], src2 ids I32 [N, K] -> [N, K, O]
                // row (n, k) = x[n, k or 0] @ experts[ids[n, k]]^T

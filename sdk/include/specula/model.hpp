@@ -59,6 +59,13 @@ struct SampledToken {
   std::string host_reason;   // when it could not sample on the device: why (the engine samples on the host)
 };
 
+// What ModelContext::verify_greedy read back, in one transfer: the n drafts it verified and the greedy
+// (argmax) token at each of the n + 1 positions [last, d1..dn].
+struct GreedyVerification {
+  std::vector<int32_t> drafts;  // [n]
+  std::vector<int32_t> greedy;  // [n + 1]
+};
+
 struct ContextOptions {
   int64_t context_length = 0;  // 0 = the model's own
 };
@@ -96,6 +103,19 @@ class ModelContext {
                                       const SamplingState& state, float uniform) {
     (void)tokens, (void)sampler, (void)state, (void)uniform;
     return {-1, false, "the model plugin samples on the host only (no ModelContext::forward_sample)"};
+  }
+  // The greedy speculative round without the host (docs/architecture.md, "A speculative round on the
+  // device"): draft_tokens(n) is a backend tensor, I32 [N >= n, 1], for a drafter to write its drafts
+  // into (DraftRequest::device_tokens); null when this context cannot verify from it (the default).
+  virtual BackendTensorPtr draft_tokens(int64_t n) {
+    (void)n;
+    return nullptr;
+  }
+  // Processes [last, rows 0..n-1 of draft_tokens()] like forward() and returns the drafts and each
+  // position's argmax (ties: the lower id) with one read: no logits leave the backend.
+  virtual GreedyVerification verify_greedy(int32_t last, int64_t n) {
+    (void)last, (void)n;
+    fail("this model's contexts cannot verify drafts held on the backend (no ModelContext::verify_greedy)");
   }
 };
 
@@ -166,6 +186,11 @@ struct DraftRequest {
   // Sampled drafting: picks step k's token from its logits (F32 [vocab]; implies `logits`); step k + 1
   // then embeds the picked token. Unset: the drafter's own greedy choice (argmax).
   std::function<int32_t(int step, std::span<const float> logits)> pick;
+  // Drafts that stay on the backend (set only with neither `logits` nor `pick`): an I32 [N >= n, 1]
+  // tensor from ModelContext::draft_tokens. A drafter that can writes step k's token into row k, feeds
+  // it to step k + 1 there, and returns n steps with token -1; the target's verify_greedy reads them.
+  // A drafter that cannot ignores it and returns its tokens as usual.
+  BackendTensorPtr device_tokens;
 };
 
 // One draft step: the drafted token and, when asked, the distribution it came from as logits over the

@@ -78,8 +78,9 @@ struct GenerationStats {
   // Where tokens were sampled (sampler.device): in the model's graph, or on the host from logits.
   int64_t device_sampled_tokens = 0;
   int64_t host_sampled_tokens = 0;
+  int64_t device_verified_steps = 0;    // speculative steps verified on the backend (one read of ids each)
   std::string host_sampling_reason;     // why a plain step sampled on the host (first reason seen)
-  // "device", "host" or "mixed" (speculative steps always sample on the host).
+  // "device", "host" or "mixed" (speculative steps sample on the host unless verified on the backend).
   std::string sampling_path() const {
     return !host_sampled_tokens ? "device" : (!device_sampled_tokens ? "host" : "mixed");
   }
