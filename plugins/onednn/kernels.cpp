@@ -5,6 +5,7 @@
 #include <cmath>
 #include <limits>
 #include <numeric>
+#include <type_traits>
 #include <vector>
 
 #include <immintrin.h>
@@ -170,31 +171,51 @@ void attend_heads(const AttentionArgs& a, const float* const* q, const int32_t* 
       max[h] = std::max(max[h], score);
     }
   }
-  __m256 scale[G];
-  float inv[G];
 #pragma GCC unroll 8
   for (int h = 0; h < G; ++h) {
     float* ph = p + h * n;
     float sum = 0.0f;
     for (int64_t j = 0; j < n; ++j) sum += (ph[j] = std::exp(ph[j] - max[h]));
-    inv[h] = 1.0f / sum;
-    std::fill(out[h], out[h] + Dv, 0.0f);
+    const float inv = 1.0f / sum;
+    for (int64_t j = 0; j < n; ++j) ph[j] *= inv;
   }
-  for (int64_t j = 0; j < n; ++j) {
-    const std::byte* v = a.v + (static_cast<size_t>(slots[j]) * a.Hkv + hk) * v_row;
+  // Each 8-value chunk of each head's output sums the slots in order in a register (the order of a
+  // load-add-store per slot, without the stores): C chunks per pass, C * G accumulators.
+  constexpr int C = G >= 8 ? 1 : 8 / G;
+  int64_t i = 0;
+  auto pass = [&]<int CC>(std::integral_constant<int, CC>) {
+    __m256 acc[G][CC];
 #pragma GCC unroll 8
-    for (int h = 0; h < G; ++h) scale[h] = _mm256_set1_ps(p[h * n + j] * inv[h]);
-    int64_t i = 0;
-    for (; i + 8 <= Dv; i += 8) {
-      const __m256 vv = load8(vType, v, i);
+    for (int h = 0; h < G; ++h)
 #pragma GCC unroll 8
-      for (int h = 0; h < G; ++h)
-        _mm256_storeu_ps(out[h] + i, _mm256_fmadd_ps(scale[h], vv, _mm256_loadu_ps(out[h] + i)));
+      for (int c = 0; c < CC; ++c) acc[h][c] = _mm256_setzero_ps();
+    for (int64_t j = 0; j < n; ++j) {
+      const std::byte* v = a.v + (static_cast<size_t>(slots[j]) * a.Hkv + hk) * v_row;
+      __m256 vv[CC];
+#pragma GCC unroll 8
+      for (int c = 0; c < CC; ++c) vv[c] = load8(vType, v, i + 8 * c);
+#pragma GCC unroll 8
+      for (int h = 0; h < G; ++h) {
+        const __m256 w = _mm256_set1_ps(p[h * n + j]);
+#pragma GCC unroll 8
+        for (int c = 0; c < CC; ++c) acc[h][c] = _mm256_fmadd_ps(w, vv[c], acc[h][c]);
+      }
     }
-    for (; i < Dv; ++i) {
-      const float x = load1(vType, v, i);
 #pragma GCC unroll 8
-      for (int h = 0; h < G; ++h) out[h][i] += p[h * n + j] * inv[h] * x;
+    for (int h = 0; h < G; ++h)
+#pragma GCC unroll 8
+      for (int c = 0; c < CC; ++c) _mm256_storeu_ps(out[h] + i + 8 * c, acc[h][c]);
+    i += 8 * CC;
+  };
+  while (i + 8 * C <= Dv) pass(std::integral_constant<int, C>{});
+  while (i + 8 <= Dv) pass(std::integral_constant<int, 1>{});
+  for (; i < Dv; ++i) {
+#pragma GCC unroll 8
+    for (int h = 0; h < G; ++h) {
+      float o = 0.0f;
+      for (int64_t j = 0; j < n; ++j)
+        o += p[h * n + j] * load1(vType, a.v + (static_cast<size_t>(slots[j]) * a.Hkv + hk) * v_row, i);
+      out[h][i] = o;
     }
   }
 }
