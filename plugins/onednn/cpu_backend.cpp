@@ -674,7 +674,7 @@ void CpuBackend::execute(const Graph& g, int32_t id) {
       return;
     case Op::TopPDraw:
       *reinterpret_cast<int32_t*>(output(n, id)) =
-          top_p_draw(fsrc(0), ints(2), src(0).shape[0], *fsrc(1), n.f[0], n.f[1], n.f[2]);
+          top_p_draw(fsrc(0), ints(2), src(0).shape[0], *fsrc(1), n.f[3], n.f[1], n.f[2]);
       return;
     case Op::Copy: {
       const float* x = fsrc(0);

@@ -1,12 +1,12 @@
-// The device sampler's ops on the CPU. top_p_draw repeats the host sampler's arithmetic step for step
-// in double (plugins/sampler_standard), so the two agree bit for bit; this file is compiled with
-// -ffp-contract=off so no multiply-add is fused differently from the host's.
+// The device sampler's ops on the CPU. top_p_draw is the SDK's sampling rule (sampling_rule.hpp), which
+// the host sampler follows too, so the two agree bit for bit.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <vector>
 
 #include "kernels.hpp"
+#include "specula/sampling_rule.hpp"
 #include "specula/error.hpp"
 
 namespace specula::cpu {
@@ -24,46 +24,10 @@ void scatter(const float* a, int64_t n, const int32_t* ids, const float* values,
   for (int64_t j = 0; j < m; ++j) out[ids[j]] = values[j];
 }
 
-int32_t top_p_draw(const float* logits, const int32_t* ids, int64_t k, float uniform, float temperature,
+int32_t top_p_draw(const float* logits, const int32_t* ids, int64_t k, float uniform, float inv_temperature,
                    float top_p, float min_p) {
-  const double inv_t = 1.0 / static_cast<double>(temperature);
-  const float m = *std::max_element(logits, logits + k);
-  const double top = static_cast<double>(m) * inv_t;
-  std::vector<double> prob(static_cast<size_t>(k));
-  double sum = 0.0;
-  for (int64_t i = 0; i < k; ++i) sum += prob[i] = std::exp(static_cast<double>(logits[i]) * inv_t - top);
-  for (double& q : prob) q /= sum;
-  if (min_p > 0.0f) {
-    // Probabilities are descending: min-p keeps a prefix, renormalised.
-    const double floor = static_cast<double>(min_p) * prob[0];
-    size_t n = 1;
-    while (n < prob.size() && prob[n] >= floor) ++n;
-    prob.resize(n);
-    double kept = 0.0;
-    for (double q : prob) kept += q;
-    for (double& q : prob) q /= kept;
-    k = static_cast<int64_t>(n);
-  }
-  int64_t keep = k;
-  if (top_p < 1.0f) {
-    double cum = 0.0;
-    for (int64_t i = 0; i < k; ++i) {
-      cum += prob[i];
-      if (cum >= static_cast<double>(top_p)) {
-        keep = i + 1;
-        break;
-      }
-    }
-  }
-  double mass = 0.0;
-  for (int64_t i = 0; i < keep; ++i) mass += prob[i];
-  const double target = static_cast<double>(std::clamp(uniform, 0.0f, 1.0f)) * mass;
-  double cum = 0.0;
-  for (int64_t i = 0; i < keep; ++i) {
-    cum += prob[i];
-    if (cum > target) return ids[i];
-  }
-  return ids[keep - 1];
+  const TopPSet set = top_p_set(std::span<const float>(logits, static_cast<size_t>(k)), inv_temperature, top_p, min_p);
+  return ids[top_p_pick(set, uniform)];
 }
 
 }  // namespace specula::cpu

@@ -86,7 +86,7 @@ void top_k(const float* x, int64_t rows, int64_t cols, int64_t k, int32_t* out);
 void clamp(const float* x, int64_t n, float lo, float hi, float* out);
 void scatter(const float* a, int64_t n, const int32_t* ids, const float* values, int64_t m, float* out,
              const std::string& node_name);
-int32_t top_p_draw(const float* logits, const int32_t* ids, int64_t k, float uniform, float temperature,
+int32_t top_p_draw(const float* logits, const int32_t* ids, int64_t k, float uniform, float inv_temperature,
                    float top_p, float min_p);
 
 }  // namespace specula::cpu

@@ -57,8 +57,9 @@ StandardSampler::Candidates StandardSampler::candidates(std::span<const float> l
     for (int32_t i = 1; i < static_cast<int32_t>(x.size()); ++i)
       if (x[i] > x[best]) best = i;
     c.order = {best};
-    c.prob = {1.0};
-    c.keep = 1;
+    c.set.w = {1.0f};
+    c.set.keep = 1;
+    c.set.mass = 1.0f;
     return c;
   }
 
@@ -70,65 +71,28 @@ StandardSampler::Candidates StandardSampler::candidates(std::span<const float> l
   auto higher = [&](int32_t a, int32_t b) { return x[a] != x[b] ? x[a] > x[b] : a < b; };
   std::partial_sort(order.begin(), order.begin() + k, order.end(), higher);
   order.resize(static_cast<size_t>(k));
-
-  // Softmax over the top-K of logits / temperature (descending, so probabilities are too).
-  const double inv_t = 1.0 / params_.temperature;
-  const double top = static_cast<double>(x[order[0]]) * inv_t;
-  std::vector<double>& prob = c.prob;
-  prob.resize(order.size());
-  double sum = 0.0;
-  for (size_t i = 0; i < order.size(); ++i) sum += prob[i] = std::exp(static_cast<double>(x[order[i]]) * inv_t - top);
-  for (double& q : prob) q /= sum;
-  if (params_.min_p > 0.0f) {
-    // Probabilities are descending: min-p keeps a prefix, renormalised.
-    const double floor = static_cast<double>(params_.min_p) * prob[0];
-    size_t n = 1;
-    while (n < prob.size() && prob[n] >= floor) ++n;
-    prob.resize(n);
-    order.resize(n);
-    double kept = 0.0;
-    for (double q : prob) kept += q;
-    for (double& q : prob) q /= kept;
-  }
-
-  // Shortest prefix reaching top_p.
-  c.keep = prob.size();
-  if (params_.top_p < 1.0f) {
-    double cum = 0.0;
-    for (size_t i = 0; i < prob.size(); ++i) {
-      cum += prob[i];
-      if (cum >= static_cast<double>(params_.top_p)) {
-        c.keep = i + 1;
-        break;
-      }
-    }
-  }
+  // The weights, min-p, top-p and the draw: the rule every backend's TopPDraw computes too.
+  std::vector<float> top(order.size());
+  for (size_t i = 0; i < order.size(); ++i) top[i] = x[order[i]];
+  c.set = top_p_set(top, 1.0f / params_.temperature, params_.top_p, params_.min_p);
   return c;
 }
 
 int32_t StandardSampler::sample(std::span<const float> logits, const SamplingState& state, float uniform) const {
   const Candidates c = candidates(logits, state);
-  // The draw the device form's TopPDraw repeats: u * (mass kept), not a renormalised prefix.
-  double mass = 0.0;
-  for (size_t i = 0; i < c.keep; ++i) mass += c.prob[i];
-  const double target = static_cast<double>(std::clamp(uniform, 0.0f, 1.0f)) * mass;
-  double cum = 0.0;
-  for (size_t i = 0; i < c.keep; ++i) {
-    cum += c.prob[i];
-    if (cum > target) return c.order[i];
-  }
-  return c.order[c.keep - 1];
+  return c.order[top_p_pick(c.set, uniform)];
 }
 
 std::vector<TokenProbability> StandardSampler::distribution(std::span<const float> logits,
                                                             const SamplingState& state) const {
   const Candidates c = candidates(logits, state);
+  // The draw's weights, normalised in double so that they sum to 1.
   double mass = 0.0;
-  for (size_t i = 0; i < c.keep; ++i) mass += c.prob[i];
+  for (size_t i = 0; i < c.set.keep; ++i) mass += c.set.w[i];
   std::vector<TokenProbability> out;
-  out.reserve(c.keep);
-  for (size_t i = 0; i < c.keep; ++i)
-    if (c.prob[i] > 0.0) out.push_back({c.order[i], c.prob[i] / mass});
+  out.reserve(c.set.keep);
+  for (size_t i = 0; i < c.set.keep; ++i)
+    if (c.set.w[i] > 0.0f) out.push_back({c.order[i], static_cast<double>(c.set.w[i]) / mass});
   return out;
 }
 

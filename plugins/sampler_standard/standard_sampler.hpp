@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "specula/sampler.hpp"
+#include "specula/sampling_rule.hpp"
 
 namespace specula::sampling {
 
@@ -46,10 +47,10 @@ class StandardSampler final : public Sampler {
  private:
   // Steps 1-4 up to the draw: candidates by probability (then index), their probabilities (after
   // min-p, before top-P) and how many top-P keeps. Greedy: the one best candidate.
+  // The top-K ids by logit and their kept set under the SDK's sampling rule (greedy: the argmax alone).
   struct Candidates {
     std::vector<int32_t> order;
-    std::vector<double> prob;
-    size_t keep = 0;
+    TopPSet set;
   };
   Candidates candidates(std::span<const float> logits, const SamplingState& state) const;
   // Windows up to this many ids keep one graph shape while the history is shorter than the window.

@@ -5,6 +5,7 @@
 #include <vulkan/vulkan.h>
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstring>
 #include <map>
@@ -371,9 +372,8 @@ class VulkanBackend final : public ComputeBackend {
         if (type == DType::F32 || type == DType::I32) return Support::yes();
         return Support::no(fmt::format("{} takes F32 or I32 values on the Vulkan backend, not {}", op_name(op), tr->name));
       case Op::TopPDraw:
-        return Support::no(
-            "TopPDraw must reproduce the host sampler's double-precision exp bit for bit, which GLSL has no "
-            "double exp for; sample on the host (sampler.device off/auto)");
+        if (type == DType::F32) return Support::yes();  // the SDK's float32 rule (top_p_draw.comp)
+        return Support::no(fmt::format("TopPDraw takes F32 logits, not {}", tr->name));
       case Op::Scatter:
         if (type == DType::F32) return Support::yes();
         return Support::no(fmt::format("Scatter takes F32 values, not {}", tr->name));
@@ -948,6 +948,17 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
         }
         d.bind[5] = result();
         d.groups = (words + 255) / 256;
+        break;
+      }
+      case Op::TopPDraw: {
+        d.shader = "top_p_draw";
+        d.bind[0] = as_f32(n, i, 0, false);
+        d.bind[1] = as_f32(n, i, 1, false);
+        d.bind[2] = loc_of(n.src[2]);
+        d.bind[5] = result();
+        d.pc = {u32(src_node(n, 0).shape[0]), std::bit_cast<uint32_t>(n.f[1]), std::bit_cast<uint32_t>(n.f[2]),
+                std::bit_cast<uint32_t>(n.f[3])};
+        d.groups = 1;
         break;
       }
       case Op::Scatter: {

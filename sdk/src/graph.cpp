@@ -537,6 +537,7 @@ Value Graph::top_p_draw(Value logits, Value uniform, Value ids, float temperatur
   n.f[0] = temperature;
   n.f[1] = top_p;
   n.f[2] = min_p;
+  n.f[3] = 1.0f / temperature;  // rounded once here: backends multiply by it (no device division)
   return push(std::move(n));
 }
 

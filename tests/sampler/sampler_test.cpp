@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cmath>
 #include <random>
+#include <limits>
 #include <map>
 #include <set>
 #include <string>
@@ -24,7 +25,9 @@ namespace {
 
 using sampling::StandardSampler;
 
-// The reference: written from the seed's wording, sharing no code with the plugin.
+// The reference: written from the seed's wording, sharing no code with the plugin, in double. The
+// plugin draws by the SDK's float32 rule (sampling_rule.hpp); the two pick differently only where a
+// uniform falls within float rounding of a boundary, which these fixed sweeps do not.
 int32_t reference_sample(std::vector<float> logits, const SamplingParams& p, const std::vector<int32_t>& history,
                          int32_t generated, const std::vector<int32_t>& end_tokens, float uniform) {
   const int n = static_cast<int>(logits.size());
@@ -84,6 +87,26 @@ std::vector<float> random_logits(int n, uint32_t seed, float scale = 4.0f) {
   std::vector<float> x(n);
   for (float& v : x) v = d(g);
   return x;
+}
+
+// The draw's exp (sampling_rule.hpp) against the double-precision exp: a few ulp, exactly 1 at 0, and
+// 0 rather than a subnormal (which a GPU may flush) far below.
+TEST(SamplingRule, ExpIsWithinFourUlpAndHasNoSubnormals) {
+  double worst = 0;
+  for (int i = 0; i <= 400000; ++i) {
+    const float d = -87.0f * static_cast<float>(i) / 400000.0f;
+    const float e = rule_exp(d);
+    ASSERT_TRUE(e == 0.0f || std::fpclassify(e) == FP_NORMAL) << d;
+    if (e == 0.0f) continue;
+    const double want = std::exp(static_cast<double>(d));
+    worst = std::max(worst, std::abs(e - want) / std::ldexp(1.0, std::ilogb(want) - 23));
+  }
+  EXPECT_LE(worst, 4.0);
+  EXPECT_EQ(rule_exp(0.0f), 1.0f);
+  EXPECT_EQ(rule_exp(-88.0f), 0.0f);
+  EXPECT_EQ(rule_exp(-std::numeric_limits<float>::infinity()), 0.0f);
+  EXPECT_EQ(rule_exp(std::numeric_limits<float>::quiet_NaN()), 0.0f);
+  std::printf("[sampling-rule] exp: worst %.2f ulp over [-87, 0]\n", worst);
 }
 
 TEST(StandardSampler, MatchesReferenceOverUniformSweeps) {

@@ -268,6 +268,29 @@ TEST(VulkanGemma4, GreedySpeculativeRoundReadsOnceAndEqualsPlain) {
               static_cast<long long>(got.stats.drafted_tokens));
 }
 
+// Sampled decoding stays on the GPU: with sampler.device on, every token of the tiny target is drawn in
+// its graph (penalty, top-K, TopPDraw by the SDK's float32 rule) and equals the host sampler's token
+// drawn from the same run's logits with the same uniforms.
+TEST(VulkanGemma4, SampledDecodeOnTheDeviceEqualsHostSampling) {
+  REQUIRE_VULKAN();
+  auto tf = host().open_model(fs::path(SPECULA_SOURCE_DIR) / "models" / "specula-tiny-kjv-q8_0.gguf");
+  auto target = host().find_model_loader(*tf)->load(tf, backend("vulkan"), json::object());
+  const std::vector<specula::ChatMessage> messages{{"user", "And the LORD spake unto Moses, saying,"}};
+  const auto ids = target->tokenizer()->encode(target->chat_format()->render(messages, true, false), false, true);
+  std::vector<std::vector<int32_t>> runs;
+  for (auto device : {specula::SamplingDevice::Off, specula::SamplingDevice::On}) {
+    specula::SamplingParams p{.temperature = 0.9f, .top_k = 40, .top_p = 0.95f, .repetition_penalty = 1.1f, .seed = 7};
+    p.device = device;
+    specula::core::GenerationOptions o;
+    o.max_tokens = 6;
+    auto ctx = target->new_context({64});
+    const auto r = specula::core::Generator(target, host().make_sampler("standard", p)).generate(*ctx, ids, o);
+    EXPECT_EQ(r.stats.sampling_path(), device == specula::SamplingDevice::On ? "device" : "host");
+    runs.push_back(r.tokens);
+  }
+  EXPECT_EQ(runs[1], runs[0]);
+}
+
 TEST(VulkanGemma4, EvalCliRunsOnVulkan) {
   REQUIRE_VULKAN();
   const json ref = read_json(golden("ref-e2b.json"))["sequences"]["seed"];

@@ -6,10 +6,13 @@
 // reference here).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <functional>
 #include <numeric>
 
 #include "specula/error.hpp"
+#include "specula/sampling_rule.hpp"
 #include "test_util.hpp"
 #include "vk_backend.hpp"
 
@@ -462,7 +465,46 @@ TEST(VulkanOps, DeviceSamplerOpsDivClampScatter) {
     bt.out(g.scatter(bt.input(DType::F32, {257}, x, "x"), bt.input(DType::I32, {4}, ids, "ids"),
                      bt.input(DType::F32, {4}, vals, "vals")));
   }, 0, 0, "div, clamp, scatter");
-  EXPECT_FALSE(vulkan()->supports(Op::TopPDraw, DType::F32).ok);
+}
+
+// TopPDraw follows the SDK's float32 rule on the GPU too: the CPU's token for every uniform of a sweep,
+// over peaked and flat logits, top-p, min-p, temperatures from 0.2 to 2 and 1 to 4096 candidates.
+TEST(VulkanOps, TopPDrawEqualsTheCpuTokenForToken) {
+  REQUIRE_VULKAN();
+  struct Case {
+    int64_t k;
+    float t, top_p, min_p, scale;
+  };
+  int compared = 0;
+  for (const Case& c : {Case{1, 1.0f, 1.0f, 0.0f, 1.0f}, Case{40, 0.7f, 0.9f, 0.0f, 3.0f}, Case{64, 0.2f, 1.0f, 0.0f, 5.0f},
+                        Case{200, 1.0f, 0.95f, 0.05f, 2.0f}, Case{256, 2.0f, 0.5f, 0.0f, 0.5f},
+                        Case{4096, 1.0f, 0.9f, 0.0f, 4.0f}, Case{50, 1.0f, 1.0f, 1.0f, 1.0f}}) {
+    auto x = test::random_floats(c.k, 60 + static_cast<uint32_t>(c.k), -c.scale, c.scale);
+    std::sort(x.begin(), x.end(), std::greater<>());
+    std::vector<int32_t> ids(x.size());
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int32_t>(7 * i + 3);
+    // A sweep, plus the uniforms right at the rule's own running sums (and one float either side), where
+    // one different rounding anywhere in the weights or sums changes the token.
+    std::vector<float> us;
+    for (int s = 0; s < 64; ++s) us.push_back(s == 63 ? 0x1.fffffep-1f : static_cast<float>(s) / 63.0f);
+    const TopPSet set = top_p_set(x, 1.0f / c.t, c.top_p, c.min_p);
+    float cum = 0.0f;
+    for (size_t k = 0; k < std::min<size_t>(set.keep, 8); ++k) {
+      cum += set.w[k];
+      const float at = cum / set.mass;
+      for (float v : {std::nextafter(at, 0.0f), at, std::nextafter(at, 1.0f)})
+        if (v >= 0.0f && v < 1.0f) us.push_back(v);
+    }
+    for (float uv : us) {
+      const std::vector<float> u{uv};
+      compare([&](Side&, Built& bt) {
+        bt.out(bt.g.top_p_draw(bt.input(DType::F32, {c.k}, x, "logits"), bt.input(DType::F32, {1}, u, "u"),
+                               bt.input(DType::I32, {c.k}, ids, "ids"), c.t, c.top_p, c.min_p));
+      }, 0, 0, fmt::format("top_p_draw k {} t {} top_p {} min_p {} u {}", c.k, c.t, c.top_p, c.min_p, u[0]));
+      ++compared;
+    }
+  }
+  EXPECT_GT(compared, 7 * 64);
 }
 
 TEST(VulkanOps, CopyRoundsToNearestEven) {

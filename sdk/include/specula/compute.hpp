@@ -80,13 +80,12 @@ enum class Op : uint32_t {
                // out[ids[m]] = values[m]. Ids must be in [0, N); repeated ids must carry equal values
                // (which one lands is otherwise unspecified).
   TopPDraw,    // src0 logits F32 [K] highest first, src1 uniform F32 [1], src2 ids I32 [K]; f[0] =
-               // temperature (> 0), f[1] = top_p in (0, 1], f[2] = min_p in [0, 1] -> I32 [1] = ids[pick].
-               // In double, in this order: it = 1.0 / double(t), m = max_j x_j, w_k = exp(x_k * it - m * it),
-               // p_k = w_k / sum(w); when min_p > 0 keep the prefix with p_k >= min_p * p_0 (at least one)
-               // and divide it by its sum; keep the shortest prefix whose running sum of p reaches top_p
-               // (all when top_p = 1); mass = sum of the kept p; pick = the first k whose running sum
-               // exceeds clamp(u, 0, 1) * mass, else the last kept. Sequential sums: the result is
-               // bit-for-bit the host sampler's draw (plugins/sampler_standard).
+               // temperature (> 0), f[1] = top_p in (0, 1], f[2] = min_p in [0, 1], f[3] = 1.0f / temperature
+               // (set by Graph::top_p_draw) -> I32 [1] = ids[pick]. The pick is specula::top_p_set /
+               // top_p_pick (sampling_rule.hpp): float32 weights rule_exp(x_k f[3] - x_0 f[3]), min-p and
+               // top-p prefixes and the inverse-CDF draw with sums left to right, using only correctly
+               // rounded +, -, * (no fused multiply-add, no division, no library exp). Every backend
+               // computes it bit for bit as the host sampler does (plugins/sampler_standard).
 };
 
 // "MatMul", "RmsNorm", ... for errors and profiles.

@@ -1,0 +1,70 @@
+// Compiled with -ffp-contract=off (sdk/CMakeLists.txt): every product and sum rounds on its own, as the
+// Vulkan shader's `precise` arithmetic does.
+#include "specula/sampling_rule.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstdint>
+
+#include "specula/error.hpp"
+
+namespace specula {
+
+float rule_exp(float d) {
+  if (!(d > -87.0f)) return 0.0f;
+  const float n = std::floor(d * 1.44269504f + 0.5f);
+  if (n < -125.0f) return 0.0f;
+  float r = d - n * 0.693145751953125f;  // ln 2 high part: n * it is exact
+  r = r - n * 1.42860677e-06f;          // ln 2 low part
+  float p = 1.38888889e-3f;
+  p = p * r + 8.33333333e-3f;
+  p = p * r + 4.16666667e-2f;
+  p = p * r + 1.66666667e-1f;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  const auto e = static_cast<uint32_t>(static_cast<int32_t>(n) + 127) << 23;
+  return p * std::bit_cast<float>(e);
+}
+
+TopPSet top_p_set(std::span<const float> x, float inv_temperature, float top_p, float min_p) {
+  if (x.empty()) fail("top-p draw over no candidates");
+  TopPSet s;
+  s.w.resize(x.size());
+  const float top = x[0] * inv_temperature;
+  for (size_t k = 0; k < x.size(); ++k) s.w[k] = rule_exp(x[k] * inv_temperature - top);
+  size_t n = x.size();
+  if (min_p > 0.0f) {
+    n = 1;
+    while (n < x.size() && s.w[n] >= min_p) ++n;
+  }
+  s.keep = n;
+  if (top_p < 1.0f) {
+    float total = 0.0f;
+    for (size_t k = 0; k < n; ++k) total += s.w[k];
+    const float target = top_p * total;
+    float cum = 0.0f;
+    for (size_t k = 0; k < n; ++k) {
+      cum += s.w[k];
+      if (cum >= target) {
+        s.keep = k + 1;
+        break;
+      }
+    }
+  }
+  for (size_t k = 0; k < s.keep; ++k) s.mass += s.w[k];
+  return s;
+}
+
+size_t top_p_pick(const TopPSet& s, float uniform) {
+  const float target = std::clamp(uniform, 0.0f, 1.0f) * s.mass;
+  float cum = 0.0f;
+  for (size_t k = 0; k < s.keep; ++k) {
+    cum += s.w[k];
+    if (cum > target) return k;
+  }
+  return s.keep - 1;
+}
+
+}  // namespace specula
