@@ -5,10 +5,12 @@
 #include <vulkan/vulkan.h>
 
 #include <algorithm>
+#include <atomic>
 #include <bit>
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <set>
 #include <unordered_map>
 
@@ -58,10 +60,20 @@ uint64_t value_bytes(DType t, const Shape& shape) {
 
 struct Device;
 
+// One vkAllocateMemory that weights share (Device::weight_buffer), freed with its last buffer.
+struct MemoryBlock {
+  std::shared_ptr<Device> dev;
+  VkDeviceMemory mem = VK_NULL_HANDLE;
+  VkDeviceSize size = 0, used = 0;
+  uint32_t type = 0;
+  ~MemoryBlock();
+};
+
 struct Buffer {
   std::shared_ptr<Device> dev;
   VkBuffer buf = VK_NULL_HANDLE;
-  VkDeviceMemory mem = VK_NULL_HANDLE;
+  VkDeviceMemory mem = VK_NULL_HANDLE;        // its own memory, or null when bound inside `block`
+  std::shared_ptr<MemoryBlock> block;
   VkDeviceSize size = 0;
   void* map = nullptr;
   Buffer() = default;
@@ -83,6 +95,10 @@ struct Device {
   VkCommandPool cmd_pool = VK_NULL_HANDLE;
   VkFence fence = VK_NULL_HANDLE;
   VkDeviceSize max_binding = 0;  // maxStorageBufferRange, or the lower `max_binding_bytes` option
+  std::atomic<uint64_t> allocations{0};  // vkAllocateMemory calls (vulkan_memory_allocations)
+  std::mutex blocks_mu;
+  std::weak_ptr<MemoryBlock> open_block;  // where the next weight goes
+  VkDeviceSize next_block = 32ull << 20;  // blocks double up to 256 MiB as a model loads
 
   ~Device() {
     if (dev) {
@@ -126,12 +142,62 @@ struct Device {
     ai.memoryTypeIndex = host ? memory_type(req.memoryTypeBits, VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
                                             VK_MEMORY_PROPERTY_HOST_CACHED_BIT)
                               : memory_type(req.memoryTypeBits, 0, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
-    const VkResult r = vkAllocateMemory(dev, &ai, nullptr, &b->mem);
-    if (r != VK_SUCCESS)
-      fail("Vulkan backend: out of {} memory allocating {} bytes for {} (VkResult {})", host ? "host-visible" : "device",
-           req.size, what, static_cast<int>(r));
+    b->mem = allocate(ai, host ? "host-visible" : "device", what);
     check(vkBindBufferMemory(dev, b->buf, b->mem, 0), "vkBindBufferMemory");
     if (host) check(vkMapMemory(dev, b->mem, 0, VK_WHOLE_SIZE, 0, &b->map), "vkMapMemory");
+    return b;
+  }
+
+  VkDeviceMemory allocate(const VkMemoryAllocateInfo& ai, const char* kind, const std::string& what) {
+    VkDeviceMemory mem = VK_NULL_HANDLE;
+    const VkResult r = vkAllocateMemory(dev, &ai, nullptr, &mem);
+    if (r != VK_SUCCESS)
+      fail("Vulkan backend: out of {} memory allocating {} bytes for {} (VkResult {})", kind, ai.allocationSize, what,
+           static_cast<int>(r));
+    ++allocations;
+    return mem;
+  }
+
+  // A device-local buffer for a weight, bound inside a shared block: drivers allow a few thousand
+  // allocations at most, and a model has hundreds of weights. Weights larger than a quarter of a block
+  // get their own allocation.
+  std::unique_ptr<Buffer> weight_buffer(VkDeviceSize size, const std::string& what, const std::shared_ptr<Device>& self) {
+    auto b = std::make_unique<Buffer>();
+    b->dev = self;
+    b->size = std::max<VkDeviceSize>(size, 16);
+    VkBufferCreateInfo ci{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
+    ci.size = b->size;
+    ci.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
+    ci.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
+    check(vkCreateBuffer(dev, &ci, nullptr, &b->buf), "vkCreateBuffer");
+    VkMemoryRequirements req;
+    vkGetBufferMemoryRequirements(dev, b->buf, &req);
+    const uint32_t type = memory_type(req.memoryTypeBits, 0, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
+    constexpr VkDeviceSize kMaxBlock = 256ull << 20;
+    VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
+    ai.memoryTypeIndex = type;
+    if (req.size > kMaxBlock / 4) {
+      ai.allocationSize = req.size;
+      b->mem = allocate(ai, "device", what);
+      check(vkBindBufferMemory(dev, b->buf, b->mem, 0), "vkBindBufferMemory");
+      return b;
+    }
+    std::lock_guard<std::mutex> lock(blocks_mu);
+    std::shared_ptr<MemoryBlock> block = open_block.lock();
+    VkDeviceSize off = block ? (block->used + req.alignment - 1) / req.alignment * req.alignment : 0;
+    if (!block || block->type != type || off + req.size > block->size) {
+      block = std::make_shared<MemoryBlock>();
+      block->dev = self;
+      block->type = type;
+      block->size = ai.allocationSize = std::max(next_block, req.size);
+      next_block = std::min(next_block * 2, kMaxBlock);
+      block->mem = allocate(ai, "device", what);
+      open_block = block;
+      off = 0;
+    }
+    check(vkBindBufferMemory(dev, b->buf, block->mem, off), "vkBindBufferMemory");
+    block->used = off + req.size;
+    b->block = std::move(block);
     return b;
   }
 
@@ -172,6 +238,10 @@ Buffer::~Buffer() {
   if (!dev) return;
   if (buf) vkDestroyBuffer(dev->dev, buf, nullptr);
   if (mem) vkFreeMemory(dev->dev, mem, nullptr);
+}
+
+MemoryBlock::~MemoryBlock() {
+  if (dev && mem) vkFreeMemory(dev->dev, mem, nullptr);
 }
 
 // Every barrier the host needs before reading or after writing a buffer: all prior device work.
@@ -412,7 +482,7 @@ class VulkanBackend final : public ComputeBackend {
     auto t = std::make_shared<VkTensor>(info.name, info.type, info.shape);
     t->bytes = info.data.size();
     t->weight = true;
-    t->buf = dev_->buffer((t->bytes + 3) / 4 * 4, false, "weight '" + info.name + "'", dev_);
+    t->buf = dev_->weight_buffer((t->bytes + 3) / 4 * 4, "weight '" + info.name + "'", dev_);
     upload(*t->buf, info.data.data(), t->bytes);
     return t;
   }
@@ -449,6 +519,15 @@ class VulkanBackend final : public ComputeBackend {
   void record(Plan& p, const std::vector<Node>& graph_nodes);
   void upload(Buffer& dst, const void* data, uint64_t bytes, VkDeviceSize dst_off = 0);
   void download(const Buffer& src, void* data, uint64_t bytes);
+  Buffer& staging(uint64_t bytes);
+
+ public:
+  uint64_t memory_allocations() const { return dev_->allocations; }
+
+ private:
+  static constexpr uint64_t kStagingChunk = 64ull << 20;
+  std::mutex staging_mu_;
+  std::unique_ptr<Buffer> staging_;  // reads and writes of persistent tensors (staging())
 
   // An MLX affine weight (QuantParams in model_file.hpp): its codes, scales and biases in one buffer, each
   // section at an offset that can be bound on its own (MatMul/GetRows bind them at bindings 0, 3 and 4).
@@ -482,7 +561,7 @@ class VulkanBackend final : public ComputeBackend {
     t->scales_off = round(t->section_bytes[0], align);
     t->biases_off = round(t->scales_off + t->section_bytes[1], align);
     t->bytes = t->biases_off + t->section_bytes[2];
-    t->buf = dev_->buffer(t->bytes, false, "weight '" + info.name + "'", dev_);
+    t->buf = dev_->weight_buffer(t->bytes, "weight '" + info.name + "'", dev_);
     upload(*t->buf, info.data.data(), info.data.size());
     upload(*t->buf, q.scales.data(), q.scales.size(), t->scales_off);
     upload(*t->buf, q.biases.data(), q.biases.size(), t->biases_off);
@@ -542,32 +621,48 @@ VkPipeline VulkanBackend::pipeline(const std::string& shader) {
   return p;
 }
 
+// One host-visible staging buffer, kept and grown to the largest transfer (at most 64 MiB: larger ones
+// go in chunks), so reads and writes allocate nothing once it has grown. Callers hold staging_mu_.
+Buffer& VulkanBackend::staging(uint64_t bytes) {
+  if (!staging_ || staging_->size < bytes) {
+    staging_.reset();
+    staging_ = dev_->buffer(std::max<uint64_t>(bytes, 1ull << 20), true, "transfer staging", dev_);
+  }
+  return *staging_;
+}
+
 void VulkanBackend::upload(Buffer& dst, const void* data, uint64_t bytes, VkDeviceSize dst_off) {
-  // Through a bounded staging buffer, so a multi-GB weight needs no second host copy.
-  const uint64_t chunk = std::min<uint64_t>(bytes, 64ull << 20);
   if (bytes == 0) return;
-  auto staging = dev_->buffer(chunk, true, "upload staging", dev_);
+  const uint64_t chunk = std::min<uint64_t>(bytes, kStagingChunk);
+  std::lock_guard<std::mutex> lock(staging_mu_);
+  Buffer& st = staging(chunk);
   for (uint64_t done = 0; done < bytes; done += chunk) {
     const uint64_t n = std::min(chunk, bytes - done);
-    std::memcpy(staging->map, static_cast<const std::byte*>(data) + done, n);
+    std::memcpy(st.map, static_cast<const std::byte*>(data) + done, n);
     dev_->submit_now([&](VkCommandBuffer cb) {
       VkBufferCopy c{0, dst_off + done, n};
-      vkCmdCopyBuffer(cb, staging->buf, dst.buf, 1, &c);
+      vkCmdCopyBuffer(cb, st.buf, dst.buf, 1, &c);
     });
   }
 }
 
 void VulkanBackend::download(const Buffer& src, void* data, uint64_t bytes) {
-  auto staging = dev_->buffer(bytes, true, "download staging", dev_);
-  dev_->submit_now([&](VkCommandBuffer cb) {
-    full_barrier(cb, VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT, VK_ACCESS_TRANSFER_READ_BIT,
-                 VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT);
-    VkBufferCopy c{0, 0, bytes};
-    vkCmdCopyBuffer(cb, src.buf, staging->buf, 1, &c);
-    full_barrier(cb, VK_ACCESS_TRANSFER_WRITE_BIT, VK_ACCESS_HOST_READ_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
-                 VK_PIPELINE_STAGE_HOST_BIT);
-  });
-  std::memcpy(data, staging->map, bytes);
+  if (bytes == 0) return;
+  const uint64_t chunk = std::min<uint64_t>(bytes, kStagingChunk);
+  std::lock_guard<std::mutex> lock(staging_mu_);
+  Buffer& st = staging(chunk);
+  for (uint64_t done = 0; done < bytes; done += chunk) {
+    const uint64_t n = std::min(chunk, bytes - done);
+    dev_->submit_now([&](VkCommandBuffer cb) {
+      full_barrier(cb, VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT, VK_ACCESS_TRANSFER_READ_BIT,
+                   VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT);
+      VkBufferCopy c{done, 0, n};
+      vkCmdCopyBuffer(cb, src.buf, st.buf, 1, &c);
+      full_barrier(cb, VK_ACCESS_TRANSFER_WRITE_BIT, VK_ACCESS_HOST_READ_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT,
+                   VK_PIPELINE_STAGE_HOST_BIT);
+    });
+    std::memcpy(static_cast<std::byte*>(data) + done, st.map, n);
+  }
 }
 
 // Splits a workgroup count into x (at most 65535) and y; shaders linearise with wg_linear().
@@ -1319,6 +1414,12 @@ void keep_mapped_since(const std::set<std::string>& before) {
 }
 
 }  // namespace
+
+uint64_t vulkan_memory_allocations(const ComputeBackend& backend) {
+  const auto* vk = dynamic_cast<const VulkanBackend*>(&backend);
+  if (!vk) fail("vulkan_memory_allocations: backend '{}' is not the Vulkan backend", backend.name());
+  return vk->memory_allocations();
+}
 
 std::unique_ptr<ComputeBackend> make_vulkan_backend(const nlohmann::json& options) {
   nlohmann::json device_opt;

@@ -16,4 +16,8 @@ namespace specula::vulkan {
 // option names no device, or an option is unknown.
 std::unique_ptr<ComputeBackend> make_vulkan_backend(const nlohmann::json& options);
 
+// vkAllocateMemory calls made so far on this backend's device (weights share blocks, transfers reuse
+// one staging buffer): for tests.
+uint64_t vulkan_memory_allocations(const ComputeBackend& backend);
+
 }  // namespace specula::vulkan

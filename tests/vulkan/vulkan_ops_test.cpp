@@ -693,5 +693,39 @@ TEST(VulkanDevice, InfoNamesTheDevice) {
   EXPECT_EQ(vulkan()->name(), "vulkan");
 }
 
+// Weights share device allocations (a driver allows a few thousand) and reads and writes reuse one
+// staging buffer: 300 weights take at most three vkAllocateMemory calls (blocks and the staging
+// buffer), each still reads back its own values, and 20 round trips through a tensor allocate nothing.
+TEST(VulkanDevice, WeightsShareAllocationsAndTransfersReuseStaging) {
+  REQUIRE_VULKAN();
+  auto be = vulkan::make_vulkan_backend(nlohmann::json::object());
+  const uint64_t start = vulkan::vulkan_memory_allocations(*be);
+  std::vector<BackendTensorPtr> weights;
+  std::vector<std::vector<float>> values;
+  for (int i = 0; i < 300; ++i) {
+    values.push_back(test::random_floats(16 * 65, 700 + static_cast<uint32_t>(i)));
+    TensorInfo info;
+    info.name = "w" + std::to_string(i);
+    info.shape = {16, 65};  // 4160 bytes: offsets inside a block are not multiples of the row size
+    info.data = std::as_bytes(std::span<const float>(values.back()));
+    weights.push_back(be->load_weight(info));
+  }
+  EXPECT_LE(vulkan::vulkan_memory_allocations(*be) - start, 3u);
+  for (int i : {0, 1, 150, 299}) {
+    std::vector<float> back(values[static_cast<size_t>(i)].size());
+    be->read(*weights[static_cast<size_t>(i)], std::as_writable_bytes(std::span<float>(back)));
+    EXPECT_EQ(back, values[static_cast<size_t>(i)]) << "weight " << i;
+  }
+  auto t = be->allocate("state", DType::F32, {4096});
+  const uint64_t before = vulkan::vulkan_memory_allocations(*be);
+  std::vector<float> x = test::random_floats(4096, 9), y(4096);
+  for (int r = 0; r < 20; ++r) {
+    be->write(*t, std::as_bytes(std::span<const float>(x)));
+    be->read(*t, std::as_writable_bytes(std::span<float>(y)));
+  }
+  EXPECT_EQ(y, x);
+  EXPECT_EQ(vulkan::vulkan_memory_allocations(*be), before);
+}
+
 }  // namespace
 }  // namespace specula
