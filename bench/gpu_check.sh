@@ -8,6 +8,7 @@
 #
 # usage: bench/gpu_check.sh [--quick] [--allow-cpu-device]
 #   --quick             the Q8_0 file only, one round, prompt 128 / generate 32
+# Last, decode at position 100 with 512 and 32768 slots allocated (the rates should match).
 #   --allow-cpu-device  run even when the only Vulkan device is a CPU implementation (lavapipe): a dry
 #                       run of this script, not a GPU measurement
 # Needs a built tree (`make build`), python3 with numpy (the fixture writer), node and npm, and about
@@ -69,3 +70,13 @@ for f in "${files[@]}"; do
     "$root/bench/compare_llama.sh" "$f" --backend vulkan --prompt-tokens 512 --gen-tokens 128 --rounds 2 --verify 4
   fi
 done
+
+# 6. Decode at position ~100 with 512 and 32768 slots allocated: attention reads only the slots in use,
+#    so the two token rates should match (a cache-sized cost would show as a ratio well below 1).
+f="${files[0]}"
+tg() { "$specula" bench --model "$f" --backend vulkan -p 100 -n 32 -r 3 -c "$1" --no-drafter 2>/dev/null |
+       awk '$1 == "tg32" { print $2 }'; }
+small=$(tg 512) large=$(tg 32768)
+echo
+echo "== decode at position 100: $small tok/s with 512 slots, $large tok/s with 32768 ($(awk -v a="$large" -v b="$small" \
+  'BEGIN { printf "%.2f", a / b }')x)"
