@@ -1,0 +1,477 @@
+// Lowering: each op of a graph to dispatches of the shaders, with their bindings and push constants, and
+// the plan's arena of intermediates.
+#include <bit>
+#include <cmath>
+#include <cstring>
+
+#include "specula/log.hpp"
+#include "vk_backend_impl.hpp"
+
+namespace specula::vulkan::detail {
+
+std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
+  const auto& nodes = g.nodes();
+  const int32_t count = static_cast<int32_t>(nodes.size());
+  auto plan = std::make_unique<Plan>();
+  Plan& p = *plan;
+  p.dev = dev_;
+  p.loc.assign(nodes.size(), Loc{});
+  p.id_bound.assign(nodes.size(), 0);
+  const VkDeviceSize align = std::max<VkDeviceSize>(dev_->props.limits.minStorageBufferOffsetAlignment, 16);
+  Arena arena(align);
+
+  // Liveness through reshapes, as the CPU backend: a range is released after its last reader.
+  std::vector<int32_t> root(nodes.size()), last_use(nodes.size());
+  for (int32_t i = 0; i < count; ++i) {
+    const Node& n = nodes[static_cast<size_t>(i)];
+    root[static_cast<size_t>(i)] = n.op == Op::Reshape ? root[static_cast<size_t>(n.src[0])] : i;
+    last_use[static_cast<size_t>(i)] = i;
+    for (int32_t s : n.src)
+      if (s >= 0) last_use[static_cast<size_t>(root[static_cast<size_t>(s)])] = i;
+  }
+  for (int32_t o : g.outputs()) last_use[static_cast<size_t>(root[static_cast<size_t>(o)])] = count;
+
+  // Inputs first and never released: the run copies them in before the first dispatch.
+  VkDeviceSize staging_size = 0;
+  for (int32_t i = 0; i < count; ++i) {
+    const Node& n = nodes[static_cast<size_t>(i)];
+    if (n.op != Op::Input) continue;
+    const size_t es = plain_size(n.type);
+    if (es == 0) fail("Vulkan backend: input '{}' is {}; inputs hold plain values", n.name, dtype_name(n.type));
+    const VkDeviceSize bytes = static_cast<VkDeviceSize>(elements(n.shape)) * es;
+    const VkDeviceSize off = arena.alloc(bytes);
+    p.loc[static_cast<size_t>(i)] = {nullptr, off, (bytes + 3) / 4 * 4};
+    p.inputs.push_back({i, staging_size, off, bytes});
+    staging_size += (bytes + 15) / 16 * 16;
+    last_use[static_cast<size_t>(i)] = count;
+  }
+
+  // Rope frequency tables, exactly as the CPU backend computes them (F32 pow on the host): one arena
+  // range allocated before any intermediate, copied in with the inputs.
+  std::vector<VkDeviceSize> rope_off(nodes.size(), 0);
+  for (int32_t i = 0; i < count; ++i) {
+    const Node& n = nodes[static_cast<size_t>(i)];
+    if (n.op != Op::Rope) continue;
+    const int64_t pairs = std::min<int64_t>(n.i[0], n.shape[2] / 2);
+    std::vector<float> inv(static_cast<size_t>(std::max<int64_t>(pairs, 1)));
+    for (int64_t k = 0; k < pairs; ++k)
+      inv[static_cast<size_t>(k)] = (1.0f / std::pow(n.f[0], static_cast<float>(2 * k) / n.f[1])) * n.f[2];
+    rope_off[static_cast<size_t>(i)] = p.consts.size();
+    p.consts.resize(p.consts.size() + (inv.size() * 4 + 255) / 256 * 256);
+    std::memcpy(p.consts.data() + rope_off[static_cast<size_t>(i)], inv.data(), inv.size() * 4);
+  }
+  if (!p.consts.empty()) {
+    p.consts_arena = arena.alloc(p.consts.size());
+    p.consts_staging = staging_size;
+    staging_size += p.consts.size();
+  }
+
+  auto src_node = [&](const Node& n, int k) -> const Node& { return nodes[static_cast<size_t>(n.src[static_cast<size_t>(k)])]; };
+  auto loc_of = [&](int32_t id) { return p.loc[static_cast<size_t>(id)]; };
+  auto release_if_done = [&](int32_t v, int32_t i) {
+    const int32_t r = root[static_cast<size_t>(v)];
+    Loc& l = p.loc[static_cast<size_t>(r)];
+    if (last_use[static_cast<size_t>(r)] == i && !l.tensor && l.size > 0) arena.release(l.off, l.size);
+  };
+  std::vector<std::pair<VkDeviceSize, VkDeviceSize>> temps;  // conversions of this node's operands
+
+  // Operand k of node n as F32 (decoding a stored F16/BF16/quantized value first when needed).
+  auto as_f32 = [&](const Node& n, int32_t i, int k, bool allow_i32) -> Loc {
+    const int32_t s = n.src[static_cast<size_t>(k)];
+    const Node& sn = nodes[static_cast<size_t>(s)];
+    if (sn.type == DType::F32 || (allow_i32 && sn.type == DType::I32)) return loc_of(s);
+    const Support ok = supports(n.op, sn.type);
+    if (!ok.ok || !decodable(sn.type))
+      fail("Vulkan backend: {} '{}': operand '{}' is {}, which the Vulkan backend cannot read here: {}", op_name(n.op),
+           n.name, sn.name, dtype_name(sn.type),
+           !ok.ok ? ok.reason
+           : sn.type == DType::MLX_AFFINE
+               ? "MLX affine weights are decoded only as the weight (first operand) of MatMul, MatMulId and GetRows"
+               : "not a decodable type");
+    const int64_t cols = sn.shape.back(), rows = elements(sn.shape) / cols;
+    const VkDeviceSize bytes = static_cast<VkDeviceSize>(rows * cols) * 4;
+    const VkDeviceSize off = arena.alloc(bytes);
+    temps.emplace_back(off, bytes);
+    Dispatch d;
+    d.shader = "get_rows";
+    d.node = i;
+    d.bind[0] = loc_of(s);
+    d.bind[5] = {nullptr, off, bytes};
+    d.pc[0] = static_cast<uint32_t>(sn.type);
+    d.pc[1] = u32(rows);
+    d.pc[2] = u32(cols);
+    d.pc[3] = u32(rows);
+    d.pc[4] = 1;
+    d.pc[5] = u32(i);
+    d.groups = (static_cast<uint64_t>(rows) * static_cast<uint64_t>((cols + 31) / 32) + 63) / 64;
+    p.dispatches.push_back(d);
+    return d.bind[5];
+  };
+  // Row windows [first, end) of a weight that fit maxStorageBufferRange at an aligned offset (one
+  // window when it fits whole); `unit` rows move together (an expert's O rows).
+  const VkDeviceSize max_range = dev_->max_binding;
+  // An MLX weight's tensor (its codes, scales and biases are bound as three sections, windowed alike).
+  auto mlx_tensor = [&](const Loc& w, const Node& wn, int64_t cols) -> const VkTensor& {
+    if (!w.tensor || w.tensor->type() != DType::MLX_AFFINE || w.tensor->shape().back() != cols)
+      fail("Vulkan backend: MLX weight '{}' {} must be used as loaded, with rows of its {} values", wn.name,
+           shape_str(wn.shape), w.tensor ? w.tensor->shape().back() : cols);
+    return *w.tensor;
+  };
+  auto windows = [&](const Loc& w, const Node& wn, int64_t rows, int64_t cols, int64_t unit) {
+    std::vector<std::pair<int64_t, int64_t>> out;
+    const DType type = wn.type;
+    const VkTensor* mlx = type == DType::MLX_AFFINE ? &mlx_tensor(w, wn, cols) : nullptr;
+    // MLX: the codes are the largest section; scale windows start at the same rows.
+    if ((mlx ? mlx->section_bytes[0] : w.size) <= max_range) return std::vector<std::pair<int64_t, int64_t>>{{0, rows}};
+    const uint64_t rb = (mlx ? mlx->code_row : *dtype_row_bytes(type, static_cast<uint64_t>(cols))) *
+                        static_cast<uint64_t>(unit);
+    const uint64_t sb = mlx ? mlx->scale_row * static_cast<uint64_t>(unit) : 0;
+    uint64_t step = std::max<uint64_t>(1, (max_range - 4) / rb);
+    while (step > 1 && ((step * rb) % align != 0 || (step * sb) % align != 0)) --step;
+    if ((step * rb) % align != 0 || (step * sb) % align != 0 || step * rb > max_range)
+      fail("Vulkan backend: weight '{}': rows of {} bytes cannot be bound in windows of at most {} bytes", wn.name, rb,
+           max_range);
+    const int64_t units = rows / unit;
+    for (int64_t u = 0; u < units; u += static_cast<int64_t>(step))
+      out.emplace_back(u * unit, std::min<int64_t>(units, u + static_cast<int64_t>(step)) * unit);
+    return out;
+  };
+  auto window_loc = [&](const Loc& w, DType type, int64_t cols, std::pair<int64_t, int64_t> win) {
+    if (w.size <= max_range) return w;
+    const uint64_t rb = *dtype_row_bytes(type, static_cast<uint64_t>(cols));
+    Loc l = w;
+    l.off = w.off + static_cast<VkDeviceSize>(win.first) * rb;
+    l.size = std::min<VkDeviceSize>((static_cast<VkDeviceSize>(win.second - win.first) * rb + 3) / 4 * 4, w.size - (l.off - w.off));
+    return l;
+  };
+  // Binds window `win` of weight `wn` (at `w`) for get_rows / matmul: at binding 0; for MLX, the codes
+  // there, the scales and biases at bindings 3 and 4 and the parameters in pc[24..26] (common.glsl).
+  // After d.pc is set.
+  auto bind_weight = [&](Dispatch& d, const Loc& w, const Node& wn, int64_t cols, std::pair<int64_t, int64_t> win) {
+    if (wn.type != DType::MLX_AFFINE) {
+      d.bind[0] = window_loc(w, wn.type, cols, win);
+      return;
+    }
+    const VkTensor& t = mlx_tensor(w, wn, cols);
+    const VkDeviceSize first = static_cast<VkDeviceSize>(win.first), count = static_cast<VkDeviceSize>(win.second - win.first);
+    auto section = [&](int k, VkDeviceSize start, uint64_t row) {
+      const VkDeviceSize off = first * row;
+      return Loc{w.tensor, start + off, std::min<VkDeviceSize>((count * row + 3) / 4 * 4, t.section_bytes[k] - off)};
+    };
+    d.bind[0] = section(0, 0, t.code_row);
+    d.bind[3] = section(1, t.scales_off, t.scale_row);
+    d.bind[4] = section(2, t.biases_off, t.scale_row);
+    d.pc[24] = t.mlx.bits;
+    d.pc[25] = t.mlx.group_size;
+    d.pc[26] = static_cast<uint32_t>(t.mlx.scale_type);
+  };
+  auto need_weight = [&](const Node& n, int k) {
+    const Node& w = src_node(n, k);
+    const Support ok = supports(n.op, w.type);
+    if (!ok.ok) fail("Vulkan backend: {} '{}': weight '{}' is {}: {}", op_name(n.op), n.name, w.name, dtype_name(w.type), ok.reason);
+  };
+
+  for (int32_t i = 0; i < count; ++i) {
+    const Node& n = nodes[static_cast<size_t>(i)];
+    Loc& out = p.loc[static_cast<size_t>(i)];
+    temps.clear();
+    auto result = [&](VkDeviceSize extra = 0) {
+      const VkDeviceSize bytes = value_bytes(n.type, n.shape);
+      out = {nullptr, arena.alloc(bytes + extra), bytes + extra};
+      return out;
+    };
+    Dispatch d;
+    d.node = i;
+    switch (n.op) {
+      case Op::Input:
+        break;
+      case Op::Constant: {
+        VkTensor& t = vk_tensor(*n.tensor);
+        out = {&t, 0, t.buf->size};
+        break;
+      }
+      case Op::Reshape:
+        out = loc_of(n.src[0]);
+        break;
+      case Op::GetRows: {
+        const Node& t = src_node(n, 0);
+        if (t.type == DType::I32) {  // ids of ids: a gather of 32-bit words, from any value
+          const int64_t R = t.shape[0], C = t.shape[1];
+          const uint64_t words = static_cast<uint64_t>(elements(n.shape));
+          d.shader = "copy";
+          d.bind[0] = as_f32(n, i, 0, true);
+          d.bind[1] = loc_of(n.src[1]);
+          d.bind[5] = result();
+          d.pc = {5, u32(static_cast<int64_t>(words)), u32(C), u32(R), 0, 0, 0, u32(i)};
+          d.groups = (words + 255) / 256;
+          p.id_bound[static_cast<size_t>(i)] = R;
+          break;
+        }
+        need_weight(n, 0);
+        const int64_t R = t.shape[0], C = t.shape[1], rows = elements(src_node(n, 1).shape);
+        d.shader = "get_rows";
+        d.bind[1] = loc_of(n.src[1]);
+        d.bind[5] = result();
+        d.groups = (static_cast<uint64_t>(rows) * static_cast<uint64_t>((C + 31) / 32) + 63) / 64;
+        p.id_bound[static_cast<size_t>(i)] = R;
+        const Loc table = loc_of(n.src[0]);
+        for (auto win : windows(table, t, R, C, 1)) {
+          d.pc = {static_cast<uint32_t>(t.type), u32(R), u32(C), u32(rows), 0, u32(i), u32(win.first), u32(win.second)};
+          bind_weight(d, table, t, C, win);
+          p.dispatches.push_back(d);
+        }
+        d.shader.clear();
+        break;
+      }
+      case Op::MatMul:
+      case Op::MatMulId: {
+        need_weight(n, 0);
+        const Node& w = src_node(n, 0);
+        d.shader = "matmul";
+        d.bind[1] = as_f32(n, i, 1, false);
+        d.bind[5] = result();
+        const Loc wl = loc_of(n.src[0]);
+        const int64_t chunks = (w.shape.back() + 31) / 32;
+        uint32_t tpr = 1;  // threads per weight row
+        while (tpr < 64 && tpr < chunks) tpr *= 2;
+        const uint64_t rpw = 64 / tpr;
+        d.pc[11] = tpr;
+        if (n.op == Op::MatMul) {
+          const int64_t O = w.shape[0], I = w.shape[1], N = elements(src_node(n, 1).shape) / I;
+          for (auto win : windows(wl, w, O, I, 1)) {
+            d.pc = {static_cast<uint32_t>(w.type), u32(O), u32(I), u32(N), 0};
+            d.pc[8] = u32(i);
+            d.pc[9] = u32(win.first);
+            d.pc[10] = u32(win.second - win.first);
+            d.pc[11] = tpr;
+            bind_weight(d, wl, w, I, win);
+            d.groups = (static_cast<uint64_t>(win.second - win.first) + rpw - 1) / rpw * static_cast<uint64_t>((N + 7) / 8);
+            p.dispatches.push_back(d);
+          }
+        } else {
+          const int64_t E = w.shape[0], O = w.shape[1], I = w.shape[2], N = n.shape[0], K = n.shape[1];
+          d.bind[2] = loc_of(n.src[2]);
+          const bool shared = src_node(n, 1).shape[1] == 1 && K != 1;
+          for (auto win : windows(wl, w, E * O, I, O)) {
+            d.pc = {static_cast<uint32_t>(w.type), u32(O), u32(I), u32(N * K), 1, u32(K), shared ? 1u : 0u, u32(E), u32(i),
+                    u32(win.first / O), u32(win.second / O), tpr};
+            bind_weight(d, wl, w, I, win);
+            d.groups = (static_cast<uint64_t>(O) + rpw - 1) / rpw * static_cast<uint64_t>((N * K + 7) / 8);
+            p.dispatches.push_back(d);
+          }
+          p.id_bound[static_cast<size_t>(i)] = E;
+        }
+        d.shader.clear();
+        break;
+      }
+      case Op::Add:
+      case Op::Mul:
+      case Op::Div:
+      case Op::Scale:
+      case Op::GeluTanh:
+      case Op::Softcap:
+      case Op::Clamp: {
+        d.shader = "elementwise";
+        d.bind[0] = as_f32(n, i, 0, false);
+        d.pc[1] = u32(elements(n.shape));
+        if (n.op == Op::Add || n.op == Op::Mul || n.op == Op::Div) {
+          d.bind[1] = as_f32(n, i, 1, false);
+          const Shape& as = n.shape;
+          const Shape& bs = src_node(n, 1).shape;
+          if (as.size() > 6) fail("Vulkan backend: {} '{}': rank {} is above the 6 axes the shader handles", op_name(n.op), n.name, as.size());
+          std::array<int64_t, 6> adim{1, 1, 1, 1, 1, 1}, bdim{1, 1, 1, 1, 1, 1}, bstride{};
+          for (size_t k = 0; k < as.size(); ++k) adim[6 - as.size() + k] = as[k];
+          for (size_t k = 0; k < bs.size(); ++k) bdim[6 - bs.size() + k] = bs[k];
+          int64_t stride = 1;
+          for (int k = 5; k >= 0; --k) {
+            bstride[static_cast<size_t>(k)] = bdim[static_cast<size_t>(k)] == 1 ? 0 : stride;
+            stride *= bdim[static_cast<size_t>(k)];
+          }
+          d.pc[0] = n.op == Op::Add ? 0 : n.op == Op::Mul ? 1 : 5;
+          for (int k = 0; k < 6; ++k) {
+            d.pc[static_cast<size_t>(3 + k)] = u32(adim[static_cast<size_t>(k)]);
+            d.pc[static_cast<size_t>(9 + k)] = u32(bstride[static_cast<size_t>(k)]);
+          }
+        } else {
+          d.pc[0] = n.op == Op::Scale ? 2 : n.op == Op::GeluTanh ? 3 : n.op == Op::Softcap ? 4 : 6;
+          d.pc[15] = fbits(n.f[0]);
+          d.pc[16] = fbits(n.f[1]);
+        }
+        d.bind[5] = result();
+        d.groups = (static_cast<uint64_t>(elements(n.shape)) + 255) / 256;
+        break;
+      }
+      case Op::RmsNorm:
+      case Op::Softmax: {
+        d.shader = "rows";
+        d.bind[0] = as_f32(n, i, 0, false);
+        const bool has_w = n.op == Op::RmsNorm && n.src[1] >= 0;
+        if (has_w) d.bind[1] = as_f32(n, i, 1, false);
+        const int64_t C = n.shape.back();
+        d.pc = {n.op == Op::RmsNorm ? 0u : 1u, u32(C), fbits(n.f[0]), has_w ? 1u : 0u};
+        d.bind[5] = result();
+        d.groups = static_cast<uint64_t>(elements(n.shape) / C);
+        break;
+      }
+      case Op::Rope: {
+        d.shader = "rope";
+        d.bind[0] = as_f32(n, i, 0, false);
+        d.bind[1] = loc_of(n.src[1]);
+        const int64_t T = n.shape[0], H = n.shape[1], D = n.shape[2], pairs = std::min<int64_t>(n.i[0], D / 2);
+        d.bind[2] = {nullptr, p.consts_arena + rope_off[static_cast<size_t>(i)],
+                     static_cast<VkDeviceSize>(std::max<int64_t>(pairs, 1)) * 4};
+        d.pc = {u32(T), u32(H), u32(D), u32(pairs)};
+        d.bind[5] = result();
+        d.groups = (static_cast<uint64_t>(T * H * (D / 2)) + 63) / 64;
+        break;
+      }
+      case Op::Attention: {
+        const Node& q = src_node(n, 0);
+        const Node& k = src_node(n, 1);
+        const Node& v = src_node(n, 2);
+        for (const Node* kv : {&k, &v})
+          if (!plain_float(kv->type))
+            fail("Vulkan backend: Attention '{}': '{}' is {}; {}", n.name, kv->name, dtype_name(kv->type),
+                 supports(Op::Attention, kv->type).reason);
+        const int64_t T = q.shape[0], Hq = q.shape[1], S = k.shape[0];
+        d.shader = "attention";
+        d.bind[0] = as_f32(n, i, 0, false);
+        d.bind[1] = loc_of(n.src[1]);
+        d.bind[2] = loc_of(n.src[2]);
+        d.bind[3] = loc_of(n.src[3]);
+        d.bind[4] = loc_of(n.src[4]);
+        const bool in_use = n.src[5] >= 0;  // slots in use: the shader reads only those
+        if (in_use) d.bind[6] = loc_of(n.src[5]);
+        d.bind[5] = result();
+        d.pc = {u32(T), u32(Hq), u32(q.shape[2]), u32(S), u32(k.shape[1]), u32(v.shape[2]), fbits(n.f[0]),
+                u32(n.i[0]), n.i[1] != 0 ? 1u : 0u, static_cast<uint32_t>(k.type), static_cast<uint32_t>(v.type),
+                in_use ? 1u : 0u};
+        if (v.shape[2] > 1024)
+          fail("Vulkan backend: Attention '{}': V head dim {} is above the 1024 the shader accumulates", n.name, v.shape[2]);
+        d.groups = static_cast<uint64_t>(T * Hq);
+        break;
+      }
+      case Op::TopK:
+      case Op::Argmax: {
+        d.shader = "topk";
+        d.bind[0] = as_f32(n, i, 0, false);
+        const int64_t C = src_node(n, 0).shape.back(), K = n.op == Op::TopK ? n.i[0] : 1;
+        d.pc = {u32(C), u32(K)};
+        d.bind[5] = result();
+        d.groups = static_cast<uint64_t>(elements(n.shape) / K);
+        break;
+      }
+      case Op::Slice:
+      case Op::Concat: {
+        d.shader = "copy";
+        d.bind[0] = as_f32(n, i, 0, true);
+        const uint64_t words = static_cast<uint64_t>(elements(n.shape));
+        if (n.op == Op::Slice) {
+          d.pc = {0, u32(static_cast<int64_t>(words)), u32(src_node(n, 0).shape.back()), u32(n.i[0]), u32(n.i[1])};
+        } else {
+          d.bind[1] = as_f32(n, i, 1, true);
+          d.pc = {1, u32(static_cast<int64_t>(words)), u32(src_node(n, 0).shape.back()), u32(src_node(n, 1).shape.back())};
+        }
+        d.bind[5] = result();
+        d.groups = (words + 255) / 256;
+        break;
+      }
+      case Op::TopPDraw: {
+        d.shader = "top_p_draw";
+        d.bind[0] = as_f32(n, i, 0, false);
+        d.bind[1] = as_f32(n, i, 1, false);
+        d.bind[2] = loc_of(n.src[2]);
+        d.bind[5] = result();
+        d.pc = {u32(src_node(n, 0).shape[0]), std::bit_cast<uint32_t>(n.f[1]), std::bit_cast<uint32_t>(n.f[2]),
+                std::bit_cast<uint32_t>(n.f[3])};
+        d.groups = 1;
+        break;
+      }
+      case Op::Scatter: {
+        // A copy of a, then the scattered values (the barrier between them comes from the overlap).
+        const int64_t N = n.shape[0], M = src_node(n, 1).shape[0];
+        Dispatch c;
+        c.shader = "copy";
+        c.node = i;
+        c.bind[0] = as_f32(n, i, 0, false);
+        c.bind[5] = result();
+        c.pc = {0, u32(N), u32(N), 0, u32(N)};
+        c.groups = (static_cast<uint64_t>(N) + 255) / 256;
+        p.dispatches.push_back(c);
+        d.shader = "copy";
+        d.bind[1] = loc_of(n.src[1]);
+        d.bind[2] = as_f32(n, i, 2, false);
+        d.bind[5] = out;
+        d.pc = {4, u32(M), 0, u32(N), 0, 0, 0, u32(i)};
+        d.groups = (static_cast<uint64_t>(M) + 255) / 256;
+        p.id_bound[static_cast<size_t>(i)] = N;
+        break;
+      }
+      case Op::Copy: {
+        if (!plain_float(n.type))
+          fail("Vulkan backend: Copy '{}' to {}: {}", n.name, dtype_name(n.type), supports(Op::Copy, n.type).reason);
+        d.shader = "copy";
+        d.bind[0] = as_f32(n, i, 0, false);
+        const int64_t cnt = elements(n.shape);
+        const uint64_t words = n.type == DType::F32 ? static_cast<uint64_t>(cnt) : static_cast<uint64_t>(cnt + 1) / 2;
+        d.pc = {2, u32(static_cast<int64_t>(words)), 0, 0, 0, static_cast<uint32_t>(n.type), 0, u32(i), u32(cnt)};
+        d.bind[5] = result();
+        d.groups = (words + 255) / 256;
+        break;
+      }
+      case Op::WriteRows: {
+        VkTensor& t = vk_tensor(*n.tensor);
+        if (t.weight)
+          fail("Vulkan backend: WriteRows '{}': '{}' is a read-only weight; write into a tensor from allocate()", n.name, t.name());
+        const Support ok = supports(Op::WriteRows, t.type());
+        if (!ok.ok) fail("Vulkan backend: WriteRows '{}' into '{}': {}", n.name, t.name(), ok.reason);
+        const int64_t R = t.shape()[0], C = elements(t.shape()) / R, N = src_node(n, 2).shape[0];
+        const bool wide = t.type() == DType::F32 || t.type() == DType::I32;
+        if (!wide && C % 2 != 0)
+          fail("Vulkan backend: WriteRows '{}': rows of {} {} values are not whole 32-bit words (odd row length)", n.name,
+               C, dtype_name(t.type()));
+        d.shader = "copy";
+        d.bind[0] = as_f32(n, i, 1, t.type() == DType::I32);
+        d.bind[2] = loc_of(n.src[2]);
+        out = {&t, 0, t.buf->size};
+        d.bind[5] = out;
+        const uint64_t words = static_cast<uint64_t>(N) * static_cast<uint64_t>(wide ? C : C / 2);
+        d.pc = {3, u32(static_cast<int64_t>(words)), u32(C), u32(R), 0, static_cast<uint32_t>(t.type()), u32(N), u32(i)};
+        d.groups = (words + 255) / 256;
+        p.id_bound[static_cast<size_t>(i)] = R;
+        break;
+      }
+      default:
+        fail("Vulkan backend: node '{}' is {}, which the Vulkan backend does not implement", n.name, op_name(n.op));
+    }
+    if (!d.shader.empty() && d.groups > 0) p.dispatches.push_back(d);
+    for (auto [off, size] : temps) arena.release(off, size);
+    for (int32_t s : n.src)
+      if (s >= 0) release_if_done(s, i);
+    release_if_done(i, i);
+  }
+
+  VkDeviceSize readback_size = 0;
+  for (int32_t o : g.outputs()) {
+    // A persistent tensor (a cache after WriteRows) is read from its buffer when asked: copying it out
+    // every run would cost its whole size (a KV cache: the allocated context) per step.
+    if (p.readback_off.count(o) || p.loc[static_cast<size_t>(o)].tensor) continue;
+    p.readback_off[o] = readback_size;
+    readback_size += (value_bytes(nodes[static_cast<size_t>(o)].type, nodes[static_cast<size_t>(o)].shape) + 15) / 16 * 16;
+  }
+  p.arena = dev_->buffer(std::max<VkDeviceSize>(arena.size(), 16), false, "graph intermediates", dev_);
+  p.staging = dev_->buffer(std::max<VkDeviceSize>(staging_size, 16), true, "graph inputs", dev_);
+  p.readback = dev_->buffer(std::max<VkDeviceSize>(readback_size, 16), true, "graph outputs", dev_);
+  p.err = dev_->buffer(16, true, "error record", dev_);
+  if (!p.consts.empty()) std::memcpy(static_cast<std::byte*>(p.staging->map) + p.consts_staging, p.consts.data(), p.consts.size());
+  for (const Dispatch& d : p.dispatches)
+    for (const Loc& l : d.bind)
+      if (l.valid() && l.size > max_range)
+        fail("Vulkan backend: {} '{}' binds {} bytes{}, above the binding limit of {} bytes (maxStorageBufferRange)",
+             op_name(nodes[static_cast<size_t>(d.node)].op), nodes[static_cast<size_t>(d.node)].name, l.size,
+             l.tensor ? " of '" + l.tensor->name() + "'" : std::string(), max_range);
+  record(p, nodes);
+  return plan;
+}
+
+}  // namespace specula::vulkan::detail
