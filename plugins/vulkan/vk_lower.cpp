@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "specula/log.hpp"
+#include "shaders/push_constants.h"
 #include "vk_backend_impl.hpp"
 
 namespace specula::vulkan::detail {
@@ -97,12 +98,12 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
     d.node = i;
     d.bind[0] = loc_of(s);
     d.bind[5] = {nullptr, off, bytes};
-    d.pc[0] = static_cast<uint32_t>(sn.type);
-    d.pc[1] = u32(rows);
-    d.pc[2] = u32(cols);
-    d.pc[3] = u32(rows);
-    d.pc[4] = 1;
-    d.pc[5] = u32(i);
+    d.pc[PC_GR_TYPE] = static_cast<uint32_t>(sn.type);
+    d.pc[PC_GR_R] = u32(rows);
+    d.pc[PC_GR_C] = u32(cols);
+    d.pc[PC_GR_ROWS] = u32(rows);
+    d.pc[PC_GR_IDENTITY] = 1;
+    d.pc[PC_GR_NODE] = u32(i);
     d.groups = (static_cast<uint64_t>(rows) * static_cast<uint64_t>((cols + 31) / 32) + 63) / 64;
     p.dispatches.push_back(d);
     return d.bind[5];
@@ -161,9 +162,9 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
     d.bind[0] = section(0, 0, t.code_row);
     d.bind[3] = section(1, t.scales_off, t.scale_row);
     d.bind[4] = section(2, t.biases_off, t.scale_row);
-    d.pc[24] = t.mlx.bits;
-    d.pc[25] = t.mlx.group_size;
-    d.pc[26] = static_cast<uint32_t>(t.mlx.scale_type);
+    d.pc[PC_MLX_BITS] = t.mlx.bits;
+    d.pc[PC_MLX_GROUP] = t.mlx.group_size;
+    d.pc[PC_MLX_SCALE_TYPE] = static_cast<uint32_t>(t.mlx.scale_type);
   };
   auto need_weight = [&](const Node& n, int k) {
     const Node& w = src_node(n, k);
@@ -202,7 +203,12 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
           d.bind[0] = as_f32(n, i, 0, true);
           d.bind[1] = loc_of(n.src[1]);
           d.bind[5] = result();
-          d.pc = {5, u32(static_cast<int64_t>(words)), u32(C), u32(R), 0, 0, 0, u32(i)};
+          d.pc = {};
+          d.pc[PC_COPY_OP] = 5;
+          d.pc[PC_COPY_WORDS] = u32(static_cast<int64_t>(words));
+          d.pc[PC_COPY_COLS] = u32(C);
+          d.pc[PC_COPY_ARG] = u32(R);
+          d.pc[PC_COPY_NODE] = u32(i);
           d.groups = (words + 255) / 256;
           p.id_bound[static_cast<size_t>(i)] = R;
           break;
@@ -216,7 +222,14 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
         p.id_bound[static_cast<size_t>(i)] = R;
         const Loc table = loc_of(n.src[0]);
         for (auto win : windows(table, t, R, C, 1)) {
-          d.pc = {static_cast<uint32_t>(t.type), u32(R), u32(C), u32(rows), 0, u32(i), u32(win.first), u32(win.second)};
+          d.pc = {};
+          d.pc[PC_GR_TYPE] = static_cast<uint32_t>(t.type);
+          d.pc[PC_GR_R] = u32(R);
+          d.pc[PC_GR_C] = u32(C);
+          d.pc[PC_GR_ROWS] = u32(rows);
+          d.pc[PC_GR_NODE] = u32(i);
+          d.pc[PC_GR_FIRST] = u32(win.first);
+          d.pc[PC_GR_END] = u32(win.second);
           bind_weight(d, table, t, C, win);
           p.dispatches.push_back(d);
         }
@@ -235,15 +248,19 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
         uint32_t tpr = 1;  // threads per weight row
         while (tpr < 64 && tpr < chunks) tpr *= 2;
         const uint64_t rpw = 64 / tpr;
-        d.pc[11] = tpr;
         if (n.op == Op::MatMul) {
           const int64_t O = w.shape[0], I = w.shape[1], N = elements(src_node(n, 1).shape) / I;
           for (auto win : windows(wl, w, O, I, 1)) {
-            d.pc = {static_cast<uint32_t>(w.type), u32(O), u32(I), u32(N), 0};
-            d.pc[8] = u32(i);
-            d.pc[9] = u32(win.first);
-            d.pc[10] = u32(win.second - win.first);
-            d.pc[11] = tpr;
+            d.pc = {};
+            d.pc[PC_MM_TYPE] = static_cast<uint32_t>(w.type);
+            d.pc[PC_MM_O] = u32(O);
+            d.pc[PC_MM_I] = u32(I);
+            d.pc[PC_MM_N] = u32(N);
+            d.pc[PC_MM_MODE] = 0;
+            d.pc[PC_MM_NODE] = u32(i);
+            d.pc[PC_MM_WIN_FIRST] = u32(win.first);
+            d.pc[PC_MM_WIN_COUNT] = u32(win.second - win.first);
+            d.pc[PC_MM_TPR] = tpr;
             bind_weight(d, wl, w, I, win);
             d.groups = (static_cast<uint64_t>(win.second - win.first) + rpw - 1) / rpw * static_cast<uint64_t>((N + 7) / 8);
             p.dispatches.push_back(d);
@@ -253,8 +270,19 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
           d.bind[2] = loc_of(n.src[2]);
           const bool shared = src_node(n, 1).shape[1] == 1 && K != 1;
           for (auto win : windows(wl, w, E * O, I, O)) {
-            d.pc = {static_cast<uint32_t>(w.type), u32(O), u32(I), u32(N * K), 1, u32(K), shared ? 1u : 0u, u32(E), u32(i),
-                    u32(win.first / O), u32(win.second / O), tpr};
+            d.pc = {};
+            d.pc[PC_MM_TYPE] = static_cast<uint32_t>(w.type);
+            d.pc[PC_MM_O] = u32(O);
+            d.pc[PC_MM_I] = u32(I);
+            d.pc[PC_MM_N] = u32(N * K);
+            d.pc[PC_MM_MODE] = 1;
+            d.pc[PC_MM_K] = u32(K);
+            d.pc[PC_MM_X_SHARED] = shared ? 1u : 0u;
+            d.pc[PC_MM_E] = u32(E);
+            d.pc[PC_MM_NODE] = u32(i);
+            d.pc[PC_MM_WIN_FIRST] = u32(win.first / O);
+            d.pc[PC_MM_WIN_COUNT] = u32(win.second / O);
+            d.pc[PC_MM_TPR] = tpr;
             bind_weight(d, wl, w, I, win);
             d.groups = (static_cast<uint64_t>(O) + rpw - 1) / rpw * static_cast<uint64_t>((N * K + 7) / 8);
             p.dispatches.push_back(d);
@@ -273,7 +301,7 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
       case Op::Clamp: {
         d.shader = "elementwise";
         d.bind[0] = as_f32(n, i, 0, false);
-        d.pc[1] = u32(elements(n.shape));
+        d.pc[PC_EW_COUNT] = u32(elements(n.shape));
         if (n.op == Op::Add || n.op == Op::Mul || n.op == Op::Div) {
           d.bind[1] = as_f32(n, i, 1, false);
           const Shape& as = n.shape;
@@ -287,15 +315,15 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
             bstride[static_cast<size_t>(k)] = bdim[static_cast<size_t>(k)] == 1 ? 0 : stride;
             stride *= bdim[static_cast<size_t>(k)];
           }
-          d.pc[0] = n.op == Op::Add ? 0 : n.op == Op::Mul ? 1 : 5;
+          d.pc[PC_EW_OP] = n.op == Op::Add ? 0 : n.op == Op::Mul ? 1 : 5;
           for (int k = 0; k < 6; ++k) {
-            d.pc[static_cast<size_t>(3 + k)] = u32(adim[static_cast<size_t>(k)]);
-            d.pc[static_cast<size_t>(9 + k)] = u32(bstride[static_cast<size_t>(k)]);
+            d.pc[static_cast<size_t>(PC_EW_A_DIMS + k)] = u32(adim[static_cast<size_t>(k)]);
+            d.pc[static_cast<size_t>(PC_EW_B_STRIDES + k)] = u32(bstride[static_cast<size_t>(k)]);
           }
         } else {
-          d.pc[0] = n.op == Op::Scale ? 2 : n.op == Op::GeluTanh ? 3 : n.op == Op::Softcap ? 4 : 6;
-          d.pc[15] = fbits(n.f[0]);
-          d.pc[16] = fbits(n.f[1]);
+          d.pc[PC_EW_OP] = n.op == Op::Scale ? 2 : n.op == Op::GeluTanh ? 3 : n.op == Op::Softcap ? 4 : 6;
+          d.pc[PC_EW_F0] = fbits(n.f[0]);
+          d.pc[PC_EW_F1] = fbits(n.f[1]);
         }
         d.bind[5] = result();
         d.groups = (static_cast<uint64_t>(elements(n.shape)) + 255) / 256;
@@ -308,7 +336,10 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
         const bool has_w = n.op == Op::RmsNorm && n.src[1] >= 0;
         if (has_w) d.bind[1] = as_f32(n, i, 1, false);
         const int64_t C = n.shape.back();
-        d.pc = {n.op == Op::RmsNorm ? 0u : 1u, u32(C), fbits(n.f[0]), has_w ? 1u : 0u};
+        d.pc[PC_ROWS_OP] = n.op == Op::RmsNorm ? 0u : 1u;
+        d.pc[PC_ROWS_COLS] = u32(C);
+        d.pc[PC_ROWS_EPS] = fbits(n.f[0]);
+        d.pc[PC_ROWS_HAS_WEIGHT] = has_w ? 1u : 0u;
         d.bind[5] = result();
         d.groups = static_cast<uint64_t>(elements(n.shape) / C);
         break;
@@ -320,7 +351,10 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
         const int64_t T = n.shape[0], H = n.shape[1], D = n.shape[2], pairs = std::min<int64_t>(n.i[0], D / 2);
         d.bind[2] = {nullptr, p.consts_arena + rope_off[static_cast<size_t>(i)],
                      static_cast<VkDeviceSize>(std::max<int64_t>(pairs, 1)) * 4};
-        d.pc = {u32(T), u32(H), u32(D), u32(pairs)};
+        d.pc[PC_ROPE_T] = u32(T);
+        d.pc[PC_ROPE_H] = u32(H);
+        d.pc[PC_ROPE_D] = u32(D);
+        d.pc[PC_ROPE_PAIRS] = u32(pairs);
         d.bind[5] = result();
         d.groups = (static_cast<uint64_t>(T * H * (D / 2)) + 63) / 64;
         break;
@@ -343,9 +377,18 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
         const bool in_use = n.src[5] >= 0;  // slots in use: the shader reads only those
         if (in_use) d.bind[6] = loc_of(n.src[5]);
         d.bind[5] = result();
-        d.pc = {u32(T), u32(Hq), u32(q.shape[2]), u32(S), u32(k.shape[1]), u32(v.shape[2]), fbits(n.f[0]),
-                u32(n.i[0]), n.i[1] != 0 ? 1u : 0u, static_cast<uint32_t>(k.type), static_cast<uint32_t>(v.type),
-                in_use ? 1u : 0u};
+        d.pc[PC_ATT_T] = u32(T);
+        d.pc[PC_ATT_HQ] = u32(Hq);
+        d.pc[PC_ATT_D] = u32(q.shape[2]);
+        d.pc[PC_ATT_S] = u32(S);
+        d.pc[PC_ATT_HKV] = u32(k.shape[1]);
+        d.pc[PC_ATT_DV] = u32(v.shape[2]);
+        d.pc[PC_ATT_SCALE] = fbits(n.f[0]);
+        d.pc[PC_ATT_WINDOW] = u32(n.i[0]);
+        d.pc[PC_ATT_CAUSAL] = n.i[1] != 0 ? 1u : 0u;
+        d.pc[PC_ATT_K_TYPE] = static_cast<uint32_t>(k.type);
+        d.pc[PC_ATT_V_TYPE] = static_cast<uint32_t>(v.type);
+        d.pc[PC_ATT_IN_USE] = in_use ? 1u : 0u;
         if (v.shape[2] > 1024)
           fail("Vulkan backend: Attention '{}': V head dim {} is above the 1024 the shader accumulates", n.name, v.shape[2]);
         d.groups = static_cast<uint64_t>(T * Hq);
@@ -356,7 +399,8 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
         d.shader = "topk";
         d.bind[0] = as_f32(n, i, 0, false);
         const int64_t C = src_node(n, 0).shape.back(), K = n.op == Op::TopK ? n.i[0] : 1;
-        d.pc = {u32(C), u32(K)};
+        d.pc[PC_TOPK_COLS] = u32(C);
+        d.pc[PC_TOPK_K] = u32(K);
         d.bind[5] = result();
         d.groups = static_cast<uint64_t>(elements(n.shape) / K);
         break;
@@ -367,10 +411,17 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
         d.bind[0] = as_f32(n, i, 0, true);
         const uint64_t words = static_cast<uint64_t>(elements(n.shape));
         if (n.op == Op::Slice) {
-          d.pc = {0, u32(static_cast<int64_t>(words)), u32(src_node(n, 0).shape.back()), u32(n.i[0]), u32(n.i[1])};
+          d.pc[PC_COPY_OP] = 0;
+          d.pc[PC_COPY_WORDS] = u32(static_cast<int64_t>(words));
+          d.pc[PC_COPY_COLS] = u32(src_node(n, 0).shape.back());
+          d.pc[PC_COPY_ARG] = u32(n.i[0]);
+          d.pc[PC_COPY_OUT_COLS] = u32(n.i[1]);
         } else {
           d.bind[1] = as_f32(n, i, 1, true);
-          d.pc = {1, u32(static_cast<int64_t>(words)), u32(src_node(n, 0).shape.back()), u32(src_node(n, 1).shape.back())};
+          d.pc[PC_COPY_OP] = 1;
+          d.pc[PC_COPY_WORDS] = u32(static_cast<int64_t>(words));
+          d.pc[PC_COPY_COLS] = u32(src_node(n, 0).shape.back());
+          d.pc[PC_COPY_ARG] = u32(src_node(n, 1).shape.back());
         }
         d.bind[5] = result();
         d.groups = (words + 255) / 256;
@@ -382,8 +433,10 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
         d.bind[1] = as_f32(n, i, 1, false);
         d.bind[2] = loc_of(n.src[2]);
         d.bind[5] = result();
-        d.pc = {u32(src_node(n, 0).shape[0]), std::bit_cast<uint32_t>(n.f[1]), std::bit_cast<uint32_t>(n.f[2]),
-                std::bit_cast<uint32_t>(n.f[3])};
+        d.pc[PC_DRAW_K] = u32(src_node(n, 0).shape[0]);
+        d.pc[PC_DRAW_TOP_P] = fbits(n.f[1]);
+        d.pc[PC_DRAW_MIN_P] = fbits(n.f[2]);
+        d.pc[PC_DRAW_INV_T] = fbits(n.f[3]);
         d.groups = 1;
         break;
       }
@@ -395,14 +448,20 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
         c.node = i;
         c.bind[0] = as_f32(n, i, 0, false);
         c.bind[5] = result();
-        c.pc = {0, u32(N), u32(N), 0, u32(N)};
+        c.pc[PC_COPY_OP] = 0;  // a Slice of all of a
+        c.pc[PC_COPY_WORDS] = u32(N);
+        c.pc[PC_COPY_COLS] = u32(N);
+        c.pc[PC_COPY_OUT_COLS] = u32(N);
         c.groups = (static_cast<uint64_t>(N) + 255) / 256;
         p.dispatches.push_back(c);
         d.shader = "copy";
         d.bind[1] = loc_of(n.src[1]);
         d.bind[2] = as_f32(n, i, 2, false);
         d.bind[5] = out;
-        d.pc = {4, u32(M), 0, u32(N), 0, 0, 0, u32(i)};
+        d.pc[PC_COPY_OP] = 4;
+        d.pc[PC_COPY_WORDS] = u32(M);
+        d.pc[PC_COPY_ARG] = u32(N);
+        d.pc[PC_COPY_NODE] = u32(i);
         d.groups = (static_cast<uint64_t>(M) + 255) / 256;
         p.id_bound[static_cast<size_t>(i)] = N;
         break;
@@ -414,7 +473,11 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
         d.bind[0] = as_f32(n, i, 0, false);
         const int64_t cnt = elements(n.shape);
         const uint64_t words = n.type == DType::F32 ? static_cast<uint64_t>(cnt) : static_cast<uint64_t>(cnt + 1) / 2;
-        d.pc = {2, u32(static_cast<int64_t>(words)), 0, 0, 0, static_cast<uint32_t>(n.type), 0, u32(i), u32(cnt)};
+        d.pc[PC_COPY_OP] = 2;
+        d.pc[PC_COPY_WORDS] = u32(static_cast<int64_t>(words));
+        d.pc[PC_COPY_TYPE] = static_cast<uint32_t>(n.type);
+        d.pc[PC_COPY_NODE] = u32(i);
+        d.pc[PC_COPY_COUNT] = u32(cnt);
         d.bind[5] = result();
         d.groups = (words + 255) / 256;
         break;
@@ -436,7 +499,13 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
         out = {&t, 0, t.buf->size};
         d.bind[5] = out;
         const uint64_t words = static_cast<uint64_t>(N) * static_cast<uint64_t>(wide ? C : C / 2);
-        d.pc = {3, u32(static_cast<int64_t>(words)), u32(C), u32(R), 0, static_cast<uint32_t>(t.type()), u32(N), u32(i)};
+        d.pc[PC_COPY_OP] = 3;
+        d.pc[PC_COPY_WORDS] = u32(static_cast<int64_t>(words));
+        d.pc[PC_COPY_COLS] = u32(C);
+        d.pc[PC_COPY_ARG] = u32(R);
+        d.pc[PC_COPY_TYPE] = static_cast<uint32_t>(t.type());
+        d.pc[PC_COPY_N] = u32(N);
+        d.pc[PC_COPY_NODE] = u32(i);
         d.groups = (words + 255) / 256;
         p.id_bound[static_cast<size_t>(i)] = R;
         break;

@@ -24,14 +24,13 @@ float wg_reduce(float v, bool is_max) {
   return r;
 }
 
-// p: 0 T, 1 Hq, 2 D, 3 S, 4 Hkv, 5 Dv, 6 scale, 7 window, 8 causal, 9 K type, 10 V type,
-//    11 1 when operand 5 (slots in use) is bound
+// Push constants: PC_ATT_* (push_constants.h).
 void main() {
-  uint T = pc.p[0], Hq = pc.p[1], D = pc.p[2], S = pc.p[3], Hkv = pc.p[4], Dv = pc.p[5];
-  int window = int(pc.p[7]);
-  bool causal = pc.p[8] != 0u;
-  uint kt = pc.p[9], vt = pc.p[10];
-  uint n = pc.p[11] != 0u ? min(S, uint(max(int(b5.d[0]), 0))) : S;
+  uint T = pc.p[PC_ATT_T], Hq = pc.p[PC_ATT_HQ], D = pc.p[PC_ATT_D], S = pc.p[PC_ATT_S], Hkv = pc.p[PC_ATT_HKV], Dv = pc.p[PC_ATT_DV];
+  int window = int(pc.p[PC_ATT_WINDOW]);
+  bool causal = pc.p[PC_ATT_CAUSAL] != 0u;
+  uint kt = pc.p[PC_ATT_K_TYPE], vt = pc.p[PC_ATT_V_TYPE];
+  uint n = pc.p[PC_ATT_IN_USE] != 0u ? min(S, uint(max(int(b5.d[0]), 0))) : S;
   uint row = wg_linear(), t = row / Hq, j = row % Hq, kvh = j / (Hq / Hkv), tid = gl_LocalInvocationID.x;
   int qp = int(b4.d[t]);
   uint qb = (t * Hq + j) * D;
@@ -48,7 +47,7 @@ void main() {
         uint kb = (s * Hkv + kvh) * D;
         float dot = 0.0;
         for (uint d = 0u; d < D; ++d) dot += uintBitsToFloat(b0.d[qb + d]) * load1(kt, kb + d);
-        sc = dot * pf(6);
+        sc = dot * pf(PC_ATT_SCALE);
       }
     }
     float tile_max = wg_reduce(sc, true);

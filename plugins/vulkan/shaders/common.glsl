@@ -14,13 +14,14 @@ layout(std430, set = 0, binding = 5) buffer BO { uint d[]; } bo;
 layout(std430, set = 0, binding = 6) buffer BE { uint d[]; } err;
 layout(std430, set = 0, binding = 7) buffer B5 { uint d[]; } b5;  // operand 5
 
+#include "push_constants.h"
 layout(push_constant) uniform PC { uint p[32]; } pc;
 
 // ggml type ids (specula::DType)
 const uint T_F32 = 0u, T_F16 = 1u, T_Q4_0 = 2u, T_Q4_1 = 3u, T_Q5_0 = 6u, T_Q5_1 = 7u, T_Q8_0 = 8u,
            T_Q4_K = 12u, T_Q5_K = 13u, T_Q6_K = 14u, T_IQ4_NL = 20u, T_IQ4_XS = 23u, T_I32 = 26u, T_BF16 = 30u;
 // MLX affine (specula::DType::MLX_AFFINE), decoded by get_rows and matmul: codes at binding 0, scales and
-// biases at bindings 3 and 4, and pc[24] bits, pc[25] group size, pc[26] scale type (F32, F16 or BF16).
+// biases at bindings 3 and 4, bits, group size and scale type (F32, F16 or BF16) in PC_MLX_*.
 const uint T_MLX = 1100u;
 
 // IQ4_NL / IQ4_XS code book (ggml's kvalues_iq4nl).
@@ -128,8 +129,8 @@ void decode_chunk(uint type, uint row, uint cols, uint c, out float w[32]) {
     // A row is cols / 32 * bits words of `bits`-bit codes, a little-endian bit stream (as the SDK's
     // mlx_dequantize_row), so the chunk's 32 codes are the `bits` words from c * bits, within one group.
     // scale * code + bias, rounded twice as the SDK does.
-    uint bits = pc.p[24], mask = (1u << bits) - 1u, st = pc.p[26];
-    uint g = row * (cols / pc.p[25]) + c * 32u / pc.p[25];
+    uint bits = pc.p[PC_MLX_BITS], mask = (1u << bits) - 1u, st = pc.p[PC_MLX_SCALE_TYPE];
+    uint g = row * (cols / pc.p[PC_MLX_GROUP]) + c * 32u / pc.p[PC_MLX_GROUP];
     float s = load3(st, g), bias = load4(st, g);
     uint base = row * (cols / 32u * bits) + c * bits;
     for (uint j = 0u; j < 32u; ++j) {

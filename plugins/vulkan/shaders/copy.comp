@@ -6,8 +6,7 @@
 //  op 3 WriteRows: rows b0 [N, C] into dst bo at rows ids b2 [N] (dst type F32/I32/F16/BF16)
 //  op 4 Scatter (after a copy of a into bo): bo[ids b1[m]] = values b2[m], one thread per m; p[3] = N
 //  op 5 Gather (GetRows of an I32 table): out[r, j] = b0[ids b1[r], j]; p[2] = C, p[3] = R
-// p: 0 op, 1 words out, 2 cols (Slice: src cols; Concat: ca; WriteRows: C), 3 (Slice: start, Concat: cb,
-//    WriteRows: R), 4 out cols (Slice: len), 5 dst type, 6 N, 7 node, 8 count of values (Copy)
+// Push constants: PC_COPY_* (push_constants.h).
 #include "common.glsl"
 layout(local_size_x = 256) in;
 
@@ -15,47 +14,47 @@ uint encode(uint type, float v) { return type == T_F16 ? f32_to_f16(v) : f32_to_
 
 void main() {
   uint w = wg_linear() * 256u + gl_LocalInvocationID.x;
-  if (w >= pc.p[1]) return;
-  uint op = pc.p[0];
+  if (w >= pc.p[PC_COPY_WORDS]) return;
+  uint op = pc.p[PC_COPY_OP];
   if (op == 0u) {
-    uint len = pc.p[4], r = w / len, j = w % len;
-    bo.d[w] = b0.d[r * pc.p[2] + pc.p[3] + j];
+    uint len = pc.p[PC_COPY_OUT_COLS], r = w / len, j = w % len;
+    bo.d[w] = b0.d[r * pc.p[PC_COPY_COLS] + pc.p[PC_COPY_ARG] + j];
   } else if (op == 1u) {
-    uint ca = pc.p[2], cb = pc.p[3], cc = ca + cb, r = w / cc, j = w % cc;
+    uint ca = pc.p[PC_COPY_COLS], cb = pc.p[PC_COPY_ARG], cc = ca + cb, r = w / cc, j = w % cc;
     bo.d[w] = j < ca ? b0.d[r * ca + j] : b1.d[r * cb + j - ca];
   } else if (op == 2u) {
-    uint type = pc.p[5];
+    uint type = pc.p[PC_COPY_TYPE];
     if (type == T_F32) {
       bo.d[w] = b0.d[w];
     } else {
-      uint n = pc.p[8], i = 2u * w;
+      uint n = pc.p[PC_COPY_COUNT], i = 2u * w;
       uint lo = encode(type, uintBitsToFloat(b0.d[i]));
       uint hi = i + 1u < n ? encode(type, uintBitsToFloat(b0.d[i + 1u])) : 0u;
       bo.d[w] = lo | (hi << 16);
     }
   } else if (op == 4u) {
     int id = int(b1.d[w]);
-    if (id < 0 || uint(id) >= pc.p[3]) {
-      report(pc.p[7], uint(id), w);
+    if (id < 0 || uint(id) >= pc.p[PC_COPY_ARG]) {
+      report(pc.p[PC_COPY_NODE], uint(id), w);
       return;
     }
     bo.d[uint(id)] = b2.d[w];
   } else if (op == 5u) {
-    uint C = pc.p[2], r = w / C, j = w % C;
+    uint C = pc.p[PC_COPY_COLS], r = w / C, j = w % C;
     int id = int(b1.d[r]);
-    if (id < 0 || uint(id) >= pc.p[3]) {
-      if (j == 0u) report(pc.p[7], uint(id), r);
+    if (id < 0 || uint(id) >= pc.p[PC_COPY_ARG]) {
+      if (j == 0u) report(pc.p[PC_COPY_NODE], uint(id), r);
       return;
     }
     bo.d[w] = b0.d[uint(id) * C + j];
   } else {
-    uint type = pc.p[5], C = pc.p[2], R = pc.p[3];
+    uint type = pc.p[PC_COPY_TYPE], C = pc.p[PC_COPY_COLS], R = pc.p[PC_COPY_ARG];
     bool wide = type == T_F32 || type == T_I32;
     uint per_row = wide ? C : C / 2u;
     uint r = w / per_row, j = w % per_row;
     int id = int(b2.d[r]);
     if (id < 0 || uint(id) >= R) {
-      if (j == 0u) report(pc.p[7], uint(id), r);
+      if (j == 0u) report(pc.p[PC_COPY_NODE], uint(id), r);
       return;
     }
     if (wide) {

@@ -1,21 +1,20 @@
 #version 450
 // Add / Mul / Div with b right-aligned against a (stride 0 on broadcast axes), Scale, GeluTanh, Softcap,
-// Clamp. p: 0 op (0 add, 1 mul, 2 scale, 3 gelu, 4 softcap, 5 div, 6 clamp), 1 count, 2 rank, 3..8 a dims (outermost first,
-//    padded to 6), 9..14 b strides, 15 f (clamp: lo), 16 clamp: hi
+// Clamp. Push constants: PC_EW_* (push_constants.h).
 #include "common.glsl"
 layout(local_size_x = 256) in;
 
 void main() {
   uint i = wg_linear() * 256u + gl_LocalInvocationID.x;
-  if (i >= pc.p[1]) return;
-  uint op = pc.p[0];
+  if (i >= pc.p[PC_EW_COUNT]) return;
+  uint op = pc.p[PC_EW_OP];
   float a = uintBitsToFloat(b0.d[i]), y;
   if (op <= 1u || op == 5u) {
     uint rest = i, bi = 0u;
     for (int k = 5; k >= 0; --k) {
-      uint dim = pc.p[3 + k], idx = rest % dim;
+      uint dim = pc.p[PC_EW_A_DIMS + k], idx = rest % dim;
       rest /= dim;
-      bi += idx * pc.p[9 + k];
+      bi += idx * pc.p[PC_EW_B_STRIDES + k];
     }
     float b = uintBitsToFloat(b1.d[bi]);
     if (op == 5u) {
@@ -36,14 +35,14 @@ void main() {
       y = op == 0u ? a + b : a * b;
     }
   } else if (op == 2u) {
-    y = a * pf(15);
+    y = a * pf(PC_EW_F0);
   } else if (op == 3u) {
     float t = 0.7978845608028654 * (a + 0.044715 * a * a * a);
     y = 0.5 * a * (1.0 + tanh(t));
   } else if (op == 4u) {
-    y = pf(15) * tanh(a / pf(15));
+    y = pf(PC_EW_F0) * tanh(a / pf(PC_EW_F0));
   } else {
-    y = a < pf(15) ? pf(15) : (a > pf(16) ? pf(16) : a);
+    y = a < pf(PC_EW_F0) ? pf(PC_EW_F0) : (a > pf(PC_EW_F1) ? pf(PC_EW_F1) : a);
   }
   bo.d[i] = floatBitsToUint(y);
 }

@@ -2,25 +2,22 @@
 // MatMul and MatMulId: a workgroup covers 64 / p[11] output columns o and a group of up to 8 activation
 // rows; p[11] (a power of two, about the row's 32-value chunk count) threads share a weight row, striding
 // over its chunks and decoding each chunk once for all rows of the group, then reduce in shared memory.
-// p: 0 weight type, 1 O, 2 I, 3 N (activation rows), 4 mode (0 matmul, 1 matmul_id), 5 K,
-//    6 x_shared (x has one row per token for all K), 7 E, 8 node, 9..10 the window bound at binding 0
-//    (weights above maxStorageBufferRange are split in windows, one dispatch each): matmul: first output
-//    column and count; matmul_id: experts [first, end); 11 threads per weight row; 24..26 MLX parameters
-//    (common.glsl; scales and biases then at bindings 3 and 4)
+// Push constants: PC_MM_* and PC_MLX_* (push_constants.h). Weights above maxStorageBufferRange are split
+// in windows, one dispatch each; MLX scales and biases are at bindings 3 and 4.
 #include "common.glsl"
 layout(local_size_x = 64) in;
 const uint NR = 8u;  // activation rows per workgroup
 shared float red[NR * 64u];
 
 void main() {
-  uint type = pc.p[0], O = pc.p[1], I = pc.p[2], N = pc.p[3], mode = pc.p[4], K = pc.p[5];
-  uint Ow = mode == 0u ? pc.p[10] : O;
-  uint tpr = pc.p[11], rpw = 64u / tpr, wgs = (Ow + rpw - 1u) / rpw;
+  uint type = pc.p[PC_MM_TYPE], O = pc.p[PC_MM_O], I = pc.p[PC_MM_I], N = pc.p[PC_MM_N], mode = pc.p[PC_MM_MODE], K = pc.p[PC_MM_K];
+  uint Ow = mode == 0u ? pc.p[PC_MM_WIN_COUNT] : O;
+  uint tpr = pc.p[PC_MM_TPR], rpw = 64u / tpr, wgs = (Ow + rpw - 1u) / rpw;
   uint tid = gl_LocalInvocationID.x, lane = tid % tpr;
   uint id = wg_linear(), o = (id % wgs) * rpw + tid / tpr, g = id / wgs, n0 = g * NR;
   bool valid = o < Ow;
   uint wrow = o;  // row of the bound window
-  if (mode == 0u) o += pc.p[9];
+  if (mode == 0u) o += pc.p[PC_MM_WIN_FIRST];
   if (n0 >= N) return;
   uint nr = min(NR, N - n0);
   uint chunks = (I + 31u) / 32u;
@@ -48,20 +45,20 @@ void main() {
     for (uint r = 0u; r < nr; ++r) {
       uint row = n0 + r, tok = row / K, k = row % K;
       int e = int(b2.d[row]);
-      if (e < 0 || uint(e) >= pc.p[7]) {
-        if (lane == 0u) report(pc.p[8], uint(e), row);
+      if (e < 0 || uint(e) >= pc.p[PC_MM_E]) {
+        if (lane == 0u) report(pc.p[PC_MM_NODE], uint(e), row);
         mine[r] = false;
         continue;
       }
-      if (uint(e) < pc.p[9] || uint(e) >= pc.p[10]) {
+      if (uint(e) < pc.p[PC_MM_WIN_FIRST] || uint(e) >= pc.p[PC_MM_WIN_COUNT]) {
         mine[r] = false;
         continue;
       }
-      uint xb = (pc.p[6] != 0u ? tok : row) * I;
+      uint xb = (pc.p[PC_MM_X_SHARED] != 0u ? tok : row) * I;
       float s = 0.0;
       for (uint c = lane; c < chunks; c += tpr) {
         float w[32];
-        decode_chunk(type, (uint(e) - pc.p[9]) * O + o, I, c, w);
+        decode_chunk(type, (uint(e) - pc.p[PC_MM_WIN_FIRST]) * O + o, I, c, w);
         uint e0 = c * 32u, ne = min(32u, I - e0);
         for (uint j = 0u; j < ne; ++j) s += w[j] * uintBitsToFloat(b1.d[xb + e0 + j]);
       }

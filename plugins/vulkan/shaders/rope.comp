@@ -1,12 +1,12 @@
 #version 450
 // Rope (NeoX halves), one thread per (t, h, k < D/2). b2 holds the F32 inverse frequencies computed on
 // the host exactly as the CPU backend does; the angle is reduced to [-pi, pi] before sin/cos so large
-// positions keep F32 accuracy. p: 0 T, 1 H, 2 D, 3 pairs
+// positions keep F32 accuracy. Push constants: PC_ROPE_*
 #include "common.glsl"
 layout(local_size_x = 64) in;
 
 void main() {
-  uint T = pc.p[0], H = pc.p[1], D = pc.p[2], pairs = pc.p[3], half_d = D / 2u;
+  uint T = pc.p[PC_ROPE_T], H = pc.p[PC_ROPE_H], D = pc.p[PC_ROPE_D], pairs = pc.p[PC_ROPE_PAIRS], half_d = D / 2u;
   uint i = wg_linear() * 64u + gl_LocalInvocationID.x;
   if (i >= T * H * half_d) return;
   uint k = i % half_d, th = i / half_d, t = th / H;

@@ -1,6 +1,6 @@
 #version 450
 // Row reductions, one workgroup per row: RmsNorm (op 0; b1 = weight when p[3] != 0) and Softmax (op 1).
-// p: 0 op, 1 cols, 2 eps, 3 has weight
+// Push constants: PC_ROWS_* (push_constants.h).
 #include "common.glsl"
 layout(local_size_x = 64) in;
 shared float red[64];
@@ -19,18 +19,18 @@ float wg_reduce(float v, bool is_max) {
 }
 
 void main() {
-  uint C = pc.p[1], row = wg_linear(), tid = gl_LocalInvocationID.x, base = row * C;
-  if (pc.p[0] == 0u) {
+  uint C = pc.p[PC_ROWS_COLS], row = wg_linear(), tid = gl_LocalInvocationID.x, base = row * C;
+  if (pc.p[PC_ROWS_OP] == 0u) {
     float s = 0.0;
     for (uint c = tid; c < C; c += 64u) {
       float x = uintBitsToFloat(b0.d[base + c]);
       s += x * x;
     }
     float ms = wg_reduce(s, false) / float(C);
-    float inv = 1.0 / sqrt(ms + pf(2));
+    float inv = 1.0 / sqrt(ms + pf(PC_ROWS_EPS));
     for (uint c = tid; c < C; c += 64u) {
       float y = uintBitsToFloat(b0.d[base + c]) * inv;
-      if (pc.p[3] != 0u) y *= uintBitsToFloat(b1.d[c]);
+      if (pc.p[PC_ROWS_HAS_WEIGHT] != 0u) y *= uintBitsToFloat(b1.d[c]);
       bo.d[base + c] = floatBitsToUint(y);
     }
   } else {

@@ -3,7 +3,7 @@
 // thread, float32, sums left to right, every product and sum `precise` (rounded on its own: Vulkan
 // rounds +, -, * correctly), no division and no built-in exp, so the token is the host's bit for bit.
 // b0 logits F32 [K] highest first, b1 uniform F32 [1], b2 ids I32 [K] -> bo I32 [1].
-// p: 0 K, 1 top_p, 2 min_p, 3 1 / temperature (float bits)
+// Push constants: PC_DRAW_* (push_constants.h).
 #include "common.glsl"
 layout(local_size_x = 1) in;
 
@@ -41,8 +41,8 @@ float weight(uint k, float top, float it) {
 }
 
 void main() {
-  uint K = pc.p[0];
-  float top_p = pf(1), min_p = pf(2), it = pf(3);
+  uint K = pc.p[PC_DRAW_K];
+  float top_p = pf(PC_DRAW_TOP_P), min_p = pf(PC_DRAW_MIN_P), it = pf(PC_DRAW_INV_T);
   precise float top = lg(0u) * it;
   uint n = K;
   if (min_p > 0.0) {

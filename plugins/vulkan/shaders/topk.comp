@@ -1,7 +1,7 @@
 #version 450
 // TopK / Argmax, one workgroup per row: k rounds, each picking the best value that ranks after the
 // previous pick in the order (value descending, index ascending), so ties go to the lower index.
-// p: 0 cols, 1 k
+// Push constants: PC_TOPK_* (push_constants.h).
 #include "common.glsl"
 layout(local_size_x = 64) in;
 shared float rv[64];
@@ -11,7 +11,7 @@ shared uint ri[64];
 bool before(float v, uint i, float w, uint j) { return v > w || (v == w && i < j); }
 
 void main() {
-  uint C = pc.p[0], K = pc.p[1], row = wg_linear(), tid = gl_LocalInvocationID.x, base = row * C;
+  uint C = pc.p[PC_TOPK_COLS], K = pc.p[PC_TOPK_K], row = wg_linear(), tid = gl_LocalInvocationID.x, base = row * C;
   float pv = 1.0 / 0.0;
   uint pi = 0xFFFFFFFFu;
   bool first = true;
