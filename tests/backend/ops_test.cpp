@@ -320,8 +320,11 @@ TEST(Ops, TanhOpsDenseRange) {
     w_ge.push_back(0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v))));
     w_cap.push_back(30.0 * std::tanh(v / 30.0));
   }
-  expect_close(fx.read_f32(g, ge), w_ge, 1e-7, 4e-7, "gelu_tanh dense");
-  expect_close(fx.read_f32(g, cap), w_cap, 1e-7, 4e-7, "softcap dense");
+  // Vulkan specifies tanh, exp and division to a few ulp each (the CPU's are within one): four times the
+  // bounds there.
+  const double k = test::on_vulkan() ? 4.0 : 1.0;
+  expect_close(fx.read_f32(g, ge), w_ge, k * 1e-7, k * 4e-7, "gelu_tanh dense");
+  expect_close(fx.read_f32(g, cap), w_cap, k * 1e-7, k * 4e-7, "softcap dense");
 }
 
 TEST(Ops, UnaryOps) {
@@ -626,7 +629,7 @@ TEST(Ops, WriteRowsThenAttentionInOneGraph) {
     fx.run(g, {{{rows, test::bytes_of(zeros)}, {bad, test::bytes_of(slot)}}});
     ADD_FAILURE() << "writing past the cache must fail";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("row id 4"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("id 4"), std::string::npos) << e.what();
   }
 }
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <random>
@@ -14,6 +15,9 @@
 
 #include "cpu_backend.hpp"
 #include "specula/compute.hpp"
+#ifdef SPECULA_TEST_VULKAN
+#include "vk_backend.hpp"
+#endif
 #include "specula/model_file.hpp"
 #include "specula/quant.hpp"
 
@@ -60,13 +64,44 @@ inline std::vector<float> exact_floats(size_t n, uint32_t seed, DType type) {
   return v;
 }
 
+// The backend the op suites run on: the CPU backend, or the one SPECULA_TEST_BACKEND names. tests/backend
+// registers the conformance suites a second time with SPECULA_TEST_BACKEND=vulkan (prefix "vulkan:"), so
+// every backend is held to the same independent references (docs/backends.md, "Conformance").
+inline std::string backend_under_test() {
+  const char* e = std::getenv("SPECULA_TEST_BACKEND");
+  return e && *e ? e : "onednn";
+}
+inline bool on_vulkan() { return backend_under_test() == "vulkan"; }
+
+inline std::unique_ptr<ComputeBackend> make_test_backend(int threads) {
+  const std::string name = backend_under_test();
+  if (name == "onednn") return cpu::make_cpu_backend({{"threads", threads}});
+#ifdef SPECULA_TEST_VULKAN
+  if (name == "vulkan") return vulkan::make_vulkan_backend(nlohmann::json::object());
+#endif
+  throw std::runtime_error("SPECULA_TEST_BACKEND=" + name + ": this test binary runs onednn or vulkan");
+}
+
+// Skips every test of a run on a backend this machine cannot make (no Vulkan device).
+class BackendAvailable final : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    try {
+      make_test_backend(1);
+    } catch (const std::exception& e) {
+      GTEST_SKIP() << "backend '" << backend_under_test() << "' is not available here: " << e.what();
+    }
+  }
+};
+inline ::testing::Environment* const kBackendAvailable = ::testing::AddGlobalTestEnvironment(new BackendAvailable);
+
 // A backend plus the storage of the weights the test hands it (TensorInfo data must outlive them).
 struct Fixture {
   std::unique_ptr<ComputeBackend> backend;
   std::vector<std::shared_ptr<std::vector<std::byte>>> storage;
   std::unique_ptr<CompiledGraph> plan;  // of the last run()
 
-  explicit Fixture(int threads = 2) : backend(cpu::make_cpu_backend({{"threads", threads}})) {}
+  explicit Fixture(int threads = 2) : backend(make_test_backend(threads)) {}
 
   BackendTensorPtr weight(const std::string& name, DType type, Shape shape, std::vector<std::byte> data) {
     auto held = std::make_shared<std::vector<std::byte>>(std::move(data));
