@@ -120,9 +120,10 @@ struct Device {
     return static_cast<uint32_t>(fallback);
   }
 
-  // Device-local storage (also a copy source/destination), or host-visible coherent staging.
-  std::unique_ptr<Buffer> buffer(VkDeviceSize size, bool host, const std::string& what,
-                                 const std::shared_ptr<Device>& self) {
+  // A storage buffer (also a copy source and destination) of `size` bytes with no memory bound yet, and
+  // what its memory must be.
+  std::unique_ptr<Buffer> unbound_buffer(VkDeviceSize size, const std::shared_ptr<Device>& self,
+                                         VkMemoryRequirements& req) {
     auto b = std::make_unique<Buffer>();
     b->dev = self;
     b->size = std::max<VkDeviceSize>(size, 16);
@@ -131,8 +132,15 @@ struct Device {
     ci.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
     ci.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
     check(vkCreateBuffer(dev, &ci, nullptr, &b->buf), "vkCreateBuffer");
-    VkMemoryRequirements req;
     vkGetBufferMemoryRequirements(dev, b->buf, &req);
+    return b;
+  }
+
+  // Device-local storage, or host-visible coherent staging.
+  std::unique_ptr<Buffer> buffer(VkDeviceSize size, bool host, const std::string& what,
+                                 const std::shared_ptr<Device>& self) {
+    VkMemoryRequirements req;
+    auto b = unbound_buffer(size, self, req);
     VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
     ai.allocationSize = req.size;
     ai.memoryTypeIndex = host ? memory_type(req.memoryTypeBits, VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | VK_MEMORY_PROPERTY_HOST_COHERENT_BIT,
@@ -158,16 +166,8 @@ struct Device {
   // allocations at most, and a model has hundreds of weights. Weights larger than a quarter of a block
   // get their own allocation.
   std::unique_ptr<Buffer> weight_buffer(VkDeviceSize size, const std::string& what, const std::shared_ptr<Device>& self) {
-    auto b = std::make_unique<Buffer>();
-    b->dev = self;
-    b->size = std::max<VkDeviceSize>(size, 16);
-    VkBufferCreateInfo ci{VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO};
-    ci.size = b->size;
-    ci.usage = VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | VK_BUFFER_USAGE_TRANSFER_SRC_BIT | VK_BUFFER_USAGE_TRANSFER_DST_BIT;
-    ci.sharingMode = VK_SHARING_MODE_EXCLUSIVE;
-    check(vkCreateBuffer(dev, &ci, nullptr, &b->buf), "vkCreateBuffer");
     VkMemoryRequirements req;
-    vkGetBufferMemoryRequirements(dev, b->buf, &req);
+    auto b = unbound_buffer(size, self, req);
     const uint32_t type = memory_type(req.memoryTypeBits, 0, VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT);
     constexpr VkDeviceSize kMaxBlock = 256ull << 20;
     VkMemoryAllocateInfo ai{VK_STRUCTURE_TYPE_MEMORY_ALLOCATE_INFO};
