@@ -237,6 +237,7 @@ TEST(VulkanGemma4, GreedyDecodeEqualsCpuPastTheSlidingWindow) {
 // rollback is a graph.
 TEST(VulkanGemma4, GreedySpeculativeRoundReadsOnceAndEqualsPlain) {
   REQUIRE_VULKAN();
+  SKIP_UNDER_SANITIZERS();  // lavapipe JIT time; the engine and drafter paths run under them on the CPU
   const fs::path models = fs::path(SPECULA_SOURCE_DIR) / "models";
   auto counting = std::make_shared<specula_test::CountingBackend>(backend("vulkan"));
   auto tf = host().open_model(models / "specula-tiny-kjv-q8_0.gguf");
@@ -273,6 +274,7 @@ TEST(VulkanGemma4, GreedySpeculativeRoundReadsOnceAndEqualsPlain) {
 // drawn from the same run's logits with the same uniforms.
 TEST(VulkanGemma4, SampledDecodeOnTheDeviceEqualsHostSampling) {
   REQUIRE_VULKAN();
+  SKIP_UNDER_SANITIZERS();  // lavapipe JIT time; the engine and drafter paths run under them on the CPU
   auto tf = host().open_model(fs::path(SPECULA_SOURCE_DIR) / "models" / "specula-tiny-kjv-q8_0.gguf");
   auto target = host().find_model_loader(*tf)->load(tf, backend("vulkan"), json::object());
   const std::vector<specula::ChatMessage> messages{{"user", "And the LORD spake unto Moses, saying,"}};
