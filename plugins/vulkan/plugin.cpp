@@ -11,6 +11,8 @@ const specula::OptionSchema kOptions = {
      nullptr, 0, std::nullopt, {}},
     {"max_binding_bytes", specula::OptionType::Integer, "largest buffer bound at once (default: the device's limit)",
      nullptr, 4096, std::nullopt, {}},
+    {"subgroups", specula::OptionType::Bool, "reduce with subgroup shuffles where the device has them", true,
+     std::nullopt, std::nullopt, {}},
 };
 const specula::PluginFactories* factories() {
   static const specula::PluginFactories f{.backend = &make_backend, .backend_options = &kOptions};

@@ -68,28 +68,26 @@ Buffer& VulkanBackend::staging(uint64_t bytes) {
   return *staging_;
 }
 
-void VulkanBackend::upload(Buffer& dst, const void* data, uint64_t bytes, VkDeviceSize dst_off) {
+void VulkanBackend::through_staging(uint64_t bytes, const std::function<void(Buffer&, uint64_t, uint64_t)>& chunk_fn) {
   if (bytes == 0) return;
   const uint64_t chunk = std::min<uint64_t>(bytes, kStagingChunk);
   std::lock_guard<std::mutex> lock(staging_mu_);
   Buffer& st = staging(chunk);
-  for (uint64_t done = 0; done < bytes; done += chunk) {
-    const uint64_t n = std::min(chunk, bytes - done);
+  for (uint64_t done = 0; done < bytes; done += chunk) chunk_fn(st, done, std::min(chunk, bytes - done));
+}
+
+void VulkanBackend::upload(Buffer& dst, const void* data, uint64_t bytes, VkDeviceSize dst_off) {
+  through_staging(bytes, [&](Buffer& st, uint64_t done, uint64_t n) {
     std::memcpy(st.map, static_cast<const std::byte*>(data) + done, n);
     dev_->submit_now([&](VkCommandBuffer cb) {
       VkBufferCopy c{0, dst_off + done, n};
       vkCmdCopyBuffer(cb, st.buf, dst.buf, 1, &c);
     });
-  }
+  });
 }
 
 void VulkanBackend::download(const Buffer& src, void* data, uint64_t bytes) {
-  if (bytes == 0) return;
-  const uint64_t chunk = std::min<uint64_t>(bytes, kStagingChunk);
-  std::lock_guard<std::mutex> lock(staging_mu_);
-  Buffer& st = staging(chunk);
-  for (uint64_t done = 0; done < bytes; done += chunk) {
-    const uint64_t n = std::min(chunk, bytes - done);
+  through_staging(bytes, [&](Buffer& st, uint64_t done, uint64_t n) {
     dev_->submit_now([&](VkCommandBuffer cb) {
       full_barrier(cb, VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT, VK_ACCESS_TRANSFER_READ_BIT,
                    VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT, VK_PIPELINE_STAGE_TRANSFER_BIT);
@@ -99,7 +97,7 @@ void VulkanBackend::download(const Buffer& src, void* data, uint64_t bytes) {
                    VK_PIPELINE_STAGE_HOST_BIT);
     });
     std::memcpy(static_cast<std::byte*>(data) + done, st.map, n);
-  }
+  });
 }
 
 void VulkanBackend::read(const BackendTensor& tensor, std::span<std::byte> dst) {
@@ -155,6 +153,7 @@ uint64_t vulkan_memory_allocations(const ComputeBackend& backend) {
 std::unique_ptr<ComputeBackend> make_vulkan_backend(const nlohmann::json& options) {
   nlohmann::json device_opt;
   uint64_t max_binding = 0;
+  bool subgroups = true;
   if (options.is_object()) {
     for (const auto& [key, value] : options.items()) {
       if (key == "device") {
@@ -163,8 +162,11 @@ std::unique_ptr<ComputeBackend> make_vulkan_backend(const nlohmann::json& option
         if (!value.is_number_integer() || value.get<int64_t>() < 4096)
           fail("vulkan backend: option 'max_binding_bytes' = {} must be an integer >= 4096", value.dump());
         max_binding = value.get<uint64_t>();
+      } else if (key == "subgroups") {
+        if (!value.is_boolean()) fail("vulkan backend: option 'subgroups' = {} must be true or false", value.dump());
+        subgroups = value.get<bool>();
       } else {
-        fail("vulkan backend: unknown option '{}' (known: device, max_binding_bytes)", key);
+        fail("vulkan backend: unknown option '{}' (known: device, max_binding_bytes, subgroups)", key);
       }
     }
   } else if (!options.is_null()) {
@@ -221,6 +223,12 @@ std::unique_ptr<ComputeBackend> make_vulkan_backend(const nlohmann::json& option
   vkGetPhysicalDeviceMemoryProperties(dev->phys, &dev->mem_props);
   dev->max_binding = dev->props.limits.maxStorageBufferRange;
   if (max_binding > 0) dev->max_binding = std::min<VkDeviceSize>(dev->max_binding, max_binding);
+  VkPhysicalDeviceSubgroupProperties sub{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
+  VkPhysicalDeviceProperties2 props2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
+  props2.pNext = &sub;
+  vkGetPhysicalDeviceProperties2(dev->phys, &props2);
+  dev->subgroup_shuffle = subgroups && (sub.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                          (sub.supportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT) && sub.subgroupSize >= 2;
 
   uint32_t qcount = 0;
   vkGetPhysicalDeviceQueueFamilyProperties(dev->phys, &qcount, nullptr);
@@ -247,7 +255,8 @@ std::unique_ptr<ComputeBackend> make_vulkan_backend(const nlohmann::json& option
   check(vkCreateCommandPool(dev->dev, &ci, nullptr, &dev->cmd_pool), "vkCreateCommandPool");
   VkFenceCreateInfo fi{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
   check(vkCreateFence(dev->dev, &fi, nullptr, &dev->fence), "vkCreateFence");
-  log_debug("vulkan backend: device {} of [{}]", pick, listing);
+  log_debug("vulkan backend: device {} of [{}]; subgroup shuffles {} (subgroup size {})", pick, listing,
+            dev->subgroup_shuffle ? "on" : "off", sub.subgroupSize);
   return std::make_unique<VulkanBackend>(std::move(dev));
 }
 

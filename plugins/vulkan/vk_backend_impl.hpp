@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <array>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -268,6 +269,8 @@ class VulkanBackend final : public ComputeBackend {
   VkPipeline pipeline(const std::string& shader);
   std::unique_ptr<Plan> build(const Graph& g);
   void record(Plan& p, const std::vector<Node>& graph_nodes);
+  // Calls chunk_fn(staging, offset, length) for each staging-sized chunk of `bytes`, holding staging_mu_.
+  void through_staging(uint64_t bytes, const std::function<void(Buffer&, uint64_t, uint64_t)>& chunk_fn);
   void upload(Buffer& dst, const void* data, uint64_t bytes, VkDeviceSize dst_off = 0);
   void download(const Buffer& src, void* data, uint64_t bytes);
   Buffer& staging(uint64_t bytes);

@@ -91,6 +91,7 @@ struct Device {
   VkCommandPool cmd_pool = VK_NULL_HANDLE;
   VkFence fence = VK_NULL_HANDLE;
   VkDeviceSize max_binding = 0;  // maxStorageBufferRange, or the lower `max_binding_bytes` option
+  bool subgroup_shuffle = false;  // compute shaders may shuffle within a subgroup (and the option allows it)
   std::atomic<uint64_t> allocations{0};  // vkAllocateMemory calls (vulkan_memory_allocations)
   std::mutex blocks_mu;
   std::weak_ptr<MemoryBlock> open_block;  // where the next weight goes

@@ -10,6 +10,10 @@
 
 namespace specula::vulkan::detail {
 
+// A MatMul of at least kTiledMinRows activation rows runs matmul_tiled.comp, kTileRows rows a workgroup
+// (its TN): prefill. Fewer rows run matmul.comp, which spreads each weight row over several threads.
+constexpr int64_t kTiledMinRows = 32, kTileRows = 32;
+
 std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
   const auto& nodes = g.nodes();
   const int32_t count = static_cast<int32_t>(nodes.size());
@@ -240,7 +244,7 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
       case Op::MatMulId: {
         need_weight(n, 0);
         const Node& w = src_node(n, 0);
-        d.shader = "matmul";
+        d.shader = dev_->subgroup_shuffle ? "matmul_subgroup" : "matmul";
         d.bind[1] = as_f32(n, i, 1, false);
         d.bind[5] = result();
         const Loc wl = loc_of(n.src[0]);
@@ -250,6 +254,8 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
         const uint64_t rpw = 64 / tpr;
         if (n.op == Op::MatMul) {
           const int64_t O = w.shape[0], I = w.shape[1], N = elements(src_node(n, 1).shape) / I;
+          const bool tiled = N >= kTiledMinRows;
+          if (tiled) d.shader = "matmul_tiled";
           for (auto win : windows(wl, w, O, I, 1)) {
             d.pc = {};
             d.pc[PC_MM_TYPE] = static_cast<uint32_t>(w.type);
@@ -262,7 +268,9 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
             d.pc[PC_MM_WIN_COUNT] = u32(win.second - win.first);
             d.pc[PC_MM_TPR] = tpr;
             bind_weight(d, wl, w, I, win);
-            d.groups = (static_cast<uint64_t>(win.second - win.first) + rpw - 1) / rpw * static_cast<uint64_t>((N + 7) / 8);
+            const uint64_t cols = static_cast<uint64_t>(win.second - win.first);
+            d.groups = tiled ? (cols + 63) / 64 * static_cast<uint64_t>((N + kTileRows - 1) / kTileRows)
+                             : (cols + rpw - 1) / rpw * static_cast<uint64_t>((N + 7) / 8);
             p.dispatches.push_back(d);
           }
         } else {

@@ -1,5 +1,6 @@
 // The Vulkan backend against the CPU backend (an independent implementation) where Vulkan has its own
-// paths: shapes that cross its tiles and row groups (1..11 activation rows, 300-slot attention, a
+// paths: shapes that cross its tiles and row groups (1..11 activation rows, and 33-40 for the prefill
+// tiles; subgroup reductions against shared memory, bit for bit), 300-slot attention, a
 // 40,000-wide softmax), every MLX bit width, weights in binding windows, the sampler's draw at its
 // boundaries, its errors, device and memory. The op conformance suites themselves (tests/backend, against
 // independent references) run on Vulkan too, as "vulkan:Ops.*" and so on. Tolerances: F32 ops 1e-5 relative plus a
@@ -16,6 +17,7 @@
 
 #include "specula/error.hpp"
 #include "specula/sampling_rule.hpp"
+#include "common/sanitizers.hpp"
 #include "test_util.hpp"
 #include "vk_backend.hpp"
 
@@ -195,9 +197,10 @@ TEST_P(VulkanMatMul, MatchesCpuAndDequantizedReference) {
   REQUIRE_VULKAN();
   const DType type = GetParam();
   const int64_t blk = dtype_traits(type)->block_elems;
-  // Odd output counts, 1..9 activation rows (remainders of the 8-row groups), odd widths for plain types.
-  std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes{{37, 256, 1}, {13, 512, 6}, {5, 256, 11}};
-  if (blk == 1) shapes.push_back({19, 37, 3});
+  // Odd output counts, 1..11 activation rows (remainders of the 8-row groups), 40 (matmul_tiled: two
+  // column tiles, a full and a partial row tile), odd widths for plain types.
+  std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes{{37, 256, 1}, {13, 512, 6}, {5, 256, 11}, {70, 256, 40}};
+  if (blk == 1) shapes.insert(shapes.end(), {{19, 37, 3}, {19, 37, 33}});
   for (auto [O, I, N] : shapes) {
     std::vector<float> deq;
     auto packed = make_weight(type, O, I, 7, &deq);
@@ -251,7 +254,7 @@ TEST_P(VulkanMlx, MatMulAndGetRowsMatchCpu) {
   const MlxRowParams p = GetParam();
   const int64_t O = 37, I = 384;  // 384: whole groups of 32, 64 and 128, several per row
   const MlxWeight w = make_mlx(p, O, I, 70 + p.bits);
-  for (int64_t N : {1, 3, 17}) {  // 17: two 8-row groups and a remainder, and the CPU's GEMM row count
+  for (int64_t N : {1, 3, 17, 40}) {  // 17: two 8-row groups and a remainder, and the CPU's GEMM row count; 40: tiled
     auto x = test::random_floats(static_cast<size_t>(N * I), 71);
     const std::string what = fmt::format("matmul {} O={} I={} N={}", mlx_name(p), O, I, N);
     auto build = [&](Side& s, Built& b) {
@@ -538,6 +541,9 @@ TEST(VulkanOps, WeightsAboveTheBindingLimitRunInWindows) {
     const int64_t O = 601, I = 256, E = 4, Oe = 37;
     auto packed = make_weight(type, O, I, 61);
     auto experts = make_weight(type, E * Oe, I, 62);
+    // matmul_tiled over 32 rows, window by window: 400 rows of the weight keep its result in one binding.
+    const int64_t Ot = 400;
+    auto x32 = exact_activations(32 * I, 67);
     auto x = exact_activations(3 * I, 63);
     std::vector<int32_t> ids{600, 0, 250, 599, 7};
     std::vector<int32_t> eids{3, 0, 1, 3, 2, 1};
@@ -548,6 +554,9 @@ TEST(VulkanOps, WeightsAboveTheBindingLimitRunInWindows) {
       b.out(b.g.get_rows(w, b.input(DType::I32, {5}, ids, "ids")));
       Value e = b.g.constant(s.weight("experts", type, {E, Oe, I}, experts));
       b.out(b.g.matmul_id(e, b.g.reshape(xv, {3, 1, I}), b.input(DType::I32, {3, 2}, eids, "eids")));
+      const size_t tiled_bytes = packed.size() / static_cast<size_t>(O) * static_cast<size_t>(Ot);
+      Value wt = b.g.constant(s.weight("wt", type, {Ot, I}, {packed.begin(), packed.begin() + static_cast<std::ptrdiff_t>(tiled_bytes)}));
+      b.out(b.g.matmul(wt, b.input(DType::F32, {32, I}, x32, "x32")));
     };
     const Result want = run_on(cpu(), build), got = run_on(small.get(), build);
     for (size_t k = 0; k < want.f.size(); ++k)
@@ -560,7 +569,8 @@ TEST(VulkanOps, WeightsAboveTheBindingLimitRunInWindows) {
   const MlxRowParams p{5, 128, DType::BF16};
   const int64_t O = 601, I = 256, E = 8, Oe = 61;
   const MlxWeight w = make_mlx(p, O, I, 64), experts = make_mlx(p, E * Oe, I, 65);
-  auto x = test::random_floats(3 * I, 66);
+  const MlxWeight wt = make_mlx(p, 480, I, 69);  // 2 windows of codes; 32 x 480 results fit one binding
+  auto x = test::random_floats(3 * I, 66), x32 = test::random_floats(32 * I, 68);
   std::vector<int32_t> ids{600, 0, 407, 408, 599, 250};
   std::vector<int32_t> eids{7, 0, 3, 4, 5, 1};
   auto build = [&](Side& s, Built& b) {
@@ -570,11 +580,37 @@ TEST(VulkanOps, WeightsAboveTheBindingLimitRunInWindows) {
     b.out(b.g.get_rows(wv, b.input(DType::I32, {6}, ids, "ids")));
     Value e = b.g.constant(s.mlx_weight("experts", {E, Oe, I}, experts));
     b.out(b.g.matmul_id(e, b.g.reshape(xv, {3, 1, I}), b.input(DType::I32, {3, 2}, eids, "eids")));
+    b.out(b.g.matmul(b.g.constant(s.mlx_weight("wt", {480, I}, wt)), b.input(DType::F32, {32, I}, x32, "x32")));
   };
   const Result want = run_on(cpu(), build), got = run_on(small.get(), build);
   for (size_t k = 0; k < want.f.size(); ++k)
     test::expect_close(got.f[k], std::vector<double>(want.f[k].begin(), want.f[k].end()), k == 1 ? 0 : 1e-5,
                        k == 1 ? 0 : 1e-5, "windows " + mlx_name(p) + " output " + std::to_string(k));
+}
+
+TEST(VulkanOps, SubgroupReductionsEqualSharedMemoryBitForBit) {
+  REQUIRE_VULKAN();
+  SKIP_UNDER_SANITIZERS();  // a second device and its shader compilation on lavapipe; no host code of its own
+  // With `subgroups: false` every step of a row's reduction goes through shared memory. The shuffles
+  // must add the same partial sums in the same order: equal bits, for 1 to 64 threads a row (widths of
+  // 1 to 64 chunks; lavapipe's subgroups are 8 wide, so 16-64 mix both kinds of step), 1-8 rows, MatMulId.
+  auto shared_only = vulkan::make_vulkan_backend({{"subgroups", false}});
+  for (int64_t I : {32, 256, 768, 2048}) {
+    const int64_t O = 19, N = 7, E = 3, Oe = 5;
+    auto packed = make_weight(DType::Q8_0, O, I, 90);
+    auto experts = make_weight(DType::F16, E * Oe, I, 91);
+    auto x = test::random_floats(static_cast<size_t>(N * I), 92);
+    std::vector<int32_t> eids{2, 0, 1, 1, 0, 2, 2};
+    auto build = [&](Side& s, Built& b) {
+      Value xv = b.input(DType::F32, {N, I}, x, "x");
+      b.out(b.g.matmul(b.g.constant(s.weight("w", DType::Q8_0, {O, I}, packed)), xv));
+      b.out(b.g.matmul(b.g.constant(s.weight("w1", DType::Q8_0, {O, I}, packed)), b.g.slice(b.g.reshape(xv, {1, N * I}), 0, I)));
+      Value e = b.g.constant(s.weight("experts", DType::F16, {E, Oe, I}, experts));
+      b.out(b.g.matmul_id(e, b.g.reshape(xv, {N, 1, I}), b.input(DType::I32, {N, 1}, eids, "eids")));
+    };
+    const Result want = run_on(shared_only.get(), build), got = run_on(vulkan(), build);
+    for (size_t k = 0; k < want.f.size(); ++k) EXPECT_EQ(got.f[k], want.f[k]) << "I=" << I << " output " << k;
+  }
 }
 
 TEST(VulkanErrors, BadOptionsDeviceAndIds) {
@@ -591,6 +627,7 @@ TEST(VulkanErrors, BadOptionsDeviceAndIds) {
   EXPECT_NE(message([] { vulkan::make_vulkan_backend({{"device", 99}}); }).find("'device' = 99"), std::string::npos);
   EXPECT_NE(message([] { vulkan::make_vulkan_backend({{"device", "no such gpu"}}); }).find("names none"), std::string::npos);
   EXPECT_NE(message([] { vulkan::make_vulkan_backend({{"device", -1}}); }).find("device index"), std::string::npos);
+  EXPECT_NE(message([] { vulkan::make_vulkan_backend({{"subgroups", 1}}); }).find("'subgroups' = 1"), std::string::npos);
 
   ComputeBackend* vk = vulkan();
   EXPECT_TRUE(vk->supports(Op::MatMul, DType::Q4_K).ok);

@@ -1,9 +1,17 @@
 #version 450
-// MatMul and MatMulId: a workgroup covers 64 / p[11] output columns o and a group of up to 8 activation
-// rows; p[11] (a power of two, about the row's 32-value chunk count) threads share a weight row, striding
+// MatMul and MatMulId of a few activation rows: a workgroup covers 64 / tpr output columns o and a group of
+// up to 8 activation rows; tpr (PC_MM_TPR, a power of two, about the row's 32-value chunk count) threads
+// share a weight row, striding
 // over its chunks and decoding each chunk once for all rows of the group, then reduce in shared memory.
 // Push constants: PC_MM_* and PC_MLX_* (push_constants.h). Weights above maxStorageBufferRange are split
 // in windows, one dispatch each; MLX scales and biases are at bindings 3 and 4.
+// Built twice: with SUBGROUP_REDUCE (matmul_subgroup) the last strides of a row's reduction, those within
+// a subgroup, are shuffles instead of shared-memory steps with barriers. Lane 0 adds the same partial
+// sums in the same order either way, so both give the same bits. It assumes subgroups are runs of
+// gl_SubgroupSize consecutive invocations, as on every driver of a one-dimensional workgroup.
+#ifdef SUBGROUP_REDUCE
+#extension GL_KHR_shader_subgroup_shuffle : require
+#endif
 #include "common.glsl"
 layout(local_size_x = 64) in;
 const uint NR = 8u;  // activation rows per workgroup
@@ -65,14 +73,26 @@ void main() {
       acc[r] = s;
     }
   }
-  for (uint r = 0u; r < NR; ++r) red[r * 64u + tid] = acc[r];
-  barrier();
-  for (uint s = tpr / 2u; s > 0u; s >>= 1) {
-    if (lane < s)
-      for (uint r = 0u; r < nr; ++r) red[r * 64u + tid] += red[r * 64u + tid + s];
+  // Strides tpr/2 .. lo in shared memory, then lo/2 .. 1 by shuffles: the same additions in the same order.
+  uint lo = 1u;
+#ifdef SUBGROUP_REDUCE
+  lo = min(tpr, gl_SubgroupSize);
+#endif
+  if (tpr > lo) {
+    for (uint r = 0u; r < NR; ++r) red[r * 64u + tid] = acc[r];
     barrier();
+    for (uint s = tpr / 2u; s >= lo; s >>= 1) {
+      if (lane < s)
+        for (uint r = 0u; r < nr; ++r) red[r * 64u + tid] += red[r * 64u + tid + s];
+      barrier();
+    }
+    for (uint r = 0u; r < nr; ++r) acc[r] = red[r * 64u + tid];
   }
+#ifdef SUBGROUP_REDUCE
+  for (uint s = lo / 2u; s > 0u; s >>= 1)
+    for (uint r = 0u; r < nr; ++r) acc[r] += subgroupShuffleXor(acc[r], s);
+#endif
   if (lane == 0u)
     for (uint r = 0u; r < nr; ++r)
-      if (mine[r]) bo.d[(n0 + r) * O + o] = floatBitsToUint(red[r * 64u + tid]);
+      if (mine[r]) bo.d[(n0 + r) * O + o] = floatBitsToUint(acc[r]);
 }
