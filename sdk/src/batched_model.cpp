@@ -90,38 +90,45 @@ std::unique_ptr<ModelContext> BatchedModel::make_context(int64_t capacity) {
   return std::make_unique<Context>(shared_from_this(), capacity);
 }
 
+BatchedModel::Built& BatchedModel::cached_graph(GraphKey key, const std::function<void(Built&)>& build) const {
+  std::lock_guard<std::mutex> lock(graphs_mu_);
+  auto& slot = graphs_[std::move(key)];
+  if (!slot) {
+    auto b = std::make_unique<Built>();
+    build(*b);
+    b->plan = backend_->compile(b->graph);
+    slot = std::move(b);
+  }
+  return *slot;
+}
+
 BatchedModel::Built& BatchedModel::graph_for(std::span<const Part> parts, const Sampler* sampler, const SamplingState* state) const {
   std::vector<int64_t> shape;
   for (const Part& p : parts)
     shape.insert(shape.end(), {static_cast<int64_t>(p.cache->id()), static_cast<int64_t>(p.tokens.size()), p.n_logits});
-  std::lock_guard<std::mutex> lock(graphs_mu_);
-  auto& slot = graphs_[{std::move(shape), sampler ? "sampler:" + sampler->device_key(*state) : std::string()}];
-  if (slot) return *slot;
-  auto b = std::make_unique<Built>();
-  std::vector<BatchGraph::Entry> entries;
-  std::vector<int64_t> n_logits;
-  for (const Part& part : parts) {
-    entries.push_back({part.cache, static_cast<int64_t>(part.tokens.size())});
-    n_logits.push_back(part.n_logits);
-  }
-  b->batch = std::make_unique<BatchGraph>(b->graph, std::move(entries), attention_);
-  b->ids = b->graph.input(DType::I32, {b->batch->rows()}, "tokens");
-  b->logits = build_forward(*b->batch, b->ids, n_logits);
-  if (b->logits) b->graph.named(b->logits, "logits");
-  // A sampling graph gives the host its token only; without its device form it is never run.
-  if (b->logits && !sampler) b->graph.mark_output(b->logits);
-  if (sampler) {
-    Graph& g = b->graph;
-    const std::vector<int32_t> ids = sampler->device_ids(*state);
-    b->sampler_ids = ids.empty() ? Value{} : g.input(DType::I32, {static_cast<int64_t>(ids.size())}, "sampler_ids");
-    b->uniform = g.input(DType::F32, {1}, "uniform");
-    b->token = sampler->sample_in_graph(g, g.reshape(b->logits, {vocab_}), b->sampler_ids, b->uniform, *state,
-                                        *backend_, &b->why);
-    if (b->token) g.mark_output(b->token);
-  }
-  b->plan = backend_->compile(b->graph);
-  slot = std::move(b);
-  return *slot;
+  return cached_graph({std::move(shape), sampler ? "sampler:" + sampler->device_key(*state) : std::string()}, [&](Built& b) {
+    std::vector<BatchGraph::Entry> entries;
+    std::vector<int64_t> n_logits;
+    for (const Part& part : parts) {
+      entries.push_back({part.cache, static_cast<int64_t>(part.tokens.size())});
+      n_logits.push_back(part.n_logits);
+    }
+    Graph& g = b.graph;
+    b.batch = std::make_unique<BatchGraph>(g, std::move(entries), attention_);
+    b.ids = g.input(DType::I32, {b.batch->rows()}, "tokens");
+    b.logits = build_forward(*b.batch, b.ids, n_logits);
+    if (b.logits) g.named(b.logits, "logits");
+    // A sampling graph gives the host its token only; without its device form it is never run.
+    if (b.logits && !sampler) g.mark_output(b.logits);
+    if (sampler) {
+      const std::vector<int32_t> ids = sampler->device_ids(*state);
+      b.sampler_ids = ids.empty() ? Value{} : g.input(DType::I32, {static_cast<int64_t>(ids.size())}, "sampler_ids");
+      b.uniform = g.input(DType::F32, {1}, "uniform");
+      b.token = sampler->sample_in_graph(g, g.reshape(b.logits, {vocab_}), b.sampler_ids, b.uniform, *state,
+                                         *backend_, &b.why);
+      if (b.token) g.mark_output(b.token);
+    }
+  });
 }
 
 void BatchedModel::forget(uint64_t cache_id) const {
@@ -138,12 +145,16 @@ void BatchedModel::check_tokens(const KvCache& cache, std::span<const int32_t> t
   const int64_t n = static_cast<int64_t>(tokens.size());
   if (n == 0) fail("{}: forward() called with no tokens", name_);
   if (n_logits < 0 || n_logits > n) fail("{}: forward() asked for {} logits of {} tokens", name_, n_logits, n);
-  if (cache.position() + n > cache.capacity())
-    fail("{}: context overflow: {} tokens at position {} exceed the context length {}", name_, n, cache.position(),
-         cache.capacity());
+  check_room(cache, n);
   for (int64_t i = 0; i < n; ++i)
     if (tokens[i] < 0 || tokens[i] >= vocab_)
       fail("{}: token id {} at index {} is outside the vocabulary [0, {})", name_, tokens[i], i, vocab_);
+}
+
+void BatchedModel::check_room(const KvCache& cache, int64_t n) const {
+  if (cache.position() + n > cache.capacity())
+    fail("{}: context overflow: {} tokens at position {} exceed the context length {}", name_, n, cache.position(),
+         cache.capacity());
 }
 
 void BatchedModel::execute(Built& b, std::span<const Part> parts,
@@ -209,30 +220,18 @@ GreedyVerification BatchedModel::verify_greedy(KvCache& cache, const BackendTens
                                               int64_t n) const {
   const std::vector<int32_t> first{last};
   check_tokens(cache, first, 1);
-  if (cache.position() + n + 1 > cache.capacity())
-    fail("{}: context overflow: {} tokens at position {} exceed the context length {}", name_, n + 1, cache.position(),
-         cache.capacity());
+  check_room(cache, n + 1);
   const int64_t N = drafts->shape()[0];
-  Built* built = nullptr;
-  {
-    std::lock_guard<std::mutex> lock(graphs_mu_);
-    auto& slot = graphs_[{{static_cast<int64_t>(cache.id()), n + 1, n + 1}, fmt::format("verify:{}", N)}];
-    if (!slot) {
-      auto b = std::make_unique<Built>();
-      Graph& g = b->graph;
-      b->batch = std::make_unique<BatchGraph>(g, std::vector<BatchGraph::Entry>{{&cache, n + 1}}, attention_);
-      b->last = g.input(DType::I32, {1}, "last_token");
-      const Value d = g.slice(g.reshape(g.constant(drafts), {N}), 0, n);
-      b->ids = g.concat(b->last, d);
-      b->logits = g.named(build_forward(*b->batch, b->ids, std::vector<int64_t>{n + 1}), "logits");
-      b->verdict = g.concat(d, g.reshape(g.argmax(b->logits), {n + 1}));
-      g.mark_output(b->verdict);
-      b->plan = backend_->compile(g);
-      slot = std::move(b);
-    }
-    built = slot.get();
-  }
-  Built& b = *built;
+  Built& b = cached_graph({{static_cast<int64_t>(cache.id()), n + 1, n + 1}, fmt::format("verify:{}", N)}, [&](Built& nb) {
+    Graph& g = nb.graph;
+    nb.batch = std::make_unique<BatchGraph>(g, std::vector<BatchGraph::Entry>{{&cache, n + 1}}, attention_);
+    nb.last = g.input(DType::I32, {1}, "last_token");
+    const Value d = g.slice(g.reshape(g.constant(drafts), {N}), 0, n);
+    nb.ids = g.concat(nb.last, d);
+    nb.logits = g.named(build_forward(*nb.batch, nb.ids, std::vector<int64_t>{n + 1}), "logits");
+    nb.verdict = g.concat(d, g.reshape(g.argmax(nb.logits), {n + 1}));
+    g.mark_output(nb.verdict);
+  });
   RunInputs in;
   in.inputs.emplace_back(b.last, std::as_bytes(std::span<const int32_t>(first)));
   b.batch->set_inputs(in);

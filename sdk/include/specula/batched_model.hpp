@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -66,6 +67,10 @@ class BatchedModel : public Model, public std::enable_shared_from_this<BatchedMo
                               const SamplingState& state, float uniform) const;
   GreedyVerification verify_greedy(KvCache& cache, const BackendTensorPtr& drafts, int32_t last, int64_t n) const;
   void check_tokens(const KvCache& cache, std::span<const int32_t> tokens, int64_t n_logits) const;
+  void check_room(const KvCache& cache, int64_t n) const;  // n more tokens fit the context
+  // The graph cached under `key`, made by `build` (which fills its graph and ids, then compiled) the first time.
+  using GraphKey = std::pair<std::vector<int64_t>, std::string>;
+  Built& cached_graph(GraphKey key, const std::function<void(Built&)>& build) const;
   // The graph of a batch shape, ending in `sampler`'s device form when one is given.
   Built& graph_for(std::span<const Part> parts, const Sampler* sampler, const SamplingState* state) const;
   void execute(Built& b, std::span<const Part> parts, std::vector<std::pair<Value, std::span<const std::byte>>> extra) const;
@@ -79,7 +84,7 @@ class BatchedModel : public Model, public std::enable_shared_from_this<BatchedMo
   std::shared_ptr<const Attention> attention_ = standard_attention();
   // Graphs by batch shape (cache id, tokens, logits of each part) and sampler device key (or "verify:N").
   mutable std::mutex graphs_mu_;
-  mutable std::map<std::pair<std::vector<int64_t>, std::string>, std::unique_ptr<Built>> graphs_;
+  mutable std::map<GraphKey, std::unique_ptr<Built>> graphs_;
 };
 
 }  // namespace specula
