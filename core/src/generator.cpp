@@ -101,6 +101,11 @@ namespace {
 using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
+}  // namespace
+
+// Not in the anonymous namespace: Generation::State (declared in the header) holds one.
+namespace detail {
+
 // Turns accepted tokens into visible text: through the chat format's AnswerFilter when the model has
 // one, else through the tokenizer's bytes (special tokens hidden), else nothing.
 class TextStream {
@@ -125,7 +130,7 @@ class TextStream {
   Utf8Stream utf8_;
 };
 
-}  // namespace
+}  // namespace detail
 
 // The state of one generation between steps; its member functions are the steps of the loop that
 // Generator::generate runs (start: checks, prefill, first token; step: one decode step; finish).
@@ -147,7 +152,7 @@ struct Generation::State {
   std::unordered_set<int32_t> stops;
   GenerationResult result;
   std::vector<int32_t> history;
-  TextStream text;
+  detail::TextStream text;
   bool done = false;
   std::string held;  // visible text not handed out yet because it may begin a stop string
   int32_t last = -1;

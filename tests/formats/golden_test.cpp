@@ -69,8 +69,6 @@ struct Case {
 
 class LlamaGolden : public ::testing::TestWithParam<Case> {};
 
-}  // namespace
-
 TEST_P(LlamaGolden, DequantizationIsBitExact) {
   const Case c = GetParam();
   const Golden g = load(c.name, c.type);
@@ -112,3 +110,5 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"Q6_K", DType::Q6_K, false}, Case{"IQ4_NL", DType::IQ4_NL, false},
                       Case{"IQ4_XS", DType::IQ4_XS, false}),
     [](const auto& info) { return std::string(info.param.name); });
+
+}  // namespace

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/expect_contains.hpp"
 #include "specula/plugin.hpp"
 
 #include "test_util.hpp"
@@ -12,7 +13,6 @@
 
 namespace {
 
-#define EXPECT_CONTAINS(text, part) EXPECT_NE(std::string(text).find(part), std::string::npos) << (text)
 
 std::vector<int32_t> reference_greedy(std::vector<int32_t> prefix, int n, const toy::Config& c = {}) {
   std::vector<int32_t> out;

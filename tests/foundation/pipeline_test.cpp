@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 
+#include "common/expect_contains.hpp"
 #include "specula/core/generator.hpp"
 #include "specula/core/pipeline.hpp"
 #include "specula/core/plugin_host.hpp"
@@ -25,7 +26,6 @@ std::string error_of(const std::string& yaml, const std::string& name = "p.yaml"
   return "(no error)";
 }
 
-#define EXPECT_CONTAINS(text, part) EXPECT_NE(std::string(text).find(part), std::string::npos) << (text)
 
 TEST(Pipeline, ParsesEverySection) {
   auto p = parse_pipeline(R"(

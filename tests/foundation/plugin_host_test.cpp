@@ -4,6 +4,7 @@
 
 #include <cstdlib>
 
+#include "common/expect_contains.hpp"
 #include "specula/core/plugin_host.hpp"
 #include "specula/error.hpp"
 #include "test_util.hpp"
@@ -12,10 +13,6 @@ using specula::core::PluginHost;
 
 namespace {
 
-std::string contains(const std::string& text, const std::string& part) {
-  return text.find(part) != std::string::npos ? std::string() : "'" + part + "' not found in: " + text;
-}
-#define EXPECT_CONTAINS(text, part) EXPECT_EQ(contains(text, part), "")
 
 const specula::core::Rejection* rejection_for(const PluginHost& host, const std::string& file_name) {
   for (const auto& r : host.rejected()) {

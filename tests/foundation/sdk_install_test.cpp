@@ -5,12 +5,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "common/expect_contains.hpp"
 #include "test_util.hpp"
 #include "toy.hpp"
 
 namespace {
 
-#define EXPECT_CONTAINS(text, part) EXPECT_NE(std::string(text).find(part), std::string::npos) << (text)
 
 TEST(Sdk, TemplatePluginBuildsOutOfTreeAgainstTheInstalledSdkAndLoads) {
   test::TempDir dir;
