@@ -1,8 +1,8 @@
 #version 450
 // MatMul and MatMulId of a few activation rows: a workgroup covers 64 / tpr output columns o and a group of
 // up to 8 activation rows; tpr (PC_MM_TPR, a power of two, about the row's 32-value chunk count) threads
-// share a weight row, striding
-// over its chunks and decoding each chunk once for all rows of the group, then reduce in shared memory.
+// share a weight row, striding over its chunks and decoding each chunk once for all rows of the group,
+// then sum their partial dot products.
 // Push constants: PC_MM_* and PC_MLX_* (push_constants.h). Weights above maxStorageBufferRange are split
 // in windows, one dispatch each; MLX scales and biases are at bindings 3 and 4.
 // Built twice: with SUBGROUP_REDUCE (matmul_subgroup) the last strides of a row's reduction, those within
