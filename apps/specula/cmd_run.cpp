@@ -219,7 +219,8 @@ int run_run(const std::vector<std::string>& args) {
     if (!st.host_sampling_reason.empty()) j["stats"]["host_sampling_reason"] = st.host_sampling_reason;
     j["stats"].update(by_position);
     if (plain) {
-      j["baseline"] = {{"generated_tokens", plain->stats.generated_tokens},
+      j["baseline"] = {{"tokens", plain->tokens},
+                       {"generated_tokens", plain->stats.generated_tokens},
                        {"decode_seconds", plain->stats.decode_seconds},
                        {"decode_tokens_per_second", without_rate}};
       j["speedup"] = speedup_ratio;

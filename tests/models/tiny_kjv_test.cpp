@@ -344,6 +344,7 @@ TEST(TinyKjv, DefaultPipelineRunsWithTheDrafter) {
   EXPECT_GE(letters, static_cast<int>(text.size()) * 8 / 10) << text;  // English words, not byte soup
   EXPECT_GT(j["stats"]["drafted_tokens"].get<int64_t>(), 0);
   EXPECT_GT(j["baseline"]["decode_tokens_per_second"].get<double>(), 0);
+  EXPECT_EQ(j["baseline"]["tokens"], j["tokens"]) << "greedy: the plain run makes the same tokens";
   EXPECT_GT(j["speedup"].get<double>(), 0);
   // The ratio is of the medians of five alternating runs each.
   EXPECT_EQ(j["speedup_runs"]["runs_each"].get<int>(), 5);

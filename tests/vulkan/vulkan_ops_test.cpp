@@ -603,8 +603,9 @@ TEST(VulkanOps, SubgroupReductionsEqualSharedMemoryBitForBit) {
     std::vector<int32_t> eids{2, 0, 1, 1, 0, 2, 2};
     auto build = [&](Side& s, Built& b) {
       Value xv = b.input(DType::F32, {N, I}, x, "x");
-      b.out(b.g.matmul(b.g.constant(s.weight("w", DType::Q8_0, {O, I}, packed)), xv));
-      b.out(b.g.matmul(b.g.constant(s.weight("w1", DType::Q8_0, {O, I}, packed)), b.g.slice(b.g.reshape(xv, {1, N * I}), 0, I)));
+      Value w = b.g.constant(s.weight("w", DType::Q8_0, {O, I}, packed));
+      b.out(b.g.matmul(w, xv));
+      b.out(b.g.matmul(w, b.g.slice(b.g.reshape(xv, {1, N * I}), 0, I)));  // one row
       Value e = b.g.constant(s.weight("experts", DType::F16, {E, Oe, I}, experts));
       b.out(b.g.matmul_id(e, b.g.reshape(xv, {N, 1, I}), b.input(DType::I32, {N, 1}, eids, "eids")));
     };
