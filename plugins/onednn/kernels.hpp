@@ -31,7 +31,7 @@ struct Matrix {
 float dot_f32(const float* a, const float* b, int64_t n);
 
 // Values of simple arithmetic a share of an op handles at least: handing a share to another thread costs
-// about a microsecond (the spinning worker's cache lines), the time of some 16K such values, so a small
+// 1.5-2 microseconds (the spinning worker's cache lines), the time of some 16K such values, so a small
 // model's norms, adds and RoPE over a few rows stay on one thread. rows_grain: the parallel_for grain for
 // rows of `cost` such values each.
 inline constexpr int64_t kMinShareValues = 16384;

@@ -26,13 +26,15 @@ void ThreadPool::run(const std::function<void(int, int)>& fn) {
     fn(0, 1);
     return;
   }
-  {
-    std::lock_guard<std::mutex> lock(mutex_);
-    job_ = &fn;
-    state_.store(kOpen, std::memory_order_release);
-    generation_.fetch_add(1, std::memory_order_release);
+  job_ = &fn;
+  state_.store(kOpen, std::memory_order_release);
+  // Sequentially consistent with the sleeper count: a worker counts itself before it checks the
+  // generation under the mutex, so either it sees this job or we see it and wake it.
+  generation_.fetch_add(1, std::memory_order_seq_cst);
+  if (sleeping_.load(std::memory_order_seq_cst) > 0) {
+    { std::lock_guard<std::mutex> lock(mutex_); }  // a worker between its check and its wait holds the mutex
+    wake_.notify_all();
   }
-  wake_.notify_all();
   // An exception in the caller's share must not leave workers running a dangling job.
   std::exception_ptr error;
   try {
@@ -61,7 +63,9 @@ void ThreadPool::worker(int index) {
       _mm_pause();
       if (++polls % 256 == 0 && std::chrono::steady_clock::now() > spin_until) {
         std::unique_lock<std::mutex> lock(mutex_);
+        sleeping_.fetch_add(1, std::memory_order_seq_cst);
         wake_.wait(lock, [&] { return generation_.load() != seen || stop_.load(); });
+        sleeping_.fetch_sub(1, std::memory_order_seq_cst);
       }
     }
     if (stop_.load()) return;

@@ -42,7 +42,9 @@ class ThreadPool {
       fn(int64_t{0}, n);
       return;
     }
-    const int64_t chunks = std::min<int64_t>(max_chunks, int64_t{8} * threads);
+    // Few chunks (a small op) come in a multiple of the thread count, so that two threads running alike
+    // finish together: 3 chunks on 2 threads would leave one thread a third of the work after the other.
+    const int64_t chunks = max_chunks >= int64_t{8} * threads ? int64_t{8} * threads : max_chunks / threads * threads;
     std::atomic<int64_t> next{0};
     run([&](int t, int) {
       if (t >= threads) return;
@@ -64,6 +66,7 @@ class ThreadPool {
   std::atomic<int64_t> state_{0};
   static constexpr int64_t kOpen = 1, kJoined = 2;
   std::atomic<bool> stop_{false};
+  std::atomic<int> sleeping_{0};  // workers waiting on wake_: run() takes the mutex only when there are some
   std::mutex mutex_;
   std::condition_variable wake_;
   std::exception_ptr worker_error_;  // first exception thrown on a worker during run()

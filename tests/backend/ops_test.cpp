@@ -11,6 +11,7 @@
 #include <thread>
 #include <cmath>
 #include <limits>
+#include <mutex>
 #include <numeric>
 
 #include "specula/error.hpp"
@@ -756,6 +757,40 @@ TEST(ThreadPool, DynamicChunksCoverEveryIndexOnce) {
   });
   for (size_t i = 0; i < hits.size(); ++i) ASSERT_EQ(hits[i].load(), 1) << "index " << i;
   EXPECT_GE(shortest.load(), 7);
+}
+
+// A worker that went to sleep (idle for longer than its spin) is woken for the next job: run() only
+// takes the mutex when a worker is asleep, so a lost wake-up would show as jobs done by one thread alone.
+TEST(ThreadPool, SleepingWorkerWakesForTheNextJob) {
+  cpu::ThreadPool pool(2);
+  int both = 0;
+  for (int round = 0; round < 20; ++round) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // past the ~100 us spin: the worker sleeps
+    std::atomic<int> seen{0};
+    pool.run([&](int t, int) {
+      seen.fetch_or(1 << t);
+      // The caller waits (up to a second) for the worker to join, so a woken worker always gets in.
+      if (t == 0)
+        for (int i = 0; i < 1000 && !(seen.load() & 2); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    });
+    both += seen.load() == 3;
+  }
+  EXPECT_EQ(both, 20);
+}
+
+// Two or three chunks' worth of work on two threads is split in two, so equal threads finish together.
+TEST(ThreadPool, FewChunksComeInAMultipleOfTheThreads) {
+  cpu::ThreadPool pool(2);
+  for (int64_t n : {10, 15, 29}) {
+    std::mutex m;
+    std::vector<int64_t> sizes;
+    pool.parallel_for(n, 5, [&](int64_t b, int64_t e) {
+      std::lock_guard<std::mutex> lock(m);
+      sizes.push_back(e - b);
+    });
+    EXPECT_EQ(sizes.size() % 2, 0u) << "n " << n;
+    EXPECT_EQ(std::accumulate(sizes.begin(), sizes.end(), int64_t{0}), n);
+  }
 }
 
 // Each compiled graph keeps the outputs of its own last run: runs of other graphs (which share the
