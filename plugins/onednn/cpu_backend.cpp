@@ -439,7 +439,7 @@ void CpuBackend::run(CpuPlan& plan, const RunInputs& inputs) {
         rows = elements(nodes[static_cast<size_t>(n.src[1])].shape) / w.shape[1];
         break;
       }
-    profile_->begin_run(rows);
+    profile_->begin_run(rows, count);
   }
   for (int32_t i = 0; i < count; ++i) {
     if (profile_) {

@@ -22,8 +22,8 @@ int layer_of(const std::string& name, std::string* folded) {
 }
 }  // namespace
 
-void OpProfile::begin_run(int64_t rows) {
-  current_ = &tables_[rows];
+void OpProfile::begin_run(int64_t rows, int64_t nodes) {
+  current_ = &tables_[{rows, nodes}];
   ++current_->runs;
   layer_ = -1;
 }
@@ -55,17 +55,18 @@ void OpProfile::record(const Graph& g, int32_t id, double seconds, const std::st
 
 std::string OpProfile::report() const {
   std::string out;
-  for (const auto& [rows, t] : tables_) {
+  for (const auto& [key, t] : tables_) {
+    const auto [rows, nodes] = key;
     double total = 0;
     for (const auto& [name, e] : t.ops) total += e.seconds;
-    out += fmt::format("profile: graphs with {} activation row{} ({} runs, {:.1f} ms per run)\n", rows,
-                       rows == 1 ? "" : "s", t.runs, 1e3 * total / static_cast<double>(t.runs));
+    out += fmt::format("profile: graphs of {} nodes with {} activation row{} ({} runs, {:.3f} ms per run)\n", nodes,
+                       rows, rows == 1 ? "" : "s", t.runs, 1e3 * total / static_cast<double>(t.runs));
     auto table = [&](const char* title, std::vector<std::pair<std::string, Entry>> rowsv, size_t limit) {
       std::sort(rowsv.begin(), rowsv.end(), [](const auto& a, const auto& b) { return a.second.seconds > b.second.seconds; });
       out += fmt::format("  {:<28}{:>10}{:>12}{:>8}{:>10}\n", title, "calls/run", "ms/run", "%", "GB/s");
       for (size_t i = 0; i < rowsv.size() && i < limit; ++i) {
         const Entry& e = rowsv[i].second;
-        out += fmt::format("  {:<28}{:>10.0f}{:>12.2f}{:>8.1f}{:>10}\n", rowsv[i].first,
+        out += fmt::format("  {:<28}{:>10.0f}{:>12.3f}{:>8.1f}{:>10}\n", rowsv[i].first,
                            static_cast<double>(e.calls) / static_cast<double>(t.runs), 1e3 * e.seconds / static_cast<double>(t.runs),
                            100.0 * e.seconds / total, e.bytes > 0 ? fmt::format("{:.1f}", e.bytes / e.seconds / 1e9) : "");
       }

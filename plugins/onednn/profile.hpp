@@ -1,11 +1,13 @@
 // Per-op timing of the CPU backend (option `profile: true`, `specula bench --profile`): time and weight
 // bytes per op kind, per weight (layer index folded: blk.*.ffn_up.weight) and per layer, one table per
-// graph kind (the activation rows of its matrix products: 1 = a decode step, N = a prompt chunk).
+// graph kind: the activation rows of its matrix products (1 = a decode step, N = a prompt chunk) and its
+// node count, which tells a target's step from a drafter's at the same row count.
 #pragma once
 
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 
 #include "specula/compute.hpp"
 
@@ -13,8 +15,8 @@ namespace specula::cpu {
 
 class OpProfile {
  public:
-  // Called before a graph runs: `rows` names the table its nodes go to.
-  void begin_run(int64_t rows);
+  // Called before a graph runs: `rows` and `nodes` name the table its nodes go to.
+  void begin_run(int64_t rows, int64_t nodes);
   void record(const Graph& g, int32_t id, double seconds, const std::string& weight, size_t weight_bytes);
   std::string report() const;
 
@@ -29,7 +31,7 @@ class OpProfile {
     std::map<std::string, Entry> ops, weights;
     std::map<int, Entry> layers;
   };
-  std::map<int64_t, Table> tables_;
+  std::map<std::pair<int64_t, int64_t>, Table> tables_;  // by (rows, nodes)
   Table* current_ = nullptr;
   int layer_ = -1;
 };

@@ -35,10 +35,13 @@ class StandardHead final : public LmHead {
     const Shape& in = g.shape(rows);
     if (in.size() != 2 || in[0] != 1)
       fail("lm-head: the centroid head scores one row at a time (a draft step), not {}", shape_str(in));
-    const int64_t H = in[1], K = w.top_clusters, per_cluster = w.table->shape()[1] / H;
-    Value clusters = g.top_k(g.matmul(g.constant(w.centroids), rows), K);              // [1, K]
-    Value table = g.get_rows(g.constant(w.table), g.reshape(clusters, {K}));            // [K, S * H]
-    return {g.matmul(g.reshape(table, {K * per_cluster, H}), rows), clusters};          // [1, K * S]
+    const int64_t H = in[1], K = w.top_clusters, C = w.table->shape()[0], S = w.table->shape()[1] / H;
+    Value clusters = g.top_k(g.matmul(g.constant(w.centroids), rows), K);  // [1, K]
+    // Each cluster's S rows as one expert of a [C, S, H] table: the selected ones are multiplied where
+    // they lie (no copy of K * S rows decoded to F32), with the dense head's arithmetic.
+    Value experts = g.reshape(g.constant(w.table), {C, S, H});
+    Value logits = g.matmul_id(experts, g.reshape(rows, {1, 1, H}), clusters);  // [1, K, S]
+    return {g.reshape(logits, {1, K * S}), clusters};                            // [1, K * S]
   }
 };
 

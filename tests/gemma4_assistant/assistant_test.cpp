@@ -776,13 +776,14 @@ TEST(BenchCli, MeasuresPlainAndSpeculativeDecodingOnTheFixtures) {
 }
 
 // --profile: the CPU backend's tables for decode (1 row) and the prompt (12 rows), per op, weight, layer.
+// (A table per graph kind: rows and node count, "profile: graphs of 503 nodes with 1 activation row".)
 TEST(BenchCli, ProfileNamesOpsWeightsAndLayers) {
   int status = 0;
   const std::string out = run_cli("bench -q --plugin-path " + std::string(SPECULA_PLUGIN_DIR) + " --model " +
                                       (fixture_dir() / "model-f32.gguf").string() +
                                       " --threads 1 -p 12 -n 3 -r 1 --no-drafter --profile", &status);
   ASSERT_EQ(status, 0) << out;
-  for (const char* want : {"profile: graphs with 1 activation row (", "profile: graphs with 12 activation rows (",
+  for (const char* want : {" nodes with 1 activation row (", " nodes with 12 activation rows (",
                            "\n  MatMul ", "\n  Attention ", "\n  blk.*.ffn_up.weight ", "\n  token_embd.weight ",
                            "\n  layer 0 ", "\n  outside layers "})
     EXPECT_NE(out.find(want), std::string::npos) << "missing '" << want << "' in:\n" << out;
