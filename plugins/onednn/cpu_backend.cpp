@@ -21,9 +21,22 @@
 
 namespace specula::cpu {
 
-void AlignedFree::operator()(std::byte* p) const { std::free(p); }
+void AlignedFree::operator()(std::byte* p) const {
+  if (mapped)
+    munmap(p, mapped);
+  else
+    std::free(p);
+}
 
 AlignedBytes aligned_alloc_bytes(size_t bytes) {
+  constexpr size_t kMapFrom = size_t{2} << 20;
+  if (bytes >= kMapFrom) {
+    const size_t page = static_cast<size_t>(sysconf(_SC_PAGESIZE));
+    const size_t len = (bytes + page - 1) / page * page;
+    void* p = mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) fail("CPU backend: out of memory mapping {} bytes", len);
+    return AlignedBytes(static_cast<std::byte*>(p), AlignedFree{len});
+  }
   const size_t rounded = std::max<size_t>(64, (bytes + 63) / 64 * 64);
   auto* p = static_cast<std::byte*>(std::aligned_alloc(64, rounded));
   if (!p) fail("CPU backend: out of memory allocating {} bytes", rounded);

@@ -16,10 +16,14 @@
 namespace specula::cpu {
 
 struct AlignedFree {
+  size_t mapped = 0;  // bytes of an anonymous mapping (munmap), 0 for the heap (free)
   void operator()(std::byte* p) const;
 };
 using AlignedBytes = std::unique_ptr<std::byte[], AlignedFree>;
-AlignedBytes aligned_alloc_bytes(size_t bytes);  // zeroed, 64-byte aligned
+// Zeroed, 64-byte aligned. From 2 MB on, an anonymous mapping: the kernel supplies zero pages as they are
+// first touched, so a context's KV cache costs time and memory only for the slots it uses (a 128K-token
+// cache zero-filled up front took seconds and its whole size in RSS).
+AlignedBytes aligned_alloc_bytes(size_t bytes);
 
 class CpuTensor final : public BackendTensor {
  public:

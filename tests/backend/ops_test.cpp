@@ -825,5 +825,22 @@ TEST(CpuBackend, CompiledGraphsKeepTheirOwnOutputs) {
   EXPECT_EQ(read(*pb, Value{2}), other);
 }
 
+// Persistent tensors start as zeros, small ones (the heap) and large ones (an anonymous mapping whose
+// pages the kernel zeroes on first touch), on both sides of the 2 MB boundary, and hold what is written.
+TEST(CpuBackend, AllocatedTensorsStartZeroedAtEverySize) {
+  test::Fixture fx;
+  for (int64_t rows : {int64_t{3}, int64_t{(2 << 20) / 64 - 1}, int64_t{(2 << 20) / 64}, int64_t{1 << 20}}) {
+    auto t = fx.backend->allocate("cache", DType::F32, {rows, 16});
+    std::vector<float> got(static_cast<size_t>(rows * 16), 1.0f);
+    fx.backend->read(*t, std::as_writable_bytes(std::span<float>(got)));
+    EXPECT_EQ(std::count(got.begin(), got.end(), 0.0f), static_cast<std::ptrdiff_t>(got.size())) << rows << " rows";
+    std::iota(got.begin(), got.end(), 0.0f);
+    fx.backend->write(*t, std::as_bytes(std::span<const float>(got)));
+    std::vector<float> back(got.size());
+    fx.backend->read(*t, std::as_writable_bytes(std::span<float>(back)));
+    EXPECT_EQ(back, got) << rows << " rows";
+  }
+}
+
 }  // namespace
 }  // namespace specula
