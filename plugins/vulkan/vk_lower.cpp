@@ -13,6 +13,9 @@ namespace specula::vulkan::detail {
 // A MatMul of at least kTiledMinRows activation rows runs matmul_tiled.comp, kTileRows rows a workgroup
 // (its TN): prefill. Fewer rows run matmul.comp, which spreads each weight row over several threads.
 constexpr int64_t kTiledMinRows = 32, kTileRows = 32;
+// TopK / Argmax of up to kTopKRounds run topk.comp (a pass over the row per pick); more run
+// topk_select.comp (about seven passes and a sort of the k picked, whatever k is).
+constexpr int64_t kTopKRounds = 4;
 
 std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
   const auto& nodes = g.nodes();
@@ -404,9 +407,10 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
       }
       case Op::TopK:
       case Op::Argmax: {
-        d.shader = "topk";
-        d.bind[0] = as_f32(n, i, 0, false);
         const int64_t C = src_node(n, 0).shape.back(), K = n.op == Op::TopK ? n.i[0] : 1;
+        // A few rounds over the row for argmax and a small k; a radix select and a sort beyond.
+        d.shader = K <= kTopKRounds ? "topk" : "topk_select";
+        d.bind[0] = as_f32(n, i, 0, false);
         d.pc[PC_TOPK_COLS] = u32(C);
         d.pc[PC_TOPK_K] = u32(K);
         d.bind[5] = result();

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <limits>
 #include <numeric>
 
 #include "specula/error.hpp"
@@ -450,6 +451,32 @@ TEST(VulkanOps, TopKArgmaxTiesAndDataMovement) {
     b.out(g.copy(av, DType::F16));
     b.out(g.copy(g.scale(av, 3.3f), DType::BF16));
   }, 0, 0, "top_k, argmax, reshape, slice, concat, copy");
+}
+
+// TopK beyond a few picks (topk_select.comp: radix select, then a bitonic sort of the picked) gives the
+// CPU's indices in the CPU's order: k from 5 to the whole row, rows of 5 to 262144 values, with ties
+// (lowest index first, also where the k-th value is tied), -0 next to +0, -inf, and all-equal rows; k
+// not a power of two, and a row shorter than the workgroup. The last cases are Gemma's 262144-token
+// vocabulary: the sampler's top-k 40, and the whole row sorted, as top-p without a top-k asks (on
+// lavapipe that sort also checks the shader stays under llvmpipe's 65535 iterations per loop).
+TEST(VulkanOps, TopKSelectEqualsTheCpuAtEveryK) {
+  REQUIRE_VULKAN();
+  struct Case {
+    int64_t rows, cols, k;
+    int tie_every;  // every n-th value is 0.5 (0: none)
+  };
+  for (const Case& c : {Case{2, 5, 5, 0}, Case{3, 100, 7, 3}, Case{2, 1001, 40, 7}, Case{1, 4096, 257, 2},
+                        Case{2, 777, 777, 5}, Case{1, 300, 256, 1}, Case{1, 70000, 1000, 11}, Case{1, 131073, 131073, 0},
+                        Case{2, 262144, 40, 0}, Case{1, 262144, 262144, 0}}) {
+    auto x = test::random_floats(static_cast<size_t>(c.rows * c.cols), 70 + static_cast<uint32_t>(c.k), -4.0f, 4.0f);
+    for (size_t i = 0; c.tie_every > 0 && i < x.size(); i += static_cast<size_t>(c.tie_every)) x[i] = 0.5f;
+    if (c.cols >= 100) {  // signed zeros and minus infinity (a suppressed token) in the first row
+      x[10] = -0.0f, x[11] = 0.0f, x[12] = -0.0f;
+      x[20] = -std::numeric_limits<float>::infinity(), x[21] = -std::numeric_limits<float>::infinity();
+    }
+    compare([&](Side&, Built& b) { b.out(b.g.top_k(b.input(DType::F32, {c.rows, c.cols}, x, "x"), c.k)); }, 0, 0,
+            fmt::format("top_k {} of {}", c.k, c.cols));
+  }
 }
 
 // TopPDraw follows the SDK's float32 rule on the GPU too: the CPU's token for every uniform of a sweep,
