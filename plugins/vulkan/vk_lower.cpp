@@ -17,6 +17,20 @@ constexpr int64_t kTiledMinRows = 32, kTileRows = 32;
 // topk_select.comp (about seven passes and a sort of the k picked, whatever k is).
 constexpr int64_t kTopKRounds = 4;
 
+// llvmpipe (lavapipe, a CPU implementation of Vulkan) ends a shader invocation's loops after 65535
+// iterations in all and carries on with wrong values. Where one invocation of a dispatch could loop
+// more (`iterations`, an upper estimate; kept below the limit with a margin), such a device refuses the
+// graph with what to change instead. GPUs have no such limit.
+void check_cpu_device_loops(const Device& dev, const Node& n, int64_t iterations, const std::string& what,
+                            const std::string& instead) {
+  constexpr int64_t kLoopBudget = 60000;
+  if (dev.props.deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU || iterations <= kLoopBudget) return;
+  fail("Vulkan backend: {} '{}' {} on '{}', a CPU implementation of Vulkan that stops a shader's loops "
+       "after 65535 iterations (this one would need about {}); {}, or run on the CPU backend (backend: "
+       "{{plugin: onednn}}), which is also much faster on this machine",
+       op_name(n.op), n.name, what, dev.props.deviceName, iterations, instead);
+}
+
 std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
   const auto& nodes = g.nodes();
   const int32_t count = static_cast<int32_t>(nodes.size());
@@ -379,6 +393,16 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
             fail("Vulkan backend: Attention '{}': '{}' is {}; {}", n.name, kv->name, dtype_name(kv->type),
                  supports(Op::Attention, kv->type).reason);
         const int64_t T = q.shape[0], Hq = q.shape[1], S = k.shape[0];
+        {
+          // attention.comp's loops per tile of 64 slots: the dot (8 at a time), the output update, the
+          // reductions (measured on lavapipe: 20000 slots of head dim 512 fit, 26000 do not).
+          const int64_t D = q.shape[2], Dv = v.shape[2];
+          const int64_t per_tile = (D + 7) / 8 + D % 8 + (Dv + 7) / 8 + 2 * ((Dv + 63) / 64) + 40;
+          const int64_t max_slots = 60000 / per_tile * 64;
+          check_cpu_device_loops(*dev_, n, (S + 63) / 64 * per_tile,
+                                 fmt::format("over {} cache slots (head dims {} / {})", S, D, Dv),
+                                 fmt::format("use a context of at most {} tokens here", max_slots));
+        }
         d.shader = "attention";
         d.bind[0] = as_f32(n, i, 0, false);
         d.bind[1] = loc_of(n.src[1]);
@@ -410,6 +434,14 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
         const int64_t C = src_node(n, 0).shape.back(), K = n.op == Op::TopK ? n.i[0] : 1;
         // A few rounds over the row for argmax and a small k; a radix select and a sort beyond.
         d.shader = K <= kTopKRounds ? "topk" : "topk_select";
+        {
+          int64_t P = 1, steps = 0;
+          while (P < K) P <<= 1, steps += 1;
+          const int64_t loops = K <= kTopKRounds ? K * ((C + 63) / 64 + 6)
+                                                 : 6 * ((C + 255) / 256) + 1100 + steps * (steps + 1) / 2 * (P / 2048 + 1);
+          check_cpu_device_loops(*dev_, n, loops, fmt::format("of {} over {} values", K, C),
+                                 "pick fewer (top_k) or sample on the host (sampler.device: off)");
+        }
         d.bind[0] = as_f32(n, i, 0, false);
         d.pc[PC_TOPK_COLS] = u32(C);
         d.pc[PC_TOPK_K] = u32(K);
@@ -446,6 +478,10 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
         d.bind[2] = loc_of(n.src[2]);
         d.bind[5] = result();
         d.pc[PC_DRAW_K] = u32(src_node(n, 0).shape[0]);
+        // top_p_draw.comp walks the candidates up to five times, one thread, left to right.
+        check_cpu_device_loops(*dev_, n, 5 * src_node(n, 0).shape[0],
+                               fmt::format("over {} candidates", src_node(n, 0).shape[0]),
+                               "set top_k to at most 12000 or sample on the host (sampler.device: off)");
         d.pc[PC_DRAW_TOP_P] = fbits(n.f[1]);
         d.pc[PC_DRAW_MIN_P] = fbits(n.f[2]);
         d.pc[PC_DRAW_INV_T] = fbits(n.f[3]);

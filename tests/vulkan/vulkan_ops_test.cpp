@@ -641,6 +641,53 @@ TEST(VulkanOps, SubgroupReductionsEqualSharedMemoryBitForBit) {
   }
 }
 
+// lavapipe (llvmpipe) stops a shader invocation's loops after 65535 iterations and goes on with wrong
+// values: attention over 8000 slots of head dim 256 did so before its inner loops went eight at a time.
+// What would still pass the limit is refused when the graph is compiled, with the context that fits;
+// a GPU compiles the same graphs.
+TEST(VulkanErrors, LoopsPastLavapipesLimitAreRefusedNotWrong) {
+  REQUIRE_VULKAN();
+  ComputeBackend* vk = vulkan();
+  const bool llvmpipe = vk->device().name.find("llvmpipe") != std::string::npos;
+  auto compile_error = [&](const std::function<void(Graph&)>& build) {
+    Graph g;
+    build(g);
+    try {
+      vk->compile(g);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  auto attention = [&](int64_t S) {
+    return compile_error([&](Graph& g) {
+      auto kc = vk->allocate("k_cache", DType::F16, {S, 1, 512});
+      auto vc = vk->allocate("v_cache", DType::F16, {S, 1, 512});
+      g.mark_output(g.attention(g.input(DType::F32, {1, 1, 512}, "q"), g.constant(kc), g.constant(vc),
+                                g.input(DType::I32, {S}, "kpos"), g.input(DType::I32, {1}, "qpos"), 1.0f, 0, true));
+    });
+  };
+  auto draw = [&](int64_t K) {
+    return compile_error([&](Graph& g) {
+      g.mark_output(g.top_p_draw(g.input(DType::F32, {K}, "logits"), g.input(DType::F32, {1}, "u"),
+                                 g.input(DType::I32, {K}, "ids"), 1.0f, 0.9f, 0.0f));
+    });
+  };
+  EXPECT_EQ(attention(8192), "");  // a context the limit allows
+  EXPECT_EQ(draw(4096), "");
+  const std::string long_context = attention(30000), whole_vocab = draw(262144);
+  if (!llvmpipe) {
+    EXPECT_EQ(long_context, "");
+    EXPECT_EQ(whole_vocab, "");
+    return;
+  }
+  for (const char* want : {"Vulkan backend: Attention '", "over 30000 cache slots (head dims 512 / 512)", "llvmpipe",
+                           "65535 iterations", "use a context of at most", "backend: {plugin: onednn}"})
+    EXPECT_NE(long_context.find(want), std::string::npos) << "missing '" << want << "' in: " << long_context;
+  for (const char* want : {"TopPDraw", "over 262144 candidates", "top_k to at most 12000", "sampler.device: off"})
+    EXPECT_NE(whole_vocab.find(want), std::string::npos) << "missing '" << want << "' in: " << whole_vocab;
+}
+
 TEST(VulkanErrors, BadOptionsDeviceAndIds) {
   REQUIRE_VULKAN();
   auto message = [](auto&& f) {

@@ -5,6 +5,9 @@
 // and a decode step costs the live context, not the allocated one.
 // Bindings: 0 q (F32), 1 K, 2 V (F32/F16/BF16), 3 key positions I32, 4 query positions I32, 5 out,
 // 7 (operand 5) slots in use I32 [1].
+// The inner loops go eight at a time (their constant inner loops unrolled): llvmpipe (lavapipe) stops
+// a shader's loops after 65535 iterations in all, which a tile of 64 slots at head dim 512 otherwise
+// reaches after 4000 slots; the lowering refuses contexts past the limit on such a device (vk_lower.cpp).
 #include "common.glsl"
 layout(local_size_x = 64) in;
 shared float red[64];
@@ -46,7 +49,10 @@ void main() {
       if (kp >= 0 && (!causal || kp <= qp) && (window <= 0 || abs(qp - kp) < window)) {
         uint kb = (s * Hkv + kvh) * D;
         float dot = 0.0;
-        for (uint d = 0u; d < D; ++d) dot += uintBitsToFloat(b0.d[qb + d]) * load1(kt, kb + d);
+        uint d = 0u;
+        for (; d + 8u <= D; d += 8u)  // eight at a time, in order (fewer loop iterations: see the header)
+          for (uint u = 0u; u < 8u; ++u) dot += uintBitsToFloat(b0.d[qb + d + u]) * load1(kt, kb + d + u);
+        for (; d < D; ++d) dot += uintBitsToFloat(b0.d[qb + d]) * load1(kt, kb + d);
         sc = dot * pf(PC_ATT_SCALE);
       }
     }
@@ -63,7 +69,13 @@ void main() {
       uint d = tid + 64u * k;
       if (d >= Dv) break;
       float a = acc[k] * c;
-      for (uint i = 0u; i < count; ++i) {
+      uint i = 0u;
+      for (; i + 8u <= count; i += 8u)
+        for (uint u = 0u; u < 8u; ++u) {
+          float p = prob[i + u];
+          if (p != 0.0) a += p * load2(vt, ((base + i + u) * Hkv + kvh) * Dv + d);
+        }
+      for (; i < count; ++i) {
         float p = prob[i];
         if (p != 0.0) a += p * load2(vt, ((base + i) * Hkv + kvh) * Dv + d);
       }
