@@ -16,6 +16,9 @@ constexpr int64_t kTiledMinRows = 32, kTileRows = 32;
 // TopK / Argmax of up to kTopKRounds run topk.comp (a pass over the row per pick); more run
 // topk_select.comp (about seven passes and a sort of the k picked, whatever k is).
 constexpr int64_t kTopKRounds = 4;
+// Attention over more than kAttentionChunk slots with fewer than kAttentionWorkgroups queries x heads
+// splits its slots into chunks of at least kAttentionChunk, up to kAttentionWorkgroups workgroups.
+constexpr int64_t kAttentionChunk = 512, kAttentionWorkgroups = 512;
 
 // llvmpipe (lavapipe, a CPU implementation of Vulkan) ends a shader invocation's loops after 65535
 // iterations in all and carries on with wrong values. Where one invocation of a dispatch could loop
@@ -392,16 +395,23 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
           if (!plain_float(kv->type))
             fail("Vulkan backend: Attention '{}': '{}' is {}; {}", n.name, kv->name, dtype_name(kv->type),
                  supports(Op::Attention, kv->type).reason);
-        const int64_t T = q.shape[0], Hq = q.shape[1], S = k.shape[0];
+        const int64_t T = q.shape[0], Hq = q.shape[1], S = k.shape[0], D = q.shape[2], Dv = v.shape[2];
+        // Few queries x heads over many slots (decode): the slots split into chunks, one workgroup each,
+        // so a GPU has kAttentionWorkgroups to run instead of Hq; attention_combine.comp merges them.
+        const int64_t chunks = S > kAttentionChunk ? std::clamp<int64_t>(kAttentionWorkgroups / std::max<int64_t>(T * Hq, 1), 1,
+                                                                         (S + kAttentionChunk - 1) / kAttentionChunk)
+                                                   : 1;
+        const int64_t chunk = chunks > 1 ? ((S + chunks - 1) / chunks + 63) / 64 * 64 : 0;
         {
           // attention.comp's loops per tile of 64 slots: the dot (8 at a time), the output update, the
-          // reductions (measured on lavapipe: 20000 slots of head dim 512 fit, 26000 do not).
-          const int64_t D = q.shape[2], Dv = v.shape[2];
+          // reductions (measured on lavapipe: 20000 slots of head dim 512 in one workgroup fit, 26000
+          // do not); attention_combine.comp's per chunk.
           const int64_t per_tile = (D + 7) / 8 + D % 8 + (Dv + 7) / 8 + 2 * ((Dv + 63) / 64) + 40;
-          const int64_t max_slots = 60000 / per_tile * 64;
-          check_cpu_device_loops(*dev_, n, (S + 63) / 64 * per_tile,
-                                 fmt::format("over {} cache slots (head dims {} / {})", S, D, Dv),
-                                 fmt::format("use a context of at most {} tokens here", max_slots));
+          const int64_t slots = chunks > 1 ? chunk : S;
+          check_cpu_device_loops(*dev_, n, std::max((slots + 63) / 64 * per_tile, chunks * (3 + (Dv + 63) / 64)),
+                                 fmt::format("over {} cache slots (head dims {} / {}) for {} queries", S, D, Dv, T),
+                                 fmt::format("use a context of at most {} tokens here, or shorter prompt chunks",
+                                             60000 / per_tile * 64));
         }
         d.shader = "attention";
         d.bind[0] = as_f32(n, i, 0, false);
@@ -427,6 +437,26 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
         if (v.shape[2] > 1024)
           fail("Vulkan backend: Attention '{}': V head dim {} is above the 1024 the shader accumulates", n.name, v.shape[2]);
         d.groups = static_cast<uint64_t>(T * Hq);
+        if (chunks > 1) {
+          // The partials into a scratch range, then the combine into the result.
+          const VkDeviceSize bytes = static_cast<VkDeviceSize>(T * Hq * chunks * (Dv + 2)) * 4;
+          const VkDeviceSize off = arena.alloc(bytes);
+          temps.emplace_back(off, bytes);
+          d.bind[5] = {nullptr, off, bytes};
+          d.pc[PC_ATT_CHUNK] = u32(chunk);
+          d.pc[PC_ATT_CHUNKS] = u32(chunks);
+          d.groups = static_cast<uint64_t>(T * Hq * chunks);
+          p.dispatches.push_back(d);
+          Dispatch merge;
+          merge.node = i;
+          merge.shader = "attention_combine";
+          merge.bind[0] = {nullptr, off, bytes};
+          merge.bind[5] = out;
+          merge.pc[PC_ATT_DV] = u32(Dv);
+          merge.pc[PC_ATT_CHUNKS] = u32(chunks);
+          merge.groups = static_cast<uint64_t>(T * Hq);
+          d = merge;
+        }
         break;
       }
       case Op::TopK:

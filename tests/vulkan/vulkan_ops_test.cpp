@@ -415,6 +415,19 @@ TEST(VulkanOps, Attention) {
   std::vector<int32_t> all(300);
   std::iota(all.begin(), all.end(), 0);
   check_attention({2, 300, 2, 1, 64, 64, 0, false, all, {98, 99}, 130}, DType::F16, "130 of 300 in use, three tiles");
+  // Past 512 slots with few queries x heads the slots split into chunks, one workgroup each, merged by
+  // attention_combine.comp: chunks past the slots in use, chunks that see nothing (a window), a ring
+  // buffer with empty slots, nothing visible anywhere, and a long context at head dim 512.
+  std::vector<int32_t> long_pos(2000);
+  std::iota(long_pos.begin(), long_pos.end(), 0);
+  check_attention({1, 2000, 2, 1, 64, 64, 0, true, long_pos, {1999}}, DType::F32, "2000 slots in 4 chunks");
+  check_attention({3, 2000, 2, 1, 64, 48, 0, true, long_pos, {1097, 1098, 1099}, 1100}, DType::F16,
+                  "1100 of 2000 in use: chunks past them");
+  check_attention({2, 2000, 4, 2, 32, 32, 100, true, long_pos, {1998, 1999}}, DType::F32, "window 100: one chunk sees");
+  std::vector<int32_t> ring(1500);
+  for (size_t s = 0; s < ring.size(); ++s) ring[s] = s % 7 == 3 ? -1 : static_cast<int32_t>((s * 611) % 1500);
+  check_attention({2, 1500, 2, 2, 64, 64, 0, true, ring, {1400, 1499}}, DType::BF16, "ring of 1500 with empty slots");
+  check_attention({1, 1000, 2, 1, 16, 16, 0, true, std::vector<int32_t>(1000, -1), {5}}, DType::F32, "1000 empty slots");
 }
 
 TEST(VulkanOps, TopKArgmaxTiesAndDataMovement) {
@@ -642,9 +655,10 @@ TEST(VulkanOps, SubgroupReductionsEqualSharedMemoryBitForBit) {
 }
 
 // lavapipe (llvmpipe) stops a shader invocation's loops after 65535 iterations and goes on with wrong
-// values: attention over 8000 slots of head dim 256 did so before its inner loops went eight at a time.
-// What would still pass the limit is refused when the graph is compiled, with the context that fits;
-// a GPU compiles the same graphs.
+// values: attention over 8000 slots of head dim 256 did so before its inner loops went eight at a time
+// and decode split its slots into chunks. What would still pass the limit (a 512-token prompt chunk
+// over 30000 slots) is refused when the graph is compiled, with the context that fits; a GPU compiles
+// the same graphs.
 TEST(VulkanErrors, LoopsPastLavapipesLimitAreRefusedNotWrong) {
   REQUIRE_VULKAN();
   ComputeBackend* vk = vulkan();
@@ -659,12 +673,12 @@ TEST(VulkanErrors, LoopsPastLavapipesLimitAreRefusedNotWrong) {
     }
     return std::string();
   };
-  auto attention = [&](int64_t S) {
+  auto attention = [&](int64_t T, int64_t S) {
     return compile_error([&](Graph& g) {
       auto kc = vk->allocate("k_cache", DType::F16, {S, 1, 512});
       auto vc = vk->allocate("v_cache", DType::F16, {S, 1, 512});
-      g.mark_output(g.attention(g.input(DType::F32, {1, 1, 512}, "q"), g.constant(kc), g.constant(vc),
-                                g.input(DType::I32, {S}, "kpos"), g.input(DType::I32, {1}, "qpos"), 1.0f, 0, true));
+      g.mark_output(g.attention(g.input(DType::F32, {T, 1, 512}, "q"), g.constant(kc), g.constant(vc),
+                                g.input(DType::I32, {S}, "kpos"), g.input(DType::I32, {T}, "qpos"), 1.0f, 0, true));
     });
   };
   auto draw = [&](int64_t K) {
@@ -673,15 +687,16 @@ TEST(VulkanErrors, LoopsPastLavapipesLimitAreRefusedNotWrong) {
                                  g.input(DType::I32, {K}, "ids"), 1.0f, 0.9f, 0.0f));
     });
   };
-  EXPECT_EQ(attention(8192), "");  // a context the limit allows
+  EXPECT_EQ(attention(512, 8192), "");  // a context the limit allows
+  EXPECT_EQ(attention(1, 100000), "");  // decode: the slots split into chunks, each within the limit
   EXPECT_EQ(draw(4096), "");
-  const std::string long_context = attention(30000), whole_vocab = draw(262144);
+  const std::string long_context = attention(512, 30000), whole_vocab = draw(262144);
   if (!llvmpipe) {
     EXPECT_EQ(long_context, "");
     EXPECT_EQ(whole_vocab, "");
     return;
   }
-  for (const char* want : {"Vulkan backend: Attention '", "over 30000 cache slots (head dims 512 / 512)", "llvmpipe",
+  for (const char* want : {"Vulkan backend: Attention '", "over 30000 cache slots (head dims 512 / 512) for 512 queries", "llvmpipe",
                            "65535 iterations", "use a context of at most", "backend: {plugin: onednn}"})
     EXPECT_NE(long_context.find(want), std::string::npos) << "missing '" << want << "' in: " << long_context;
   for (const char* want : {"TopPDraw", "over 262144 candidates", "top_k to at most 12000", "sampler.device: off"})

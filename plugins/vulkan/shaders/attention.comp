@@ -1,5 +1,5 @@
 #version 450
-// Attention, one workgroup per (query t, head j), over the slots in use only (operand 5, when the graph
+// Attention, one workgroup per (query t, head j) or per (query, head, chunk of slots), over the slots in use only (operand 5, when the graph
 // gives it) in tiles of 64: each thread scores one slot of a tile, then the tile's weights rescale and
 // update a running maximum, sum and output (online softmax). No T x Hq x S buffer of scores is needed,
 // and a decode step costs the live context, not the allocated one.
@@ -34,17 +34,23 @@ void main() {
   bool causal = pc.p[PC_ATT_CAUSAL] != 0u;
   uint kt = pc.p[PC_ATT_K_TYPE], vt = pc.p[PC_ATT_V_TYPE];
   uint n = pc.p[PC_ATT_IN_USE] != 0u ? min(S, uint(max(int(b5.d[0]), 0))) : S;
-  uint row = wg_linear(), t = row / Hq, j = row % Hq, kvh = j / (Hq / Hkv), tid = gl_LocalInvocationID.x;
+  // Split into chunks (decode over a long context: more workgroups than queries x heads), a workgroup
+  // takes slots [s0, s1) and leaves its running maximum, sum and unnormalised output for
+  // attention_combine.comp; otherwise it takes them all and writes the output.
+  uint chunk = pc.p[PC_ATT_CHUNK], chunks = max(pc.p[PC_ATT_CHUNKS], 1u), wg = wg_linear();
+  uint row = wg / chunks, part = wg % chunks;
+  uint s0 = chunk == 0u ? 0u : min(n, part * chunk), s1 = chunk == 0u ? n : min(n, s0 + chunk);
+  uint t = row / Hq, j = row % Hq, kvh = j / (Hq / Hkv), tid = gl_LocalInvocationID.x;
   int qp = int(b4.d[t]);
   uint qb = (t * Hq + j) * D;
   const float neg_inf = -1.0 / 0.0;
   float m = neg_inf, l = 0.0;
   float acc[kMaxDvPerThread];
   for (uint k = 0u; k < kMaxDvPerThread; ++k) acc[k] = 0.0;
-  for (uint base = 0u; base < n; base += 64u) {
+  for (uint base = s0; base < s1; base += 64u) {
     uint s = base + tid;
     float sc = neg_inf;
-    if (s < n) {
+    if (s < s1) {
       int kp = int(b3.d[s]);
       if (kp >= 0 && (!causal || kp <= qp) && (window <= 0 || abs(qp - kp) < window)) {
         uint kb = (s * Hkv + kvh) * D;
@@ -64,7 +70,7 @@ void main() {
     prob[tid] = e;
     l = l * c + wg_reduce(e, false);  // its barriers also publish prob[]
     m = m_new;
-    uint count = min(64u, n - base);
+    uint count = min(64u, s1 - base);
     for (uint k = 0u; k * 64u < Dv; ++k) {
       uint d = tid + 64u * k;
       if (d >= Dv) break;
@@ -82,6 +88,19 @@ void main() {
       acc[k] = a;
     }
     barrier();  // prob[] is the next tile's
+  }
+  if (chunk != 0u) {  // partial: [m, l, acc[Dv]] per (row, part)
+    uint pb = (row * chunks + part) * (Dv + 2u);
+    if (tid == 0u) {
+      bo.d[pb] = floatBitsToUint(m);
+      bo.d[pb + 1u] = floatBitsToUint(l);
+    }
+    for (uint k = 0u; k * 64u < Dv; ++k) {
+      uint d = tid + 64u * k;
+      if (d >= Dv) break;
+      bo.d[pb + 2u + d] = floatBitsToUint(acc[k]);
+    }
+    return;
   }
   uint ob = (t * Hq + j) * Dv;
   for (uint k = 0u; k * 64u < Dv; ++k) {

@@ -17,6 +17,8 @@
 #define PC_ATT_K_TYPE 9
 #define PC_ATT_V_TYPE 10
 #define PC_ATT_IN_USE 11    // 1 when operand 5 (the slots in use) is bound
+#define PC_ATT_CHUNK 12     // slots per workgroup when the slots are split (0: one pass, the output)
+#define PC_ATT_CHUNKS 13    // workgroups per (query, head): partial results for attention_combine.comp
 
 // copy.comp: Slice, Concat, Copy, WriteRows, Scatter, Gather (the meaning of 2 and 3 depends on the op)
 #define PC_COPY_OP 0        // 0 Slice, 1 Concat, 2 Copy, 3 WriteRows, 4 Scatter, 5 Gather
