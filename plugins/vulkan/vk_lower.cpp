@@ -22,11 +22,11 @@ constexpr int64_t kAttentionChunk = 512, kAttentionWorkgroups = 512;
 
 // llvmpipe (lavapipe, a CPU implementation of Vulkan) ends a shader invocation's loops after 65535
 // iterations in all and carries on with wrong values. Where one invocation of a dispatch could loop
-// more (`iterations`, an upper estimate; kept below the limit with a margin), such a device refuses the
-// graph with what to change instead. GPUs have no such limit.
+// more than kLoopBudget (`iterations`, an upper estimate; the budget leaves a margin), such a device
+// refuses the graph with what to change instead. GPUs have no such limit.
+constexpr int64_t kLoopBudget = 60000;
 void check_cpu_device_loops(const Device& dev, const Node& n, int64_t iterations, const std::string& what,
                             const std::string& instead) {
-  constexpr int64_t kLoopBudget = 60000;
   if (dev.props.deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU || iterations <= kLoopBudget) return;
   fail("Vulkan backend: {} '{}' {} on '{}', a CPU implementation of Vulkan that stops a shader's loops "
        "after 65535 iterations (this one would need about {}); {}, or run on the CPU backend (backend: "
@@ -411,7 +411,7 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
           check_cpu_device_loops(*dev_, n, std::max((slots + 63) / 64 * per_tile, chunks * (3 + (Dv + 63) / 64)),
                                  fmt::format("over {} cache slots (head dims {} / {}) for {} queries", S, D, Dv, T),
                                  fmt::format("use a context of at most {} tokens here, or shorter prompt chunks",
-                                             60000 / per_tile * 64));
+                                             kLoopBudget / per_tile * 64));
         }
         d.shader = "attention";
         d.bind[0] = as_f32(n, i, 0, false);
@@ -511,7 +511,8 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
         // top_p_draw.comp walks the candidates up to five times, one thread, left to right.
         check_cpu_device_loops(*dev_, n, 5 * src_node(n, 0).shape[0],
                                fmt::format("over {} candidates", src_node(n, 0).shape[0]),
-                               "set top_k to at most 12000 or sample on the host (sampler.device: off)");
+                               fmt::format("set top_k to at most {} or sample on the host (sampler.device: off)",
+                                           kLoopBudget / 5));
         d.pc[PC_DRAW_TOP_P] = fbits(n.f[1]);
         d.pc[PC_DRAW_MIN_P] = fbits(n.f[2]);
         d.pc[PC_DRAW_INV_T] = fbits(n.f[3]);
