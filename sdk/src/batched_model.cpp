@@ -96,7 +96,15 @@ BatchedModel::Built& BatchedModel::cached_graph(GraphKey key, const std::functio
   if (!slot) {
     auto b = std::make_unique<Built>();
     build(*b);
-    b->plan = backend_->compile(b->graph);
+    try {
+      b->plan = backend_->compile(b->graph);
+    } catch (const Error& e) {
+      // A sampling graph the backend refuses at this shape (e.g. a top-p draw past a device's loop limit):
+      // without its token it is never run, and the host samples, saying why.
+      if (!b->token) throw;
+      b->token = Value{};
+      b->why = fmt::format("the backend cannot run the sampling graph: {}", e.what());
+    }
     slot = std::move(b);
   }
   return *slot;

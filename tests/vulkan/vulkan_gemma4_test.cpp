@@ -293,6 +293,44 @@ TEST(VulkanGemma4, SampledDecodeOnTheDeviceEqualsHostSampling) {
   EXPECT_EQ(runs[1], runs[0]);
 }
 
+// Top-p with top-k off over Gemma's 262144-token vocabulary: a GPU draws in the graph; lavapipe refuses
+// that TopPDraw (past llvmpipe's loop limit), so with `device: auto` the host samples and says why, and
+// `device: on` fails with the same reason. Either way the tokens are those of host sampling.
+TEST(VulkanGemma4, WholeVocabularyTopPSamplesWhereTheDeviceCan) {
+  REQUIRE_VULKAN();
+  SKIP_UNDER_SANITIZERS();  // lavapipe time on the full-vocabulary fixture
+  auto vk = backend("vulkan");
+  const bool llvmpipe = vk->device().name.find("llvmpipe") != std::string::npos;
+  auto tf = host().open_model(fixture() / "model-f32.gguf");
+  auto target = host().find_model_loader(*tf)->load(tf, vk, json::object());
+  const std::vector<int32_t> ids{2, 818, 5279, 529, 7001};
+  auto generate = [&](specula::SamplingDevice device) {
+    specula::SamplingParams p{.temperature = 1.0f, .top_k = 0, .top_p = 0.9f, .seed = 11};
+    p.device = device;
+    specula::core::GenerationOptions o;
+    o.max_tokens = 2;
+    auto ctx = target->new_context({16});
+    return specula::core::Generator(target, host().make_sampler("standard", p)).generate(*ctx, ids, o);
+  };
+  const auto host_run = generate(specula::SamplingDevice::Off);
+  const auto auto_run = generate(specula::SamplingDevice::Auto);
+  EXPECT_EQ(auto_run.tokens, host_run.tokens);
+  if (!llvmpipe) {
+    EXPECT_EQ(auto_run.stats.sampling_path(), "device");
+    return;
+  }
+  EXPECT_EQ(auto_run.stats.sampling_path(), "host");
+  const std::string& why = auto_run.stats.host_sampling_reason;
+  for (const char* want : {"cannot run the sampling graph", "TopPDraw", "262144 candidates", "65535"})
+    EXPECT_NE(why.find(want), std::string::npos) << "missing '" << want << "' in: " << why;
+  try {
+    generate(specula::SamplingDevice::On);
+    ADD_FAILURE() << "device: on sampled on lavapipe past its loop limit";
+  } catch (const specula::Error& e) {
+    EXPECT_NE(std::string(e.what()).find("device sampling required but unavailable"), std::string::npos) << e.what();
+  }
+}
+
 TEST(VulkanGemma4, EvalCliRunsOnVulkan) {
   REQUIRE_VULKAN();
   const json ref = read_json(golden("ref-e2b.json"))["sequences"]["seed"];
