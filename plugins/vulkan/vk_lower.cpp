@@ -17,7 +17,8 @@ constexpr int64_t kTiledMinRows = 32, kTileRows = 32;
 // topk_select.comp (about seven passes and a sort of the k picked, whatever k is).
 constexpr int64_t kTopKRounds = 4;
 // Attention over more than kAttentionChunk slots with fewer than kAttentionWorkgroups queries x heads
-// splits its slots into chunks of at least kAttentionChunk, up to kAttentionWorkgroups workgroups.
+// splits its slots into chunks of at least kAttentionChunk, up to kAttentionWorkgroups workgroups (at
+// most kMaxChunks chunks a query and head in attention_combine.comp).
 constexpr int64_t kAttentionChunk = 512, kAttentionWorkgroups = 512;
 
 // llvmpipe (lavapipe, a CPU implementation of Vulkan) ends a shader invocation's loops after 65535
@@ -434,8 +435,8 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
         d.pc[PC_ATT_K_TYPE] = static_cast<uint32_t>(k.type);
         d.pc[PC_ATT_V_TYPE] = static_cast<uint32_t>(v.type);
         d.pc[PC_ATT_IN_USE] = in_use ? 1u : 0u;
-        if (v.shape[2] > 1024)
-          fail("Vulkan backend: Attention '{}': V head dim {} is above the 1024 the shader accumulates", n.name, v.shape[2]);
+        if (Dv > 1024)
+          fail("Vulkan backend: Attention '{}': V head dim {} is above the 1024 the shader accumulates", n.name, Dv);
         d.groups = static_cast<uint64_t>(T * Hq);
         if (chunks > 1) {
           // The partials into a scratch range, then the combine into the result.

@@ -1,5 +1,6 @@
 #version 450
-// Attention, one workgroup per (query t, head j) or per (query, head, chunk of slots), over the slots in use only (operand 5, when the graph
+// Attention, one workgroup per (query t, head j), or per (query, head, chunk of slots) with
+// attention_combine.comp merging the chunks, over the slots in use only (operand 5, when the graph
 // gives it) in tiles of 64: each thread scores one slot of a tile, then the tile's weights rescale and
 // update a running maximum, sum and output (online softmax). No T x Hq x S buffer of scores is needed,
 // and a decode step costs the live context, not the allocated one.

@@ -7,6 +7,8 @@
 // Push constants: PC_ATT_DV, PC_ATT_CHUNKS (push_constants.h).
 #include "common.glsl"
 layout(local_size_x = 64) in;
+const uint kMaxChunks = 512u;  // vk_lower.cpp's kAttentionWorkgroups
+shared float weight[kMaxChunks];  // e^(m_c - M), 0 for a chunk that saw no slot
 
 void main() {
   uint Dv = pc.p[PC_ATT_DV], chunks = pc.p[PC_ATT_CHUNKS], row = wg_linear(), tid = gl_LocalInvocationID.x;
@@ -15,18 +17,19 @@ void main() {
   float M = neg_inf;
   for (uint c = 0u; c < chunks; ++c)
     if (uintBitsToFloat(b0.d[pb + c * (Dv + 2u) + 1u]) > 0.0) M = max(M, uintBitsToFloat(b0.d[pb + c * (Dv + 2u)]));
-  float L = 0.0;
-  for (uint c = 0u; c < chunks; ++c) {
-    float l = uintBitsToFloat(b0.d[pb + c * (Dv + 2u) + 1u]);
-    if (l > 0.0) L += l * exp(uintBitsToFloat(b0.d[pb + c * (Dv + 2u)]) - M);
+  // Each chunk's weight once, shared by every output dimension.
+  for (uint c = tid; c < chunks; c += 64u) {
+    uint cb = pb + c * (Dv + 2u);
+    weight[c] = uintBitsToFloat(b0.d[cb + 1u]) > 0.0 ? exp(uintBitsToFloat(b0.d[cb]) - M) : 0.0;
   }
+  barrier();
+  float L = 0.0;
+  for (uint c = 0u; c < chunks; ++c)
+    if (weight[c] > 0.0) L += uintBitsToFloat(b0.d[pb + c * (Dv + 2u) + 1u]) * weight[c];
   for (uint d = tid; d < Dv; d += 64u) {
     float a = 0.0;
-    for (uint c = 0u; c < chunks; ++c) {
-      uint cb = pb + c * (Dv + 2u);
-      float l = uintBitsToFloat(b0.d[cb + 1u]);
-      if (l > 0.0) a += uintBitsToFloat(b0.d[cb + 2u + d]) * exp(uintBitsToFloat(b0.d[cb]) - M);
-    }
+    for (uint c = 0u; c < chunks; ++c)
+      if (weight[c] > 0.0) a += uintBitsToFloat(b0.d[pb + c * (Dv + 2u) + 2u + d]) * weight[c];
     bo.d[row * Dv + d] = floatBitsToUint(L > 0.0 ? a / L : 0.0);
   }
 }
