@@ -165,9 +165,13 @@ struct Generation::State {
     std::vector<DraftStep> steps;
     std::vector<int32_t> drafts;
     std::vector<Distribution> q;  // the drafter's distribution per sampled draft
+    std::vector<float> draft_uniforms;  // one per sampled draft, drawn before drafting
     double draft_seconds = 0;
     int64_t base = 0;             // the context's position before the forward
-    bool on_device = false;       // the drafts stayed on the backend: verified by ctx.verify_greedy
+    int64_t n = 0;                // drafts proposed (also when they stayed on the backend)
+    bool on_device = false;       // the drafts stayed on the backend: verified by ctx.verify_greedy / verify_sampled
+    bool sampled_on_device = false;  // ... sampled there, with `state` (ctx.verify_sampled)
+    SamplingState state;
     RoundTrace trace;
   } pending;
 
@@ -288,10 +292,17 @@ struct Generation::State {
   // `alone`: this generation's forward runs by itself, so its drafts may stay on the backend.
   bool plan(bool alone);
   void conclude(std::span<const float> logits, double forward_seconds);
-  // The rest of a speculative round once the target's distribution p(i) at each of its n + 1 rows is
-  // known (from logits, or the argmax ids of a round verified on the backend).
-  void conclude_round(const std::function<Distribution(int64_t)>& p, double forward_seconds,
-                      std::span<const float> logits);
+  // The rest of a speculative round of n drafts: `decide(i)` gives the verdict on draft i (i = n: the
+  // bonus token, never accepted) with the round's uniforms `u` (round_uniforms: 2n + 1, drawn before the
+  // round is decided, two per draft and one for the bonus, used or not, so that a round decided on the
+  // backend draws the same ones).
+  void conclude_round(int64_t n, std::span<const float> u, const std::function<Verdict(int64_t)>& decide,
+                      double forward_seconds, std::span<const float> logits);
+  std::vector<float> round_uniforms(int64_t n) {
+    std::vector<float> u(static_cast<size_t>(2 * n + 1));
+    for (float& x : u) x = sampler->next_uniform();
+    return u;
+  }
   // Greedy choices are plain argmaxes now (no repetition penalty, end tokens no longer held back), so a
   // round can be verified on the backend without logits.
   bool argmax_greedy() const {
@@ -394,18 +405,38 @@ bool Generation::State::plan(bool alone) {
     request.n = static_cast<int>(n);
     request.logits = static_cast<bool>(options.on_round);
     if (sampled_drafts) {
+      // The drafts' uniforms first, so a drafter sampling on the backend draws with the same ones.
+      pending.draft_uniforms.resize(static_cast<size_t>(n));
+      for (float& u : pending.draft_uniforms) u = sampler->next_uniform();
+      request.uniforms = pending.draft_uniforms;
       request.pick = [&](int step, std::span<const float> row) {
-        if (step != static_cast<int>(drafts.size()))
-          fail("drafter asked for draft step {} after {} steps; steps are picked in order", step, drafts.size());
+        if (step != static_cast<int>(drafts.size()) || step >= static_cast<int>(n))
+          fail("drafter asked for draft step {} after {} steps of {}; steps are picked in order", step, drafts.size(), n);
         q.push_back(distribution_of(row, drafts, "drafter"));
-        const int32_t t = draw(q.back(), sampler->next_uniform());
+        const int32_t t = draw(q.back(), pending.draft_uniforms[static_cast<size_t>(step)]);
         drafts.push_back(t);
         return t;
       };
     }
-    // A greedy round alone can keep its drafts on the backend: one read per round (the verdict).
-    if (alone && device != SamplingDevice::Off && !sampled_drafts && !llamacpp && !request.logits && argmax_greedy())
-      request.device_tokens = ctx.draft_tokens(n);
+    // A round alone can keep its drafts on the backend: one read per round (the verdict). Greedy rounds
+    // verify by argmax; sampled ones with the sampler's device form when it can (no penalty window or
+    // end-token suppression in force), else the host decides and says why.
+    if (alone && device != SamplingDevice::Off && !llamacpp && !request.logits) {
+      if (!sampled_drafts && argmax_greedy()) {
+        request.device_tokens = ctx.draft_tokens(n);
+      } else if (sampled_drafts) {
+        pending.state = state_after({});
+        std::string why;
+        request.device_logits = ctx.draft_logits(n, *sampler, pending.state, &why);
+        if (request.device_logits) {
+          request.device_tokens = ctx.draft_tokens(n);
+          request.sampler = sampler.get();
+          request.state = pending.state;
+        } else if (stats().host_sampling_reason.empty()) {
+          stats().host_sampling_reason = "speculative rounds verify on the host: " + why;
+        }
+      }
+    }
     auto td = Clock::now();
     steps = drafter->draft(ctx.view(), request);
     draft_seconds = seconds_since(td);
@@ -415,6 +446,8 @@ bool Generation::State::plan(bool alone) {
     // Tokens -1: the drafter kept them on the backend (DraftRequest::device_tokens).
     const auto held = [](const DraftStep& st) { return st.token < 0; };
     pending.on_device = request.device_tokens && !steps.empty() && std::all_of(steps.begin(), steps.end(), held);
+    pending.sampled_on_device = pending.on_device && request.device_logits;
+    pending.n = static_cast<int64_t>(steps.size());
     if (!pending.on_device && request.device_tokens && std::any_of(steps.begin(), steps.end(), held))
       fail("drafter returned some drafts on the backend (token -1) and some on the host; it must keep all or none");
     for (const DraftStep& st : pending.on_device ? std::span<const DraftStep>() : std::span<const DraftStep>(steps)) {
@@ -453,8 +486,29 @@ void Generation::State::run_planned() {
     return;
   }
   const auto tv = Clock::now();
+  if (pending.on_device && pending.sampled_on_device) {  // drafts, q, p and the verdict on the backend
+    const int64_t n = pending.n;
+    const std::vector<float> u = round_uniforms(n);
+    const SampledVerification v = ctx.verify_sampled(last, n, *sampler, pending.state, u);
+    const double seconds = seconds_since(tv);
+    if (v.accepted < 0 || v.accepted > n || static_cast<int64_t>(v.tokens.size()) != v.accepted + 1)
+      fail("model decided a round of {} drafts as {} accepted with {} tokens", n, v.accepted, v.tokens.size());
+    for (int32_t t : v.tokens)
+      if (t < 0 || t >= vocab) fail("a round verified on the backend gave token {} outside the vocabulary [0, {})", t, vocab);
+    pending.drafts.assign(v.tokens.begin(), v.tokens.begin() + v.accepted);  // the rejected ones never left
+    ++stats().device_verified_steps;
+    conclude_round(
+        n, u,
+        [&](int64_t i) {
+          ++stats().device_sampled_tokens;
+          return i < v.accepted ? Verdict{true, v.tokens[static_cast<size_t>(i)]}
+                                : Verdict{false, v.tokens[static_cast<size_t>(v.accepted)]};
+        },
+        seconds, {});
+    return;
+  }
   if (pending.on_device) {  // drafts and verdict stay on the backend but for one read of ids
-    const int64_t n = static_cast<int64_t>(pending.steps.size());
+    const int64_t n = pending.n;
     GreedyVerification v = ctx.verify_greedy(last, n);
     const double seconds = seconds_since(tv);
     if (static_cast<int64_t>(v.drafts.size()) != n || static_cast<int64_t>(v.greedy.size()) != n + 1)
@@ -465,10 +519,14 @@ void Generation::State::run_planned() {
         if (t < 0 || t >= vocab) fail("a round verified on the backend gave token {} outside the vocabulary [0, {})", t, vocab);
     pending.drafts = std::move(v.drafts);
     ++stats().device_verified_steps;
+    const std::vector<float> u = round_uniforms(n);
     conclude_round(
+        n, u,
         [&](int64_t i) {
           ++stats().device_sampled_tokens;
-          return Distribution{{v.greedy[static_cast<size_t>(i)], 1.0}};
+          const int32_t greedy = v.greedy[static_cast<size_t>(i)];
+          if (i == n) return Verdict{false, greedy};
+          return accept_draft({{greedy, 1.0, 1.0f}}, {}, pending.drafts[static_cast<size_t>(i)], u[2 * i], u[2 * i + 1]);
         },
         seconds, {});
     return;
@@ -494,21 +552,26 @@ void Generation::State::conclude(std::span<const float> logits, double forward_s
     fail("model returned {} logits for a verification of {} positions, expected {}", logits.size(), n + 1,
          (n + 1) * vocab);
   }
+  const std::vector<Distribution>& q = pending.q;
+  const std::vector<float> u = round_uniforms(n);
   conclude_round(
+      n, u,
       [&](int64_t i) {
         // The accepted drafts are in the history already: p is the target's distribution as plain
         // decoding would see it there.
         ++stats().host_sampled_tokens;
-        return distribution_of(logits.subspan(i * vocab, vocab), {}, "model");
+        const Distribution p = distribution_of(logits.subspan(i * vocab, vocab), {}, "model");
+        if (i == n) return Verdict{false, draw(p, u[2 * n])};
+        static const Distribution kPointMass;  // an empty q: the draft is certain
+        const Distribution& qi = q.empty() ? kPointMass : q[static_cast<size_t>(i)];
+        return accept_draft(p, qi, pending.drafts[static_cast<size_t>(i)], u[2 * i], u[2 * i + 1]);
       },
       forward_seconds, logits);
 }
 
-void Generation::State::conclude_round(const std::function<Distribution(int64_t)>& target, double forward_seconds,
-                                       std::span<const float> logits) {
-  const std::vector<int32_t>& drafts = pending.drafts;
-  const std::vector<Distribution>& q = pending.q;
-  const int64_t n = static_cast<int64_t>(drafts.size());
+void Generation::State::conclude_round(int64_t n, std::span<const float> u, const std::function<Verdict(int64_t)>& decide,
+                                       double forward_seconds, std::span<const float> logits) {
+  if (static_cast<int64_t>(u.size()) != 2 * n + 1) fail("a round of {} drafts needs {} uniforms, got {}", n, 2 * n + 1, u.size());
   const int64_t base = pending.base;
   RoundTrace& trace = pending.trace;
   const double draft_seconds = pending.draft_seconds, verify_seconds = forward_seconds;
@@ -516,16 +579,7 @@ void Generation::State::conclude_round(const std::function<Distribution(int64_t)
   // first rejected one is replaced and ends the step; when all are accepted the last row gives a bonus.
   int64_t accepted = 0;
   for (int64_t i = 0; i <= n && !done; ++i) {
-    const Distribution p = target(i);
-    Verdict v;
-    if (i < n) {
-      static const Distribution kPointMass;  // an empty q: the draft is certain
-      const Distribution& qi = q.empty() ? kPointMass : q[static_cast<size_t>(i)];
-      const float u_accept = sampler->next_uniform();
-      v = accept_draft(p, qi, drafts[static_cast<size_t>(i)], u_accept, sampler->next_uniform());
-    } else {
-      v = {false, draw(p, sampler->next_uniform())};
-    }
+    const Verdict v = decide(i);
     last = v.token;
     if (v.accepted) ++accepted;
     emit(v.token);

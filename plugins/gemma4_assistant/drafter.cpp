@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
+#include <map>
 
 #include "assistant.hpp"
 #include "names.hpp"
@@ -141,6 +142,16 @@ struct Built {
   Value token;   // I32 [1, 1]: argmax over the head's logits (dense: a vocab id; centroid: a candidate index)
   Value top;     // centroid: I32 [1, Kc] selected clusters
   Value logits;  // dense: [1, V]; centroid: [1, Kc * S]
+  Value uniform;  // sampled on the device: F32 [1], the draw's uniform
+  std::string why;  // sampled on the device: why the sampler's device form cannot run (no graph then)
+};
+
+// Where a device step leaves its draft: `drafts` (I32 [N, 1], row k); sampled drafting also writes the
+// vocabulary-wide logits into `logits` (F32 [n, V], row k) and draws the token with `sampler`.
+struct DeviceOut {
+  BackendTensorPtr drafts, logits;
+  const Sampler* sampler = nullptr;
+  SamplingState state;
 };
 
 class Drafter final : public AssistantDrafter {
@@ -205,6 +216,10 @@ class Drafter final : public AssistantDrafter {
       // The ordering on the backend too, as a [C, S] table: a step maps its candidate to a vocab id there.
       ordering_table_ = backend_->allocate("gemma4_assistant.token_ordering", DType::I32, {c.centroids, S});
       backend_->write(*ordering_table_, std::as_bytes(std::span<const int32_t>(ordering_)));
+      // Zeros over the vocabulary: sampled drafting on the backend spreads the candidates' logits over it.
+      zeros_ = backend_->allocate("gemma4_assistant.zeros", DType::F32, {c.vocab});
+      const std::vector<float> zeros(static_cast<size_t>(c.vocab), 0.0f);
+      backend_->write(*zeros_, std::as_bytes(std::span(zeros)));
     } else {
       head_weights_ = {backend_->load_weight(embed), 0.0f, {}, 0};  // no softcap (§2.5)
     }
@@ -233,8 +248,10 @@ class Drafter final : public AssistantDrafter {
   std::vector<DraftStep> draft(const TargetView& target, const DraftRequest& request) override {
     std::vector<DraftStep> out;
     const bool logits = request.logits || static_cast<bool>(request.pick);
-    if (request.device_tokens && !logits && can_keep_drafts(*request.device_tokens, request.n)) {
-      run_on_device(target, request.last_token, request.n, request.device_tokens);
+    const bool sampled_on_device = request.device_logits && request.sampler && !request.logits &&
+                                   static_cast<int>(request.uniforms.size()) >= request.n;
+    if (request.device_tokens && (!logits || sampled_on_device) && can_keep_drafts(*request.device_tokens, request.n) &&
+        run_on_device(target, request)) {
       out.resize(static_cast<size_t>(std::max(0, request.n)));  // tokens -1: on the backend
       return out;
     }
@@ -327,9 +344,10 @@ class Drafter final : public AssistantDrafter {
     return b;
   }
 
-  void build(Built& b, const Bound& t, bool first, const BackendTensorPtr& drafts) const {
+  void build(Built& b, const Bound& t, bool first, const DeviceOut* device) const {
     const Config& c = cfg_;
     Graph& g = b.graph;
+    const BackendTensorPtr drafts = device ? device->drafts : nullptr;
     const int64_t Hb = c.backbone;
     if (drafts && !first) {  // the previous step's draft, read where it wrote it
       b.prev_row = g.input(DType::I32, {1}, "previous_draft_row");
@@ -375,18 +393,37 @@ class Drafter final : public AssistantDrafter {
     b.token = g.argmax(b.logits);
     if (drafts) {
       // The vocab id stays here: centroid candidates map through the ordering (ids of ids).
+      const int64_t K = c.centroid_top_k, S = centroid_ ? c.vocab / c.centroids : 0;
+      const Value candidates =  // centroid: the vocab id of each logit, [K * S]
+          b.top ? g.reshape(g.get_rows(g.constant(ordering_table_), g.reshape(b.top, {K})), {K * S}) : Value{};
       Value id = b.token;
-      if (b.top) {
-        const int64_t K = c.centroid_top_k, S = c.vocab / c.centroids;
-        const Value candidates = g.get_rows(g.constant(ordering_table_), g.reshape(b.top, {K}));  // [K, S]
-        id = g.get_rows(g.reshape(candidates, {K * S, 1}), g.reshape(b.token, {1}));
-      }
+      if (b.top) id = g.get_rows(g.reshape(candidates, {K * S, 1}), g.reshape(b.token, {1}));
       b.draft_row = g.input(DType::I32, {1}, "draft_row");
+      if (device->sampler) {
+        // Sampled: the logits over the whole vocabulary (as DraftStep::logits) go to row k of device->logits
+        // for the verification, and the token is the sampler's draw from them.
+        const Value row = b.top ? vocab_row(g, b.logits, candidates) : g.reshape(b.logits, {c.vocab});
+        g.mark_output(g.write_rows(device->logits, g.reshape(row, {1, c.vocab}), b.draft_row));
+        b.uniform = g.input(DType::F32, {1}, "uniform");
+        id = device->sampler->sample_in_graph(g, row, {}, b.uniform, device->state, *backend_, &b.why);
+        if (!id) return;
+      }
       g.mark_output(g.write_rows(drafts, g.reshape(id, {1, 1}), b.draft_row));
       return;
     }
     g.mark_output(b.logits);
     g.mark_output(b.token);
+  }
+
+  // The centroid head's candidate logits spread over the vocabulary as scatter_logits does on the host:
+  // every other id gets min(logits) - 1.
+  Value vocab_row(Graph& g, Value logits, Value candidates) const {
+    const int64_t V = cfg_.vocab, KS = g.shape(candidates)[0];
+    const Value flat = g.reshape(logits, {KS});
+    const Value lowest = g.reshape(g.argmax(g.scale(flat, -1.0f)), {1});  // ties: any holds the minimum
+    const Value low = g.reshape(g.get_rows(g.reshape(flat, {KS, 1}), lowest), {1});
+    const Value filler = g.add(low, g.clamp(low, -1.0f, -1.0f));  // min + (-1), as the host's min - 1
+    return g.scatter(g.add(g.constant(zeros_), filler), candidates, flat);
   }
 
   // One step's logits as the head computed them: dense, [vocab] (ids empty); centroid, the candidates'
@@ -448,17 +485,28 @@ class Drafter final : public AssistantDrafter {
            drafts.shape()[0] >= n && backend_->supports(Op::GetRows, DType::I32).ok;
   }
 
-  // The greedy steps with the drafts kept on the backend: no reads, each step's id written into
-  // `drafts` row k and embedded from there by step k + 1.
-  void run_on_device(const TargetView& target, int32_t last, int n, const BackendTensorPtr& drafts) {
-    if (n <= 0) return;
-    const Bound t = prepare(target, drafts);
+  // The steps with the drafts kept on the backend: no reads, each step's id written into row k of
+  // request.device_tokens and embedded from there by step k + 1; sampled steps draw it with the request's
+  // sampler and write their logits too. False (nothing run) when the sampler's device form cannot run here.
+  bool run_on_device(const TargetView& target, const DraftRequest& request) {
+    const int n = request.n;
+    if (n <= 0) return true;
+    const int32_t last = request.last_token;
+    const bool sampled = request.device_logits && request.sampler;
+    const Bound t = prepare(target, request.device_tokens);
+    Built* steps[2] = {graphs_[3].get(), graphs_[2].get()};  // [0]: the first step, [1]: the others
+    if (sampled) {
+      Sampled& s = sampled_steps(t, request);
+      if (!s.why.empty()) return false;
+      steps[0] = s.first.get();
+      steps[1] = s.next.get();
+    }
     const int64_t vocab_t = t.embed.table->shape()[0];
     if (last < 0 || last >= vocab_t)
       fail("gemma4-assistant: token {} is outside the target's embedding table [0, {})", last, vocab_t);
     const StepInputs si = step_inputs(target);
     for (int32_t k = 0; k < n; ++k) {
-      Built& b = *graphs_[k == 0 ? 3 : 2];
+      Built& b = *steps[k == 0 ? 0 : 1];
       RunInputs in = si.of(b);
       const int32_t prev = k - 1;
       if (k == 0)
@@ -466,8 +514,49 @@ class Drafter final : public AssistantDrafter {
       else
         in.inputs.emplace_back(b.prev_row, std::as_bytes(std::span(&prev, 1)));
       in.inputs.emplace_back(b.draft_row, std::as_bytes(std::span(&k, 1)));
+      if (sampled) in.inputs.emplace_back(b.uniform, std::as_bytes(request.uniforms.subspan(static_cast<size_t>(k), 1)));
       b.plan->run(in);
     }
+    return true;
+  }
+
+  // The sampled device steps for a request's tensors and sampler, built once; `why` says when the sampler's
+  // device form cannot run on this backend (then the engine's `pick` drafts on the host).
+  struct Sampled {
+    std::unique_ptr<Built> first, next;
+    std::string why;
+  };
+  Sampled& sampled_steps(const Bound& t, const DraftRequest& r) {
+    const std::string key = fmt::format("{}/{}/{}", static_cast<const void*>(r.device_tokens.get()),
+                                        static_cast<const void*>(r.device_logits.get()), r.sampler->device_key(r.state));
+    Sampled& s = sampled_[key];
+    if (s.first || !s.why.empty()) return s;
+    if (!r.sampler->device_ids(r.state).empty()) {
+      s.why = "the sampler's rules read the history here (penalty or suppression)";
+      return s;
+    }
+    const DeviceOut out{r.device_tokens, r.device_logits, r.sampler, r.state};
+    for (int first = 0; first < 2; ++first) {
+      auto b = std::make_unique<Built>();
+      build(*b, t, first == 1, &out);
+      if (!b->why.empty()) {
+        s.why = b->why;
+        break;
+      }
+      try {
+        b->plan = backend_->compile(b->graph);
+      } catch (const Error& e) {
+        s.why = fmt::format("the backend cannot run the sampling graph: {}", e.what());
+        break;
+      }
+      (first ? s.first : s.next) = std::move(b);
+    }
+    if (!s.why.empty()) {
+      s.first.reset();
+      s.next.reset();
+      log_debug("gemma4-assistant: drafts are sampled on the host: {}", s.why);
+    }
+    return s;
   }
 
   // Binds (and checks) the target once per set of target tensors, so the checks then cost nothing, and
@@ -477,6 +566,7 @@ class Drafter final : public AssistantDrafter {
     Bound t = bind(target);
     if (t.key() != key_) {
       for (auto& g : graphs_) g.reset();
+      sampled_.clear();
       key_ = t.key();
       // A target ring sized for a smaller window may not hold every key the drafter's window reaches.
       if (t.sliding.window > 0 && t.sliding.window < c.window)
@@ -489,10 +579,11 @@ class Drafter final : public AssistantDrafter {
       device_drafts_ = drafts;
     }
     const int base = drafts ? 2 : 0;
+    const DeviceOut out{drafts, nullptr, nullptr, {}};
     for (int first = 0; first < 2; ++first)
       if (!graphs_[base + first]) {
         graphs_[base + first] = std::make_unique<Built>();
-        build(*graphs_[base + first], t, first == 1, drafts);
+        build(*graphs_[base + first], t, first == 1, drafts ? &out : nullptr);
         graphs_[base + first]->plan = backend_->compile(graphs_[base + first]->graph);
       }
     return t;
@@ -533,6 +624,8 @@ class Drafter final : public AssistantDrafter {
   std::vector<const void*> key_;
   // [0]: h from the drafter's own state, [1]: from the target; [2], [3]: the same keeping drafts on the backend.
   std::unique_ptr<Built> graphs_[4];
+  std::map<std::string, Sampled> sampled_;   // sampled device steps by (tensors, sampler key)
+  BackendTensorPtr zeros_;                   // centroid: F32 [vocab] zeros (sampled drafting on the backend)
 };
 
 }  // namespace

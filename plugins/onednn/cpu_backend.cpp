@@ -689,6 +689,11 @@ void CpuBackend::execute(const Graph& g, int32_t id) {
       *reinterpret_cast<int32_t*>(output(n, id)) =
           top_p_draw(fsrc(0), ints(2), src(0).shape[0], *fsrc(1), n.f[3], n.f[1], n.f[2]);
       return;
+    case Op::AcceptDrafts:
+      accept_drafts({fsrc(0), ints(1), src(1).shape[1]}, {fsrc(2), ints(3), src(3).shape[1]}, ints(4),
+                    src(4).shape[0], src(0).shape[1], fsrc(5), n.f[3], n.f[1], n.f[2],
+                    reinterpret_cast<int32_t*>(output(n, id)), n.name);
+      return;
     case Op::Copy: {
       const float* x = fsrc(0);
       const int64_t cols = n.shape.back(), rows = elements(n.shape) / cols;

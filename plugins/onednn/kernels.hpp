@@ -88,5 +88,13 @@ void scatter(const float* a, int64_t n, const int32_t* ids, const float* values,
              const std::string& node_name);
 int32_t top_p_draw(const float* logits, const int32_t* ids, int64_t k, float uniform, float inv_temperature,
                    float top_p, float min_p);
+// AcceptDrafts: p [n + 1, vocab] with TopK rows p_top [n + 1, kp], q [n, vocab] with q_top [n, kq] -> out [n + 2].
+struct DraftRows {
+  const float* logits;
+  const int32_t* top;
+  int64_t k;
+};
+void accept_drafts(DraftRows p, DraftRows q, const int32_t* drafts, int64_t n, int64_t vocab, const float* uniforms,
+                   float inv_temperature, float top_p, float min_p, int32_t* out, const std::string& node_name);
 
 }  // namespace specula::cpu

@@ -86,13 +86,13 @@ int32_t StandardSampler::sample(std::span<const float> logits, const SamplingSta
 std::vector<TokenProbability> StandardSampler::distribution(std::span<const float> logits,
                                                             const SamplingState& state) const {
   const Candidates c = candidates(logits, state);
-  // The draw's weights, normalised in double so that they sum to 1.
+  // The draw's weights (kept as `weight` for the speculative rule), normalised in double to sum to 1.
   double mass = 0.0;
   for (size_t i = 0; i < c.set.keep; ++i) mass += c.set.w[i];
   std::vector<TokenProbability> out;
   out.reserve(c.set.keep);
   for (size_t i = 0; i < c.set.keep; ++i)
-    if (c.set.w[i] > 0.0f) out.push_back({c.order[i], static_cast<double>(c.set.w[i]) / mass});
+    if (c.set.w[i] > 0.0f) out.push_back({c.order[i], static_cast<double>(c.set.w[i]) / mass, c.set.w[i]});
   return out;
 }
 
@@ -182,6 +182,32 @@ Value StandardSampler::sample_in_graph(Graph& g, Value logits, Value ids, Value 
   const int64_t k = params_.top_k > 0 ? std::min<int64_t>(params_.top_k, vocab) : vocab;
   Value order = g.top_k(x, k);  // by logit, ties: lower index first, as the host's partial sort
   return g.top_p_draw(gather(x, order), uniform, order, params_.temperature, params_.top_p, params_.min_p);
+}
+
+Value StandardSampler::verify_in_graph(Graph& g, Value target, Value draft, Value drafts, Value uniforms,
+                                       const SamplingState& state, const ComputeBackend& backend,
+                                       std::string* why) const {
+  const auto refuse = [&](std::string reason) {
+    if (why) *why = std::move(reason);
+    return Value{};
+  };
+  if (params_.temperature == 0.0f) return refuse("greedy rounds are verified by argmax (verify_greedy)");
+  // The penalty window and end-token suppression would differ from row to row with the drafts.
+  if (penalty_active(state)) return refuse("the repetition penalty depends on the drafts (the host verifies)");
+  if (suppression_active(state))
+    return refuse(fmt::format("end tokens are suppressed for {} more tokens (the host verifies)",
+                              params_.min_length - state.generated));
+  for (Op op : {Op::TopK, Op::AcceptDrafts}) {
+    const Support s = backend.supports(op, DType::F32);
+    if (!s.ok) return refuse(fmt::format("backend '{}' lacks {} on F32 ({})", backend.name(), op_name(op), s.reason));
+  }
+  const Shape& ts = g.shape(target);
+  if (ts.size() != 2) fail("sampler 'standard': verify_in_graph: target logits must be [n + 1, vocab], got {}", shape_str(ts));
+  const int64_t vocab = ts[1];
+  const int64_t k = params_.top_k > 0 ? std::min<int64_t>(params_.top_k, vocab) : vocab;
+  // TopK orders ties by the lower id, as the host's partial sort: the same candidates in the same order.
+  return g.accept_drafts(target, g.top_k(target, k), draft, g.top_k(draft, k), drafts, uniforms, params_.temperature,
+                         params_.top_p, params_.min_p);
 }
 
 }  // namespace specula::sampling

@@ -36,6 +36,11 @@ class StandardSampler final : public Sampler {
   // equal to sample() token for token on the CPU backend.
   Value sample_in_graph(Graph& graph, Value logits, Value ids, Value uniform, const SamplingState& state,
                         const ComputeBackend& backend, std::string* why = nullptr) const override;
+  // The speculative verdict of a sampled round: TopK of both logit sets and AcceptDrafts, the rule
+  // accept_draft computes on the host (core/speculative.hpp).
+  Value verify_in_graph(Graph& graph, Value target, Value draft, Value drafts, Value uniforms,
+                        const SamplingState& state, const ComputeBackend& backend,
+                        std::string* why = nullptr) const override;
   // The penalty window (padded to a fixed length, see window_slots) followed by the end tokens while
   // they are suppressed.
   std::vector<int32_t> device_ids(const SamplingState& state) const override;

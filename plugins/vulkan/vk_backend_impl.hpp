@@ -196,6 +196,9 @@ class VulkanBackend final : public ComputeBackend {
       case Op::TopPDraw:
         if (type == DType::F32) return Support::yes();  // the SDK's float32 rule (top_p_draw.comp)
         return Support::no(fmt::format("TopPDraw takes F32 logits, not {}", tr->name));
+      case Op::AcceptDrafts:
+        if (type == DType::F32) return Support::yes();  // the SDK's float32 rule (accept_drafts.comp)
+        return Support::no(fmt::format("AcceptDrafts takes F32 logits, not {}", tr->name));
       case Op::Scatter:
         if (type == DType::F32) return Support::yes();
         return Support::no(fmt::format("Scatter takes F32 values, not {}", tr->name));

@@ -520,6 +520,42 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
         d.groups = 1;
         break;
       }
+      case Op::AcceptDrafts: {
+        const int64_t N = src_node(n, 4).shape[0], V = src_node(n, 0).shape[1];
+        const int64_t K = src_node(n, 1).shape[1], Kq = src_node(n, 3).shape[1];
+        d.shader = "accept_drafts";
+        d.bind[0] = as_f32(n, i, 0, false);
+        d.bind[1] = loc_of(n.src[1]);
+        d.bind[2] = as_f32(n, i, 2, false);
+        d.bind[3] = loc_of(n.src[3]);
+        d.bind[4] = loc_of(n.src[4]);
+        d.bind[6] = as_f32(n, i, 5, false);  // operand 5 (binding 7)
+        d.bind[5] = result();
+        d.pc[PC_AD_N] = u32(N);
+        d.pc[PC_AD_V] = u32(V);
+        d.pc[PC_AD_K] = u32(K);
+        d.pc[PC_AD_KQ] = u32(Kq);
+        d.pc[PC_AD_TOP_P] = fbits(n.f[1]);
+        d.pc[PC_AD_MIN_P] = fbits(n.f[2]);
+        d.pc[PC_AD_INV_T] = fbits(n.f[3]);
+        d.pc[PC_AD_NODE] = u32(i);
+        p.id_bound[static_cast<size_t>(i)] = V;
+        {
+          // accept_drafts.comp, one thread, all in main's loop nest: each row's top_p_set walks its TopK
+          // `passes` times (min-p, top-p's sum and its prefix, the mass), for the N + 1 target rows and N
+          // drafter rows at most; then the residual's sum and draw (2 K) or the bonus draw (K); plus the
+          // output fill, the draft check and the row loop itself (3 N + 3).
+          const int64_t passes = 1 + (n.f[2] > 0.0f ? 1 : 0) + (n.f[1] < 1.0f ? 2 : 0);
+          const int64_t loops = passes * ((N + 1) * K + N * Kq) + 2 * K + 3 * N + 3;
+          const int64_t top_k = std::max<int64_t>(1, (kLoopBudget - 3 * N - 3) / (passes * (2 * N + 1) + 2));
+          check_cpu_device_loops(*dev_, n, loops,
+                                 fmt::format("of {} drafts over top {} (target) and {} (drafter) candidates", N, K, Kq),
+                                 fmt::format("set top_k to at most {} for {} drafts, draft fewer tokens, or sample on "
+                                             "the host (sampler.device: off)", top_k, N));
+        }
+        d.groups = 1;
+        break;
+      }
       case Op::Scatter: {
         // A copy of a, then the scattered values (the barrier between them comes from the overlap).
         const int64_t N = n.shape[0], M = src_node(n, 1).shape[0];

@@ -14,7 +14,7 @@ struct BatchedModel::Built {
   std::unique_ptr<CompiledGraph> plan;  // after `graph`: destroyed before it
   std::unique_ptr<BatchGraph> batch;
   Value ids, logits;
-  Value sampler_ids, uniform, token;
+  Value sampler_ids, uniform, token;  // a sampled verification: uniform F32 [2n + 1], token its verdict
   Value last, verdict;  // verify_greedy: the input before the drafts; I32 [drafts n, greedy n + 1]
   std::string why;  // a sampling graph without `token`: why the sampler cannot run in it
 };
@@ -56,6 +56,39 @@ class BatchedModel::Context final : public ModelContext, public TargetView {
       fail("{}: verify_greedy of {} drafts, but draft_tokens() holds {}", m_->name_, n, drafts_ ? drafts_->shape()[0] : 0);
     return m_->verify_greedy(cache_, drafts_, last, n);
   }
+  // One logits tensor per draft length, [n, vocab] exactly, so the verification reads it without a copy.
+  BackendTensorPtr draft_logits(int64_t n, const Sampler& sampler, const SamplingState& state,
+                                std::string* why) override {
+    if (!draft_tokens(n)) {
+      if (why) *why = fmt::format("{} drafts and the last token do not fit one step of {} tokens", n, m_->spec_.step_tokens);
+      return nullptr;
+    }
+    BackendTensorPtr& logits = draft_logits_[n];
+    if (!logits) logits = m_->backend().allocate(m_->name_ + ".draft_logits", DType::F32, {n, m_->vocab_});
+    Built& b = m_->sampled_graph(cache_, drafts_, logits, n, sampler, state);
+    if (!b.token) {
+      if (why) *why = b.why;
+      return nullptr;
+    }
+    return logits;
+  }
+  SampledVerification verify_sampled(int32_t last, int64_t n, const Sampler& sampler, const SamplingState& state,
+                                     std::span<const float> uniforms) override {
+    const auto it = draft_logits_.find(n);
+    if (!drafts_ || n > drafts_->shape()[0] || it == draft_logits_.end() || !it->second)
+      fail("{}: verify_sampled of {} drafts before draft_logits({}) gave a tensor", m_->name_, n, n);
+    if (static_cast<int64_t>(uniforms.size()) != 2 * n + 1)
+      fail("{}: verify_sampled of {} drafts takes {} uniforms, got {}", m_->name_, n, 2 * n + 1, uniforms.size());
+    Built& b = m_->sampled_graph(cache_, drafts_, it->second, n, sampler, state);
+    if (!b.token) fail("{}: verify_sampled: {}", m_->name_, b.why);
+    const std::vector<int32_t> v = m_->run_verification(b, cache_, last, b.token, n + 2, {{b.uniform, std::as_bytes(uniforms)}});
+    SampledVerification out;
+    out.accepted = v[0];
+    if (out.accepted < 0 || out.accepted > n)
+      fail("{}: the backend's verdict accepted {} of {} drafts", m_->name_, out.accepted, n);
+    out.tokens.assign(v.begin() + 1, v.begin() + 2 + out.accepted);
+    return out;
+  }
 
   KvView kv(const std::string& attention_type) const override {
     return cache_.view(m_->target_cache_layer(attention_type));
@@ -70,6 +103,7 @@ class BatchedModel::Context final : public ModelContext, public TargetView {
   std::shared_ptr<const BatchedModel> m_;
   KvCache cache_;
   BackendTensorPtr drafts_;  // draft_tokens(): I32 [N, 1]
+  std::map<int64_t, BackendTensorPtr> draft_logits_;  // draft_logits(n): F32 [n, vocab]
 };
 
 BatchedModel::BatchedModel(std::string name, std::shared_ptr<ComputeBackend> backend)
@@ -226,31 +260,58 @@ SampledToken BatchedModel::forward_sample(KvCache& cache, std::span<const int32_
 
 GreedyVerification BatchedModel::verify_greedy(KvCache& cache, const BackendTensorPtr& drafts, int32_t last,
                                               int64_t n) const {
-  const std::vector<int32_t> first{last};
-  check_tokens(cache, first, 1);
-  check_room(cache, n + 1);
   const int64_t N = drafts->shape()[0];
   Built& b = cached_graph({{static_cast<int64_t>(cache.id()), n + 1, n + 1}, fmt::format("verify:{}", N)}, [&](Built& nb) {
-    Graph& g = nb.graph;
-    nb.batch = std::make_unique<BatchGraph>(g, std::vector<BatchGraph::Entry>{{&cache, n + 1}}, attention_);
-    nb.last = g.input(DType::I32, {1}, "last_token");
-    const Value d = g.slice(g.reshape(g.constant(drafts), {N}), 0, n);
-    nb.ids = g.concat(nb.last, d);
-    nb.logits = g.named(build_forward(*nb.batch, nb.ids, std::vector<int64_t>{n + 1}), "logits");
-    nb.verdict = g.concat(d, g.reshape(g.argmax(nb.logits), {n + 1}));
-    g.mark_output(nb.verdict);
+    const Value d = verification_forward(nb, cache, drafts, n);
+    nb.verdict = nb.graph.concat(d, nb.graph.reshape(nb.graph.argmax(nb.logits), {n + 1}));
+    nb.graph.mark_output(nb.verdict);
   });
-  RunInputs in;
-  in.inputs.emplace_back(b.last, std::as_bytes(std::span<const int32_t>(first)));
-  b.batch->set_inputs(in);
-  b.plan->run(in);
-  b.batch->appended();
-  std::vector<int32_t> verdict(static_cast<size_t>(2 * n + 1));
-  b.plan->read(b.verdict, std::as_writable_bytes(std::span<int32_t>(verdict)));
+  const std::vector<int32_t> verdict = run_verification(b, cache, last, b.verdict, 2 * n + 1, {});
   GreedyVerification v;
   v.drafts.assign(verdict.begin(), verdict.begin() + n);
   v.greedy.assign(verdict.begin() + n, verdict.end());
   return v;
+}
+
+BatchedModel::Built& BatchedModel::sampled_graph(KvCache& cache, const BackendTensorPtr& drafts,
+                                                 const BackendTensorPtr& draft_logits, int64_t n,
+                                                 const Sampler& sampler, const SamplingState& state) const {
+  const int64_t N = drafts->shape()[0];
+  const std::string key = fmt::format("verify:{}:sampler:{}", N, sampler.device_key(state));
+  return cached_graph({{static_cast<int64_t>(cache.id()), n + 1, n + 1}, key}, [&](Built& nb) {
+    const Value d = verification_forward(nb, cache, drafts, n);
+    Graph& g = nb.graph;
+    nb.uniform = g.input(DType::F32, {2 * n + 1}, "uniforms");
+    nb.token = sampler.verify_in_graph(g, nb.logits, g.constant(draft_logits), d, nb.uniform, state, *backend_, &nb.why);
+    if (nb.token) g.mark_output(nb.token);
+  });
+}
+
+Value BatchedModel::verification_forward(Built& b, KvCache& cache, const BackendTensorPtr& drafts, int64_t n) const {
+  Graph& g = b.graph;
+  const int64_t N = drafts->shape()[0];
+  b.batch = std::make_unique<BatchGraph>(g, std::vector<BatchGraph::Entry>{{&cache, n + 1}}, attention_);
+  b.last = g.input(DType::I32, {1}, "last_token");
+  const Value d = g.slice(g.reshape(g.constant(drafts), {N}), 0, n);
+  b.ids = g.concat(b.last, d);
+  b.logits = g.named(build_forward(*b.batch, b.ids, std::vector<int64_t>{n + 1}), "logits");
+  return d;
+}
+
+std::vector<int32_t> BatchedModel::run_verification(Built& b, KvCache& cache, int32_t last, Value out, int64_t size,
+                                                    std::vector<std::pair<Value, std::span<const std::byte>>> extra) const {
+  const std::vector<int32_t> first{last};
+  check_tokens(cache, first, 1);
+  check_room(cache, b.graph.shape(b.ids)[0]);
+  RunInputs in;
+  in.inputs.emplace_back(b.last, std::as_bytes(std::span<const int32_t>(first)));
+  b.batch->set_inputs(in);
+  in.inputs.insert(in.inputs.end(), extra.begin(), extra.end());
+  b.plan->run(in);
+  b.batch->appended();
+  std::vector<int32_t> values(static_cast<size_t>(size));
+  b.plan->read(out, std::as_writable_bytes(std::span<int32_t>(values)));
+  return values;
 }
 
 std::vector<std::vector<float>> BatchedModel::forward_batch(std::span<const BatchEntry> batch) {

@@ -38,6 +38,7 @@ std::string_view op_name(Op op) {
     case Op::Clamp: return "Clamp";
     case Op::Scatter: return "Scatter";
     case Op::TopPDraw: return "TopPDraw";
+    case Op::AcceptDrafts: return "AcceptDrafts";
   }
   return "unknown op";
 }
@@ -539,6 +540,51 @@ Value Graph::top_p_draw(Value logits, Value uniform, Value ids, float temperatur
   n.f[2] = min_p;
   n.f[3] = 1.0f / temperature;  // rounded once here: backends multiply by it (no device division)
   return push(std::move(n));
+}
+
+Value Graph::accept_drafts(Value target_logits, Value target_top, Value draft_logits, Value draft_top, Value drafts,
+                           Value uniforms, float temperature, float top_p, float min_p) {
+  Checker c{*this, Op::AcceptDrafts, fmt::format("AcceptDrafts#{}", nodes_.size())};
+  const Node& p = c.get(target_logits, "target logits");
+  const Node& pt = c.get(target_top, "target top");
+  const Node& q = c.get(draft_logits, "draft logits");
+  const Node& qt = c.get(draft_top, "draft top");
+  const Node& d = c.get(drafts, "drafts");
+  const Node& u = c.get(uniforms, "uniforms");
+  c.rank(p, "target logits", 2, 2);
+  c.rank(pt, "target top", 2, 2);
+  c.rank(q, "draft logits", 2, 2);
+  c.rank(qt, "draft top", 2, 2);
+  c.rank(d, "drafts", 1, 1);
+  c.rank(u, "uniforms", 1, 1);
+  if (p.type != DType::F32 || q.type != DType::F32 || u.type != DType::F32)
+    c.error(fmt::format("target logits {}, draft logits {} and uniforms {} must be F32", describe(p), describe(q),
+                        describe(u)));
+  c.type_i32(pt, "target top");
+  c.type_i32(qt, "draft top");
+  c.type_i32(d, "drafts");
+  const int64_t n = d.shape[0], V = p.shape[1];
+  if (n < 1) c.error(fmt::format("drafts {} must hold at least one draft", describe(d)));
+  if (p.shape[0] != n + 1 || q.shape != Shape{n, V})
+    c.error(fmt::format("target logits {} must be [{}, V] and draft logits {} [{}, V] for the {} drafts", describe(p),
+                        n + 1, describe(q), n, n));
+  if (pt.shape[0] != n + 1 || qt.shape[0] != n || pt.shape[1] < 1 || pt.shape[1] > V || qt.shape[1] < 1 ||
+      qt.shape[1] > V)
+    c.error(fmt::format("target top {} and draft top {} must be TopK rows of the logits ([{}, K] and [{}, K], "
+                        "1 <= K <= {})", describe(pt), describe(qt), n + 1, n, V));
+  if (u.shape[0] != 2 * n + 1)
+    c.error(fmt::format("uniforms {} must be [{}]: two per draft and one for the bonus", describe(u), 2 * n + 1));
+  if (!(temperature > 0.0f) || !std::isfinite(temperature))
+    c.error(fmt::format("temperature {} must be a finite number > 0", temperature));
+  if (!(top_p > 0.0f && top_p <= 1.0f)) c.error(fmt::format("top_p {} must be in (0, 1]", top_p));
+  if (!(min_p >= 0.0f && min_p <= 1.0f)) c.error(fmt::format("min_p {} must be in [0, 1]", min_p));
+  Node out;
+  out.op = Op::AcceptDrafts;
+  out.type = DType::I32;
+  out.shape = {n + 2};
+  out.src = {target_logits.id, target_top.id, draft_logits.id, draft_top.id, drafts.id, uniforms.id};
+  out.f = {temperature, top_p, min_p, 1.0f / temperature};
+  return push(std::move(out));
 }
 
 void Graph::mark_output(Value v) {

@@ -4,8 +4,10 @@
 
 #include <algorithm>
 #include <bit>
+#include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <vector>
 
 #include "specula/error.hpp"
 
@@ -58,13 +60,37 @@ TopPSet top_p_set(std::span<const float> x, float inv_temperature, float top_p, 
 }
 
 size_t top_p_pick(const TopPSet& s, float uniform) {
-  const float target = std::clamp(uniform, 0.0f, 1.0f) * s.mass;
+  return pick_by_weight(std::span<const float>(s.w).first(s.keep), s.mass, uniform);
+}
+
+size_t pick_by_weight(std::span<const float> w, float total, float uniform) {
+  const float target = std::clamp(uniform, 0.0f, 1.0f) * total;
   float cum = 0.0f;
-  for (size_t k = 0; k < s.keep; ++k) {
-    cum += s.w[k];
+  size_t last = 0;
+  for (size_t k = 0; k < w.size(); ++k) {
+    cum += w[k];
     if (cum > target) return k;
+    if (w[k] > 0.0f) last = k;
   }
-  return s.keep - 1;
+  return last;
+}
+
+int64_t speculative_verdict(std::span<const float> p_w, float p_mass, std::span<const float> q_w_of_p, float pd,
+                            float qd, float q_mass, float u_accept, float u_residual) {
+  if (p_w.empty() || q_w_of_p.size() != p_w.size())
+    fail("speculative verdict: {} target weights and {} drafter weights of them", p_w.size(), q_w_of_p.size());
+  // Weights are 0 or normal floats (rule_exp), masses >= 1: a product below FLT_MIN, which a GPU may
+  // flush to 0, can only be the left side here, and then it is below the right side either way.
+  if (qd * p_mass * u_accept < pd * q_mass) return -1;
+  std::vector<float> r(p_w.size());
+  float total = 0.0f;
+  for (size_t k = 0; k < p_w.size(); ++k) {
+    const float d = p_w[k] * q_mass - q_w_of_p[k] * p_mass;
+    r[k] = d >= FLT_MIN ? d : 0.0f;  // a subnormal difference counts as 0 on every device
+    total += r[k];
+  }
+  if (!(total > 0.0f)) return static_cast<int64_t>(pick_by_weight(p_w, p_mass, u_residual));
+  return static_cast<int64_t>(pick_by_weight(r, total, u_residual));
 }
 
 }  // namespace specula

@@ -173,8 +173,8 @@ TEST(SamplingOps, TopPDrawEdges) {
   for (float u : {0.0f, 0.5f, 0.99f, 0x1.fffffep-1f}) EXPECT_LT(all.run(*fx.backend, x, ids, u), 12) << u;
   EXPECT_EQ(all.run(*fx.backend, x, ids, 0.0f), 10);  // u = 0: the first candidate
   // u = 1 is outside the contract ([0, 1)): no running sum exceeds the whole mass, so the last kept
-  // candidate is returned, as the host sampler does.
-  EXPECT_EQ(all.run(*fx.backend, x, ids, 1.0f), ref_draw(x, ids, 1.0f, 1.0f, 1.0f));
+  // candidate with a nonzero weight is returned (never a zero-probability one), as the host sampler does.
+  EXPECT_EQ(all.run(*fx.backend, x, ids, 1.0f), 11);
   // Exactly representable boundary: four equal logits, top_p = 0.5 keeps exactly two.
   const std::vector<float> flat(4, 0.25f);
   DrawGraph half(4, 1.0f, 0.5f);

@@ -14,6 +14,7 @@
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include <nlohmann/json.hpp>
 
@@ -273,6 +274,82 @@ TEST(TinyKjv, GreedyRoundReadsOnceFromTheBackendAndEqualsPlain) {
     EXPECT_EQ(got.stats.host_sampled_tokens, 0) << head << " K = " << k;
     EXPECT_GT(got.stats.accepted_tokens, 0) << head << " K = " << k;
   }
+}
+
+// A sampled round kept on the backend (docs/sampling.md, "Speculative sampling"): the drafter draws each
+// draft in its graph and leaves it and its logits there, the target decides the round with AcceptDrafts,
+// and one read returns the emitted tokens. The tokens are those of the same seed with every round decided
+// on the host (sampler.device: off), for both heads and several draft lengths: the float32 rule is the
+// same on both sides. With a repetition penalty (which depends on the drafts) the host decides and says so.
+TEST(TinyKjv, SampledRoundReadsOnceFromTheBackendAndEqualsTheHost) {
+  auto counting = std::make_shared<specula_test::CountingBackend>(backend());
+  auto file = host().open_model(kModels / kTarget);
+  auto target = host().find_model_loader(*file)->load(file, counting, json::object());
+  auto chat = target->chat_format();
+  const auto& prompts = golden("tiny-kjv-assistant.json")["held_out_prompts"];
+  int64_t rounds = 0, accepted = 0, drafted = 0;
+  for (auto [k, head, seed] : {std::tuple{1, "centroid", 1}, std::tuple{3, "centroid", 2}, std::tuple{2, "dense", 3},
+                               std::tuple{4, "dense", 4}}) {
+    auto d = ga::load_drafter(host().open_model(kModels / kDrafter), counting, target->info(), {{"head", head}});
+    const std::vector<specula::ChatMessage> messages{{"user", prompts[seed].get<std::string>()}};
+    const auto ids = target->tokenizer()->encode(chat->render(messages, true, false), false, true);
+    specula::core::GenerationOptions o;
+    o.max_tokens = 48;
+    o.draft_tokens = k;
+    auto params = [&](specula::SamplingDevice device) {
+      specula::SamplingParams p{.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .seed = static_cast<uint64_t>(seed)};
+      p.device = device;
+      return p;
+    };
+    auto host_ctx = target->new_context({});
+    const auto want = specula::core::Generator(target, host().make_sampler("standard", params(specula::SamplingDevice::Off)), d)
+                          .generate(*host_ctx, ids, o);
+    EXPECT_EQ(want.stats.device_verified_steps, 0);
+    auto ctx = target->new_context({});
+    specula::core::Generation gen =
+        specula::core::Generator(target, host().make_sampler("standard", params(specula::SamplingDevice::Auto)), d)
+            .start(*ctx, ids, o);
+    int steps = 0;
+    while (!gen.finished()) {
+      counting->reads = counting->writes = 0;
+      gen.step();
+      EXPECT_LE(counting->reads, 1) << head << " K = " << k << ", step " << steps;
+      EXPECT_EQ(counting->writes, 0) << head << " K = " << k << ", step " << steps;
+      ++steps;
+    }
+    const auto got = gen.finish();
+    EXPECT_EQ(got.tokens, want.tokens) << head << " K = " << k;
+    EXPECT_EQ(got.stats.accepted_tokens, want.stats.accepted_tokens) << head << " K = " << k;
+    EXPECT_GT(got.stats.speculative_steps, 0) << head << " K = " << k;
+    EXPECT_EQ(got.stats.device_verified_steps, got.stats.speculative_steps) << head << " K = " << k;
+    EXPECT_EQ(got.stats.host_sampled_tokens, 0) << head << " K = " << k;
+    rounds += got.stats.speculative_steps;
+    accepted += got.stats.accepted_tokens;
+    drafted += got.stats.drafted_tokens;
+  }
+  std::printf("[tiny-kjv] sampled rounds on the backend: %lld rounds, %lld of %lld drafts accepted\n",
+              static_cast<long long>(rounds), static_cast<long long>(accepted), static_cast<long long>(drafted));
+  EXPECT_GT(accepted, 0);
+  EXPECT_LT(accepted, drafted);  // rejections (replacements from the residual) happened too
+
+  // A repetition penalty reads the drafts: the host decides, the reason is given, the tokens are the same.
+  auto d = ga::load_drafter(host().open_model(kModels / kDrafter), counting, target->info(), json::object());
+  const std::vector<specula::ChatMessage> messages{{"user", prompts[0].get<std::string>()}};
+  const auto ids = target->tokenizer()->encode(chat->render(messages, true, false), false, true);
+  specula::core::GenerationOptions o;
+  o.max_tokens = 16;
+  std::vector<std::vector<int32_t>> runs;
+  for (auto device : {specula::SamplingDevice::Off, specula::SamplingDevice::Auto}) {
+    specula::SamplingParams p{.temperature = 0.8f, .top_k = 40, .repetition_penalty = 1.2f, .seed = 5};
+    p.device = device;
+    auto ctx = target->new_context({});
+    const auto r = specula::core::Generator(target, host().make_sampler("standard", p), d).generate(*ctx, ids, o);
+    EXPECT_EQ(r.stats.device_verified_steps, 0);
+    if (device == specula::SamplingDevice::Auto)
+      EXPECT_NE(r.stats.host_sampling_reason.find("repetition penalty"), std::string::npos) << r.stats.host_sampling_reason;
+    runs.push_back(r.tokens);
+  }
+  EXPECT_EQ(runs[1], runs[0]);
 }
 
 // Several prompts of different lengths decoded together (Generation::step_all: one target forward per

@@ -17,6 +17,7 @@
 #include <gtest/gtest.h>
 
 #include "specula/core/plugin_host.hpp"
+#include "specula/core/speculative.hpp"
 #include "specula/error.hpp"
 #include "standard_sampler.hpp"
 
@@ -527,6 +528,118 @@ TEST(StandardSamplerDevice, DeclinesNamingTheMissingOp) {
   Graph g;
   const Value in = g.input(DType::F32, {10}, "logits");
   EXPECT_TRUE(StandardSampler({}).sample_in_graph(g, in, Value{}, g.input(DType::F32, {1}, "u"), {}, be));
+}
+
+// The speculative verdict's device form (verify_in_graph: TopK and AcceptDrafts) on the CPU backend
+// against the host engine's rule (core::accept_draft over distribution(), core::draw for the bonus), token
+// for token: drafts drawn from the drafter's distribution as the engine draws them, target rows near and
+// far from the drafter's (p = q included), bf16 logits (ties), and uniform sweeps with 0 and 1 - 2^-24.
+TEST(StandardSamplerDevice, SpeculativeVerdictEqualsTheHostRule) {
+  const int64_t V = 300;
+  const std::vector<SamplingParams> configs = {
+      {.temperature = 0.7f, .top_k = 40}, {.temperature = 1.0f},
+      {.temperature = 1.0f, .top_p = 0.9f}, {.temperature = 0.8f, .min_p = 0.05f},
+      {.temperature = 1.3f, .top_k = 8, .top_p = 0.95f}, {.temperature = 0.5f, .top_k = 300, .top_p = 0.8f, .min_p = 0.01f}};
+  Device dev;
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> uni(0.0f, 1.0f);
+  int64_t cases = 0, all_accepted = 0, none_accepted = 0;
+  for (size_t c = 0; c < configs.size(); ++c) {
+    const StandardSampler s(configs[c]);
+    for (int64_t n = 1; n <= 4; ++n) {
+      Graph g;
+      const Value target = g.input(DType::F32, {n + 1, V}, "target");
+      const Value draft = g.input(DType::F32, {n, V}, "draft");
+      const Value drafts = g.input(DType::I32, {n}, "drafts");
+      const Value uniforms = g.input(DType::F32, {2 * n + 1}, "uniforms");
+      std::string why;
+      const Value verdict = s.verify_in_graph(g, target, draft, drafts, uniforms, {}, dev.backend(), &why);
+      ASSERT_TRUE(verdict) << why;
+      g.mark_output(verdict);
+      const auto plan = dev.backend().compile(g);
+      for (int trial = 0; trial < 24; ++trial) {
+        const uint32_t seed = static_cast<uint32_t>(1000 * c + 100 * n + trial);
+        std::vector<float> p, q;
+        for (int64_t i = 0; i <= n; ++i) {
+          const auto row = trial % 3 == 0 ? bf16_logits(V, seed + 17 * i) : random_logits(V, seed + 17 * i, 3.0f);
+          p.insert(p.end(), row.begin(), row.end());
+        }
+        for (int64_t i = 0; i < n; ++i) {  // the drafter: the target's row (p = q), a noisy copy, or another
+          std::vector<float> row(p.begin() + i * V, p.begin() + (i + 1) * V);
+          const auto noise = random_logits(V, seed + 1000 + i, 1.0f);
+          for (int64_t j = 0; j < V; ++j)
+            row[j] = trial % 4 == 1 ? row[j] : trial % 4 == 3 ? noise[j] * 3.0f : row[j] + noise[j];
+          q.insert(q.end(), row.begin(), row.end());
+        }
+        std::vector<core::Distribution> qd(n), pd(n + 1);
+        std::vector<int32_t> d(n);
+        for (int64_t i = 0; i <= n; ++i) pd[i] = s.distribution(std::span<const float>(p).subspan(i * V, V), {});
+        for (int64_t i = 0; i < n; ++i) {
+          qd[i] = s.distribution(std::span<const float>(q).subspan(i * V, V), {});
+          d[i] = core::draw(qd[i], uni(rng));
+        }
+        for (int sweep = 0; sweep < 8; ++sweep) {
+          std::vector<float> u(2 * n + 1);
+          for (float& x : u) x = sweep == 0 ? 0.0f : sweep == 1 ? 0x1.fffffep-1f : uni(rng);
+          // The host engine's round: decide in order up to the first rejection, else the bonus.
+          std::vector<int32_t> want{0};
+          for (int64_t i = 0; i <= n; ++i) {
+            const core::Verdict v = i < n ? core::accept_draft(pd[i], qd[i], d[i], u[2 * i], u[2 * i + 1])
+                                          : core::Verdict{false, core::draw(pd[n], u[2 * n])};
+            want.push_back(v.token);
+            if (!v.accepted) break;
+            ++want[0];
+          }
+          want.resize(n + 2, -1);
+          plan->run({{{target, std::as_bytes(std::span<const float>(p))}, {draft, std::as_bytes(std::span<const float>(q))},
+                      {drafts, std::as_bytes(std::span<const int32_t>(d))}, {uniforms, std::as_bytes(std::span<const float>(u))}}});
+          std::vector<int32_t> got(n + 2);
+          plan->read(verdict, std::as_writable_bytes(std::span<int32_t>(got)));
+          ASSERT_EQ(got, want) << "config " << c << ", n " << n << ", trial " << trial << ", sweep " << sweep;
+          ++cases;
+          all_accepted += want[0] == n;
+          none_accepted += want[0] == 0;
+        }
+      }
+    }
+  }
+  std::printf("[sampler] %lld rounds: %lld with every draft accepted, %lld with none\n", static_cast<long long>(cases),
+              static_cast<long long>(all_accepted), static_cast<long long>(none_accepted));
+  EXPECT_GT(all_accepted, 50);
+  EXPECT_GT(none_accepted, 50);
+}
+
+// What the verdict's device form declines, and why: greedy, a penalty window or end-token suppression
+// (they would differ row by row with the drafts), a backend without AcceptDrafts.
+TEST(StandardSamplerDevice, SpeculativeVerdictDeclinesWhatDependsOnTheDrafts) {
+  Device dev;
+  const std::vector<int32_t> history{1, 2, 3}, ends{7};
+  struct Case {
+    SamplingParams p;
+    SamplingState state;
+    const char* why;
+  };
+  const std::vector<Case> cases = {
+      {{}, {}, "greedy"},
+      {{.temperature = 0.8f, .repetition_penalty = 1.2f}, state_of(history, 0, {}), "repetition penalty"},
+      {{.temperature = 0.8f, .min_length = 4}, state_of(history, 1, ends), "suppressed for 3 more tokens"}};
+  for (const Case& c : cases) {
+    Graph g;
+    const Value t = g.input(DType::F32, {3, 10}, "t"), q = g.input(DType::F32, {2, 10}, "q");
+    const Value d = g.input(DType::I32, {2}, "d"), u = g.input(DType::F32, {5}, "u");
+    const size_t nodes = g.nodes().size();
+    std::string why;
+    EXPECT_FALSE(StandardSampler(c.p).verify_in_graph(g, t, q, d, u, c.state, dev.backend(), &why));
+    EXPECT_EQ(g.nodes().size(), nodes);
+    EXPECT_NE(why.find(c.why), std::string::npos) << why;
+  }
+  const Lacking be(Op::AcceptDrafts);
+  Graph g;
+  std::string why;
+  EXPECT_FALSE(StandardSampler({.temperature = 0.8f})
+                   .verify_in_graph(g, g.input(DType::F32, {3, 10}, "t"), g.input(DType::F32, {2, 10}, "q"),
+                                    g.input(DType::I32, {2}, "d"), g.input(DType::F32, {5}, "u"), {}, be, &why));
+  EXPECT_NE(why.find("AcceptDrafts"), std::string::npos) << why;
 }
 
 // Sampling alone at Gemma 4's vocabulary (262144), host form vs device form on the CPU backend (logits

@@ -269,6 +269,52 @@ TEST(VulkanGemma4, GreedySpeculativeRoundReadsOnceAndEqualsPlain) {
               static_cast<long long>(got.stats.drafted_tokens));
 }
 
+// A sampled speculative round stays on the GPU too: the drafter draws its drafts in its graph, the target
+// decides them with AcceptDrafts (the SDK's float32 rule in GLSL), and one read per step returns the
+// emitted tokens, which are those of the same seed decided on the host (sampler.device: off).
+TEST(VulkanGemma4, SampledSpeculativeRoundReadsOnceAndEqualsTheHost) {
+  REQUIRE_VULKAN();
+  SKIP_UNDER_SANITIZERS();  // lavapipe JIT time; the engine and drafter paths run under them on the CPU
+  const fs::path models = fs::path(SPECULA_SOURCE_DIR) / "models";
+  auto counting = std::make_shared<specula_test::CountingBackend>(backend("vulkan"));
+  auto tf = host().open_model(models / "specula-tiny-kjv-q8_0.gguf");
+  auto target = host().find_model_loader(*tf)->load(tf, counting, json::object());
+  auto df = host().open_model(models / "specula-tiny-kjv-assistant-q8_0.gguf");
+  auto drafter = host().find_drafter_loader(*df)->load(df, counting, target->info(), json::object());
+  const std::vector<specula::ChatMessage> messages{{"user", "What did the people say unto the prophet?"}};
+  const auto ids = target->tokenizer()->encode(target->chat_format()->render(messages, true, false), false, true);
+  specula::core::GenerationOptions o;
+  o.max_tokens = 24;
+  o.draft_tokens = 2;
+  auto params = [](specula::SamplingDevice device) {
+    specula::SamplingParams p{.temperature = 1.0f, .top_k = 40, .top_p = 0.95f, .seed = 3};
+    p.device = device;
+    return p;
+  };
+  auto host_ctx = target->new_context({256});
+  const auto want = specula::core::Generator(target, host().make_sampler("standard", params(specula::SamplingDevice::Off)),
+                                             drafter).generate(*host_ctx, ids, o);
+  auto ctx = target->new_context({256});
+  specula::core::Generation gen =
+      specula::core::Generator(target, host().make_sampler("standard", params(specula::SamplingDevice::Auto)), drafter)
+          .start(*ctx, ids, o);
+  while (!gen.finished()) {
+    counting->reads = counting->writes = 0;
+    gen.step();
+    EXPECT_LE(counting->reads, 1);
+    EXPECT_EQ(counting->writes, 0);
+  }
+  const auto got = gen.finish();
+  EXPECT_EQ(got.tokens, want.tokens);
+  EXPECT_GT(got.stats.speculative_steps, 0);
+  EXPECT_EQ(got.stats.device_verified_steps, got.stats.speculative_steps);
+  EXPECT_EQ(got.stats.host_sampled_tokens, 0);
+  EXPECT_LT(got.stats.accepted_tokens, got.stats.drafted_tokens);  // a replacement drawn on the device too
+  std::printf("[vulkan-gemma4] tiny pair, sampled, K = 2: %lld rounds on the device, %lld of %lld drafts accepted\n",
+              static_cast<long long>(got.stats.device_verified_steps), static_cast<long long>(got.stats.accepted_tokens),
+              static_cast<long long>(got.stats.drafted_tokens));
+}
+
 // Sampled decoding stays on the GPU: with sampler.device on, every token of the tiny target is drawn in
 // its graph (penalty, top-K, TopPDraw by the SDK's float32 rule) and equals the host sampler's token
 // drawn from the same run's logits with the same uniforms.

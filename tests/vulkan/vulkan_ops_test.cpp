@@ -1,8 +1,8 @@
 // The Vulkan backend against the CPU backend (an independent implementation) where Vulkan has its own
 // paths: shapes that cross its tiles and row groups (1..11 activation rows, and 33-40 for the prefill
 // tiles; subgroup reductions against shared memory, bit for bit), 300-slot attention, a
-// 40,000-wide softmax), every MLX bit width, weights in binding windows, the sampler's draw at its
-// boundaries, its errors, device and memory. The op conformance suites themselves (tests/backend, against
+// 40,000-wide softmax), every MLX bit width, weights in binding windows, the sampler's draw and the
+// speculative verdict (AcceptDrafts) at their boundaries, its errors, device and memory. The op conformance suites themselves (tests/backend, against
 // independent references) run on Vulkan too, as "vulkan:Ops.*" and so on. Tolerances: F32 ops 1e-5 relative plus a
 // small absolute term for values near 0 (the two backends sum in different orders); quantized
 // matrix products use activations that the CPU's 8-bit activation kernels represent exactly, so both
@@ -15,6 +15,8 @@
 #include <functional>
 #include <limits>
 #include <numeric>
+
+#include <fmt/ranges.h>
 
 #include "specula/error.hpp"
 #include "specula/sampling_rule.hpp"
@@ -493,7 +495,8 @@ TEST(VulkanOps, TopKSelectEqualsTheCpuAtEveryK) {
 }
 
 // TopPDraw follows the SDK's float32 rule on the GPU too: the CPU's token for every uniform of a sweep,
-// over peaked and flat logits, top-p, min-p, temperatures from 0.2 to 2 and 1 to 4096 candidates.
+// over peaked and flat logits, top-p, min-p, temperatures from 0.2 to 2 and 1 to 4096 candidates, and
+// u = 1 over a tail of zero weights.
 TEST(VulkanOps, TopPDrawEqualsTheCpuTokenForToken) {
   REQUIRE_VULKAN();
   struct Case {
@@ -503,7 +506,8 @@ TEST(VulkanOps, TopPDrawEqualsTheCpuTokenForToken) {
   int compared = 0;
   for (const Case& c : {Case{1, 1.0f, 1.0f, 0.0f, 1.0f}, Case{40, 0.7f, 0.9f, 0.0f, 3.0f}, Case{64, 0.2f, 1.0f, 0.0f, 5.0f},
                         Case{200, 1.0f, 0.95f, 0.05f, 2.0f}, Case{256, 2.0f, 0.5f, 0.0f, 0.5f},
-                        Case{4096, 1.0f, 0.9f, 0.0f, 4.0f}, Case{50, 1.0f, 1.0f, 1.0f, 1.0f}}) {
+                        Case{4096, 1.0f, 0.9f, 0.0f, 4.0f}, Case{50, 1.0f, 1.0f, 1.0f, 1.0f},
+                        Case{64, 1.0f, 1.0f, 0.0f, 60.0f}}) {
     auto x = test::random_floats(c.k, 60 + static_cast<uint32_t>(c.k), -c.scale, c.scale);
     std::sort(x.begin(), x.end(), std::greater<>());
     std::vector<int32_t> ids(x.size());
@@ -512,6 +516,9 @@ TEST(VulkanOps, TopPDrawEqualsTheCpuTokenForToken) {
     // one different rounding anywhere in the weights or sums changes the token.
     std::vector<float> us;
     for (int s = 0; s < 64; ++s) us.push_back(s == 63 ? 0x1.fffffep-1f : static_cast<float>(s) / 63.0f);
+    // u = 1: no running sum exceeds the mass, so the draw falls back to the last kept candidate with a
+    // nonzero weight (the widely spread logits' tail weighs 0: not the last kept one).
+    us.push_back(1.0f);
     const TopPSet set = top_p_set(x, 1.0f / c.t, c.top_p, c.min_p);
     float cum = 0.0f;
     for (size_t k = 0; k < std::min<size_t>(set.keep, 8); ++k) {
@@ -530,6 +537,237 @@ TEST(VulkanOps, TopPDrawEqualsTheCpuTokenForToken) {
     }
   }
   EXPECT_GT(compared, 7 * 64);
+}
+
+// One sampled speculative round (Op::AcceptDrafts): the target's logits [n + 1, V], the drafter's [n, V],
+// the drafts, the TopK widths of both and the sampling parameters.
+struct DraftRound {
+  int64_t n = 1, V = 0, k = 1, kq = 1;
+  std::vector<float> target, draft;
+  std::vector<int32_t> drafts;
+  float t = 1.0f, top_p = 1.0f, min_p = 0.0f;
+};
+
+// The round's output [a, t_0 .. t_a, -1 ...] on backend `b` for each uniform vector: one graph (the TopK
+// of both logits on that backend, then AcceptDrafts), compiled once and run per vector.
+std::vector<std::vector<int32_t>> accept_drafts_on(ComputeBackend* b, const DraftRound& r,
+                                                   const std::vector<std::vector<float>>& uniforms) {
+  Built bt;
+  auto& g = bt.g;
+  Value target = bt.input(DType::F32, {r.n + 1, r.V}, r.target, "target");
+  Value draft = bt.input(DType::F32, {r.n, r.V}, r.draft, "draft");
+  Value drafts = bt.input(DType::I32, {r.n}, r.drafts, "drafts");
+  Value u = g.input(DType::F32, {2 * r.n + 1}, "uniforms");
+  Value out = g.accept_drafts(target, g.top_k(target, r.k), draft, g.top_k(draft, r.kq), drafts, u, r.t, r.top_p,
+                              r.min_p);
+  g.mark_output(out);
+  const auto plan = b->compile(g);
+  std::vector<std::vector<int32_t>> outs;
+  for (const auto& uv : uniforms) {
+    RunInputs in;
+    for (auto& [v, bytes] : bt.in) in.inputs.emplace_back(v, std::span<const std::byte>(bytes));
+    in.inputs.emplace_back(u, bytes_of(uv));
+    plan->run(in);
+    std::vector<int32_t> o(static_cast<size_t>(r.n + 2));
+    plan->read(out, std::as_writable_bytes(std::span<int32_t>(o)));
+    outs.push_back(std::move(o));
+  }
+  return outs;
+}
+
+// The k highest of a row by (logit, then lower id): TopK's contract.
+std::vector<int32_t> host_top(const float* x, int64_t V, int64_t k) {
+  std::vector<int32_t> ids(static_cast<size_t>(V));
+  std::iota(ids.begin(), ids.end(), 0);
+  std::partial_sort(ids.begin(), ids.begin() + k, ids.end(),
+                    [&](int32_t a, int32_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); });
+  ids.resize(static_cast<size_t>(k));
+  return ids;
+}
+
+// A row's distribution on the host (as the CPU backend's RowSet), only to place uniforms at the rule's
+// boundaries; the reference is the CPU backend itself.
+struct HostRow {
+  const float* x;
+  std::vector<int32_t> top;
+  TopPSet set;
+  float top_scaled, inv_t;
+  HostRow(const float* row, int64_t V, int64_t k, float inv_temperature, float top_p, float min_p)
+      : x(row), top(host_top(row, V, k)), inv_t(inv_temperature) {
+    std::vector<float> v;
+    for (int32_t t : top) v.push_back(row[t]);
+    set = top_p_set(v, inv_t, top_p, min_p);
+    top_scaled = v[0] * inv_t;
+  }
+  float weight(int32_t t) const {
+    const int32_t b = top[set.keep - 1];
+    return x[t] > x[b] || (x[t] == x[b] && t <= b) ? rule_exp(x[t] * inv_t - top_scaled) : 0.0f;
+  }
+};
+
+// AcceptDrafts follows the SDK's float32 rule on the GPU too: the CPU's verdict and tokens, bit for bit,
+// for 1 to 4 drafts over a 1000-token vocabulary; TopK rows from the graph's own TopK (1, 8, 64 / 40,
+// 40 / 64 and the whole vocabulary); independent, tied (bf16-rounded), equal (p = q), close and widely
+// spread logits (weights that underflow to 0 inside the kept set); drafts from the drafter's top list,
+// the target's and anywhere; temperatures 0.25 to 1.5 with and without top-p and min-p; and uniforms 0,
+// 1 - 2^-24, 1 (the draws' fallback to the last nonzero weight), random, and at the first draft's
+// acceptance boundary and its residual's running sums (and one float either side).
+TEST(VulkanOps, AcceptDraftsEqualsTheCpuTokenForToken) {
+  REQUIRE_VULKAN();
+  constexpr int64_t V = 1000;
+  struct Params {
+    float t, top_p, min_p;
+  };
+  struct Tops {
+    int64_t k, kq;
+  };
+  const Params params[] = {{1.0f, 1.0f, 0.0f}, {0.7f, 0.9f, 0.0f}, {1.0f, 0.95f, 0.05f}, {0.25f, 1.0f, 0.0f},
+                           {1.5f, 0.8f, 0.02f}};
+  const Tops tops[] = {{1, 1}, {8, 8}, {64, 40}, {40, 64}, {V, V}};
+  enum Kind { Independent, Tied, Equal, Close, Wide, Kinds };
+  const char* kind_names[] = {"independent", "tied", "equal", "close", "wide"};
+  auto bf16 = [](float x) { return bf16_to_fp32(fp32_to_bf16(x)); };
+  std::mt19937 rng(2024);
+  std::uniform_real_distribution<float> unit(0.0f, 1.0f);
+  int rounds = 0, compared = 0;
+  std::vector<int> accepted(5, 0);  // how many rounds accepted a drafts, over all n
+  for (int64_t n = 1; n <= 4; ++n) {
+    for (int kind = 0; kind < Kinds; ++kind) {
+      const uint32_t seed = static_cast<uint32_t>(100 * n + 10 * kind);
+      const float scale = kind == Wide ? 60.0f : kind == Tied ? 2.0f : 4.0f;
+      DraftRound r;
+      r.n = n;
+      r.V = V;
+      r.target = test::random_floats(static_cast<size_t>((n + 1) * V), seed, -scale, scale);
+      r.draft = test::random_floats(static_cast<size_t>(n * V), seed + 1, -scale, scale);
+      if (kind == Tied)
+        for (auto* v : {&r.target, &r.draft})
+          for (float& x : *v) x = bf16(x);
+      if (kind == Equal || kind == Close)
+        for (size_t j = 0; j < r.draft.size(); ++j)
+          r.draft[j] = r.target[j] + (kind == Close ? 0.05f * r.draft[j] : 0.0f);
+      for (size_t ti = 0; ti < std::size(tops); ++ti) {
+        r.k = tops[ti].k;
+        r.kq = tops[ti].kq;
+        // Drafts: the drafter's first choice, another of its top few, the target's first choice, any id.
+        r.drafts.assign(static_cast<size_t>(n), 0);
+        for (int64_t i = 0; i < n; ++i) {
+          const auto qt = host_top(r.draft.data() + i * V, V, std::min<int64_t>(r.kq, 8));
+          const int how = static_cast<int>(rng() % 4);
+          r.drafts[static_cast<size_t>(i)] =
+              how == 0 ? qt[0]
+              : how == 1 ? qt[rng() % qt.size()]
+              : how == 2 ? host_top(r.target.data() + i * V, V, 1)[0]
+                         : static_cast<int32_t>(rng() % V);
+        }
+        // lavapipe runs the one-thread shader over a whole 1000-candidate row in milliseconds: fewer
+        // parameter sets and uniforms at the larger widths keep the test at a few seconds.
+        const bool wide_top = r.k >= 40, whole = r.k == V;
+        for (int pi = 0; pi < (wide_top ? 1 : 2); ++pi) {
+          const Params& pr = params[(static_cast<size_t>(n + kind) + ti + 2 * static_cast<size_t>(pi)) % std::size(params)];
+          r.t = pr.t, r.top_p = pr.top_p, r.min_p = pr.min_p;
+          const size_t m = static_cast<size_t>(2 * n + 1);
+          std::vector<std::vector<float>> us;
+          for (float c : {0.0f, 0x1.fffffep-1f, 1.0f}) us.emplace_back(m, c);
+          for (int s = 0; s < (whole ? 1 : 2); ++s) {
+            us.emplace_back(m);
+            for (float& x : us.back()) x = unit(rng);
+          }
+          // The first draft at its acceptance boundary u = (pd q_mass) / (qd p_mass), and the residual
+          // draw at the running sums of r (the first draft rejected: u_accept = 1).
+          const float inv_t = 1.0f / r.t;
+          const HostRow p(r.target.data(), V, r.k, inv_t, r.top_p, r.min_p);
+          const HostRow q(r.draft.data(), V, r.kq, inv_t, r.top_p, r.min_p);
+          const int32_t d = r.drafts[0];
+          const float pd = p.weight(d), qd = q.weight(d);
+          auto around = [&](float at, size_t slot, float first) {
+            for (float v : {std::nextafter(at, 0.0f), at, std::nextafter(at, 1.0f)}) {
+              if (!(v >= 0.0f && v < 1.0f)) continue;
+              us.emplace_back(m);
+              for (float& x : us.back()) x = unit(rng);
+              us.back()[0] = first;
+              us.back()[slot] = v;
+            }
+          };
+          if (qd > 0.0f) around(pd * q.set.mass / (qd * p.set.mass), 0, 0.0f);
+          std::vector<float> rk;
+          float total = 0.0f;
+          for (size_t k = 0; k < p.set.keep; ++k) {
+            const float diff = p.set.w[k] * q.set.mass - q.weight(p.top[k]) * p.set.mass;
+            rk.push_back(diff >= std::numeric_limits<float>::min() ? diff : 0.0f);
+            total += rk.back();
+          }
+          float cum = 0.0f;
+          for (size_t k = 0; total > 0.0f && k < std::min<size_t>(rk.size(), whole ? 1 : 2); ++k) {
+            cum += rk[k];
+            around(cum / total, 1, 1.0f);
+          }
+          const auto want = accept_drafts_on(cpu(), r, us);
+          const auto got = accept_drafts_on(vulkan(), r, us);
+          ASSERT_EQ(want.size(), us.size());
+          ASSERT_EQ(got.size(), us.size());
+          for (size_t j = 0; j < us.size(); ++j) {
+            EXPECT_EQ(got[j], want[j]) << fmt::format(
+                "n {} {} logits, top {} / {}, t {} top_p {} min_p {}, uniforms [{}]", n, kind_names[kind], r.k, r.kq,
+                r.t, r.top_p, r.min_p, fmt::join(us[j], ", "));
+            ++compared;
+            accepted[static_cast<size_t>(std::clamp(want[j][0], 0, 4))] += 1;
+            const int64_t a = want[j][0];
+            ASSERT_GE(a, 0);
+            ASSERT_LE(a, n);
+            for (int64_t e = 0; e < n + 2; ++e)
+              EXPECT_EQ(want[j][static_cast<size_t>(e)] < 0, e > a + 1) << "the emitted tokens, then -1";
+          }
+          ++rounds;
+        }
+      }
+    }
+  }
+  EXPECT_EQ(rounds, 4 * Kinds * (2 * 2 + 3));
+
+  // A residual term below FLT_MIN counts as 0 on every device: p = q but for one weight just above
+  // 2^-126 (logit -86.5 against the top's 0) that the drafter has a few ulps lower, so p w_1 q_mass -
+  // q w_1 p_mass is subnormal; the rejected draft (token 0, u_accept = 1) is then replaced by the draw
+  // from p itself (u_residual = 0: token 0), not from that one subnormal residual (token 1).
+  {
+    DraftRound r;
+    r.n = 1;
+    r.V = 16;
+    r.k = r.kq = 4;
+    r.target.assign(32, -200.0f);
+    r.target[0] = 0.0f, r.target[1] = -86.5f;
+    r.draft = std::vector<float>(r.target.begin(), r.target.begin() + 16);
+    r.draft[1] = std::nextafter(-86.5f, -100.0f);
+    r.drafts = {0};
+    const std::vector<std::vector<float>> us{{1.0f, 0.0f, 0.5f}};
+    const auto want = accept_drafts_on(cpu(), r, us), got = accept_drafts_on(vulkan(), r, us);
+    EXPECT_EQ(want[0], (std::vector<int32_t>{0, 0, -1}));
+    EXPECT_EQ(got[0], want[0]);
+  }
+  // The longest walk lavapipe's loop budget lets compile (4 drafts, top-p and min-p, 1578 candidates a
+  // row; VulkanErrors.AcceptDraftsPastLavapipesLoopLimitIsRefused): flat logits keep nearly every
+  // candidate, p = q accepts every draft and the bonus draw at u = 1 walks the whole set, about 37 K loop
+  // iterations in all (1800 candidates, past 65535, gave another bonus token on lavapipe).
+  {
+    DraftRound r;
+    r.n = 4;
+    r.V = 2000;
+    r.k = r.kq = 1578;
+    r.target = test::random_floats(5 * 2000, 9, -0.01f, 0.01f);
+    r.draft = std::vector<float>(r.target.begin(), r.target.begin() + 4 * 2000);
+    for (int64_t i = 0; i < 4; ++i) r.drafts.push_back(host_top(r.target.data() + i * 2000, 2000, 1)[0]);
+    r.top_p = 0.99999f;
+    r.min_p = 0.05f;
+    const std::vector<std::vector<float>> us{{0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 0.5f, 1.0f}};
+    const auto want = accept_drafts_on(cpu(), r, us), got = accept_drafts_on(vulkan(), r, us);
+    EXPECT_EQ(want[0][0], 4);
+    EXPECT_EQ(got[0], want[0]);
+  }
+  EXPECT_GT(compared, 1000);
+  // Every outcome was met: no draft accepted, some, and all of them.
+  EXPECT_GT(accepted[0], 100);
+  EXPECT_GT(accepted[1], 20);
+  EXPECT_GT(accepted[4], 5);
 }
 
 TEST(VulkanOps, WriteRowsDecodeLoopAndPlanReuse) {
@@ -701,6 +939,79 @@ TEST(VulkanErrors, LoopsPastLavapipesLimitAreRefusedNotWrong) {
     EXPECT_NE(long_context.find(want), std::string::npos) << "missing '" << want << "' in: " << long_context;
   for (const char* want : {"TopPDraw", "over 262144 candidates", "top_k to at most 12000", "sampler.device: off"})
     EXPECT_NE(whole_vocab.find(want), std::string::npos) << "missing '" << want << "' in: " << whole_vocab;
+}
+
+// AcceptDrafts walks every row's TopK a few times in one thread, so a round over a whole 262144-token
+// vocabulary (top-k off) would pass lavapipe's loop limit: it is refused when compiled, with the top_k
+// that fits for that many drafts, and the suggested top_k compiles. A draft outside the vocabulary
+// fails the run naming it, as on the CPU backend.
+TEST(VulkanErrors, AcceptDraftsPastLavapipesLoopLimitIsRefused) {
+  REQUIRE_VULKAN();
+  ComputeBackend* vk = vulkan();
+  const bool llvmpipe = vk->device().name.find("llvmpipe") != std::string::npos;
+  // Inputs 0-5 (target, its top, draft, its top, drafts, uniforms), then the node "verdict".
+  auto round = [](Graph& g, int64_t n, int64_t V, int64_t K, float top_p, float min_p) {
+    const Value target = g.input(DType::F32, {n + 1, V}, "target"), target_top = g.input(DType::I32, {n + 1, K}, "target_top");
+    const Value draft = g.input(DType::F32, {n, V}, "draft"), draft_top = g.input(DType::I32, {n, K}, "draft_top");
+    const Value drafts = g.input(DType::I32, {n}, "drafts"), uniforms = g.input(DType::F32, {2 * n + 1}, "uniforms");
+    Value v = g.accept_drafts(target, target_top, draft, draft_top, drafts, uniforms, 1.0f, top_p, min_p);
+    g.mark_output(g.named(v, "verdict"));
+    return v;
+  };
+  auto compile_error = [&](int64_t n, int64_t V, int64_t K) {
+    Graph g;
+    round(g, n, V, K, 0.9f, 0.05f);
+    try {
+      vk->compile(g);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  // 4 passes over K for each of the 9 rows, 2 K for the residual, 15 for the rest: at most 38 K + 15.
+  EXPECT_EQ(compile_error(4, 1000, 1000), "");
+  EXPECT_EQ(compile_error(4, 262144, 1578), "");
+  const std::string over = compile_error(4, 262144, 1579), whole_vocab = compile_error(4, 262144, 262144);
+  if (!llvmpipe) {
+    EXPECT_EQ(over, "");
+    EXPECT_EQ(whole_vocab, "");
+  } else {
+    EXPECT_NE(over.find("top_k to at most 1578 for 4 drafts"), std::string::npos) << over;
+    for (const char* want : {"Vulkan backend: AcceptDrafts 'verdict'",
+                             "of 4 drafts over top 262144 (target) and 262144 (drafter) candidates", "llvmpipe",
+                             "65535 iterations", "top_k to at most 1578 for 4 drafts", "draft fewer tokens",
+                             "sampler.device: off", "backend: {plugin: onednn}"})
+      EXPECT_NE(whole_vocab.find(want), std::string::npos) << "missing '" << want << "' in: " << whole_vocab;
+  }
+
+  Graph g;
+  const int64_t n = 2, V = 16, K = 4;
+  Value out = round(g, n, V, K, 1.0f, 0.0f);
+  const auto plan = vk->compile(g);
+  const std::vector<float> target = test::random_floats((n + 1) * V, 5), draft = test::random_floats(n * V, 6),
+                           u{0.5f, 0.5f, 0.5f, 0.5f, 0.5f};
+  std::vector<int32_t> tt, dt;
+  for (int64_t r = 0; r <= n; ++r) {
+    for (int32_t t : host_top(target.data() + r * V, V, K)) tt.push_back(t);
+    if (r < n)
+      for (int32_t t : host_top(draft.data() + r * V, V, K)) dt.push_back(t);
+  }
+  auto run = [&](const std::vector<int32_t>& drafts) {
+    RunInputs in;
+    in.inputs = {{Value{0}, bytes_of(target)}, {Value{1}, bytes_of(tt)}, {Value{2}, bytes_of(draft)},
+                 {Value{3}, bytes_of(dt)},     {Value{4}, bytes_of(drafts)}, {Value{5}, bytes_of(u)}};
+    try {
+      plan->run(in);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    std::vector<int32_t> o(n + 2);
+    plan->read(out, std::as_writable_bytes(std::span<int32_t>(o)));
+    return fmt::format("[{}]", fmt::join(o, ", "));
+  };
+  const std::string bad = run({3, 16});
+  EXPECT_NE(bad.find("AcceptDrafts 'verdict': id 16 at index 1 is outside [0, 16)"), std::string::npos) << bad;
+  EXPECT_EQ(run({3, 5}).rfind("[", 0), 0u);  // the error record is reset per run
 }
 
 TEST(VulkanErrors, BadOptionsDeviceAndIds) {

@@ -85,6 +85,16 @@
 #define PC_DRAW_MIN_P 2     // float
 #define PC_DRAW_INV_T 3     // float: 1 / temperature
 
+// accept_drafts.comp
+#define PC_AD_N 0           // drafts
+#define PC_AD_V 1           // vocabulary (row length of the logits)
+#define PC_AD_K 2           // the target's TopK width
+#define PC_AD_KQ 3          // the drafter's TopK width
+#define PC_AD_TOP_P 4       // float
+#define PC_AD_MIN_P 5       // float
+#define PC_AD_INV_T 6       // float: 1 / temperature
+#define PC_AD_NODE 7        // for a draft outside the vocabulary
+
 // MLX affine weights, decoded by get_rows.comp and matmul.comp (scales and biases at bindings 3 and 4)
 #define PC_MLX_BITS 24
 #define PC_MLX_GROUP 25

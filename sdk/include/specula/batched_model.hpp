@@ -66,6 +66,15 @@ class BatchedModel : public Model, public std::enable_shared_from_this<BatchedMo
   SampledToken forward_sample(KvCache& cache, std::span<const int32_t> tokens, const Sampler& sampler,
                               const SamplingState& state, float uniform) const;
   GreedyVerification verify_greedy(KvCache& cache, const BackendTensorPtr& drafts, int32_t last, int64_t n) const;
+  // The sampled verification's graph (Built::token = the sampler's verdict, or none with Built::why).
+  Built& sampled_graph(KvCache& cache, const BackendTensorPtr& drafts, const BackendTensorPtr& draft_logits, int64_t n,
+                       const Sampler& sampler, const SamplingState& state) const;
+  // A verification's forward over [last, the first n rows of drafts] into b (its batch, ids, logits);
+  // returns the drafts as I32 [n].
+  Value verification_forward(Built& b, KvCache& cache, const BackendTensorPtr& drafts, int64_t n) const;
+  // Runs a verification graph on [last, drafts] and reads `out` (I32 [size]) back: the round's one read.
+  std::vector<int32_t> run_verification(Built& b, KvCache& cache, int32_t last, Value out, int64_t size,
+                                        std::vector<std::pair<Value, std::span<const std::byte>>> extra) const;
   void check_tokens(const KvCache& cache, std::span<const int32_t> tokens, int64_t n_logits) const;
   void check_room(const KvCache& cache, int64_t n) const;  // n more tokens fit the context
   // The graph cached under `key`, made by `build` (which fills its graph and ids, then compiled) the first time.

@@ -86,6 +86,17 @@ enum class Op : uint32_t {
                // top-p prefixes and the inverse-CDF draw with sums left to right, using only correctly
                // rounded +, -, * (no fused multiply-add, no division, no library exp). Every backend
                // computes it bit for bit as the host sampler does (plugins/sampler_standard).
+  AcceptDrafts,  // a sampled speculative round decided on the backend (docs/sampling.md): src0 target logits
+               // F32 [n + 1, V] (rows of [last, d_1..d_n]), src1 their TopK I32 [n + 1, K], src2 the drafter's
+               // logits F32 [n, V], src3 their TopK I32 [n, Kq], src4 drafts I32 [n], src5 uniforms F32
+               // [2n + 1] (acceptance and residual of each draft, then the bonus); f[] as TopPDraw's, for
+               // both distributions -> I32 [n + 2] = [a, t_0 .. t_a, -1 ...]: a drafts accepted, and the
+               // a + 1 tokens the round emits (those drafts, then the replacement, or the bonus when a = n).
+               // A row's distribution is top_p_set over its TopK prefix; a token is kept by a row iff it
+               // ranks (by logit, then lower id) at or before the row's last kept candidate, and weighs
+               // rule_exp(x_t f[3] - x_0 f[3]) there. Drafts are decided in order by
+               // specula::speculative_verdict (sampling_rule.hpp) up to the first rejection; the bonus is
+               // top_p_pick of row n. Bit for bit the host engine's rule (core/speculative.hpp).
 };
 
 // "MatMul", "RmsNorm", ... for errors and profiles.
@@ -142,6 +153,8 @@ class Graph {
   Value clamp(Value x, float lo, float hi);
   Value scatter(Value a, Value ids, Value values);
   Value top_p_draw(Value logits, Value uniform, Value ids, float temperature, float top_p, float min_p = 0.0f);
+  Value accept_drafts(Value target_logits, Value target_top, Value draft_logits, Value draft_top, Value drafts,
+                      Value uniforms, float temperature, float top_p, float min_p = 0.0f);
 
   // Gives a node a name for errors and profiles ("blk.3.attn_q"); returns v.
   Value named(Value v, std::string name);

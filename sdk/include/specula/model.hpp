@@ -66,6 +66,13 @@ struct GreedyVerification {
   std::vector<int32_t> greedy;  // [n + 1]
 };
 
+// What ModelContext::verify_sampled decided, in one read: the tokens the round emits (the accepted drafts,
+// then the replacement of the first rejected one or the bonus token).
+struct SampledVerification {
+  int64_t accepted = 0;
+  std::vector<int32_t> tokens;  // [accepted + 1]
+};
+
 struct ContextOptions {
   int64_t context_length = 0;  // 0 = the model's own
 };
@@ -116,6 +123,24 @@ class ModelContext {
   virtual GreedyVerification verify_greedy(int32_t last, int64_t n) {
     (void)last, (void)n;
     fail("this model's contexts cannot verify drafts held on the backend (no ModelContext::verify_greedy)");
+  }
+  // The sampled round without the host: draft_logits(n, sampler, state) is a backend tensor, F32
+  // [N >= n, vocab], for a drafter to write each draft's logits into (row k; DraftRequest::device_logits)
+  // when this context can decide n sampled drafts with `sampler`'s device form (Sampler::verify_in_graph)
+  // under `state`; else null, with the reason in `why`. The default: cannot.
+  virtual BackendTensorPtr draft_logits(int64_t n, const Sampler& sampler, const SamplingState& state,
+                                        std::string* why = nullptr) {
+    (void)n, (void)sampler, (void)state;
+    if (why) *why = "the model plugin verifies sampled drafts on the host only (no ModelContext::draft_logits)";
+    return nullptr;
+  }
+  // Processes [last, rows 0..n-1 of draft_tokens()] like forward(), decides the drafts with the sampler's
+  // device form from the target's logits, draft_logits() and `uniforms` (2n + 1 of them), and returns the
+  // verdict with one read. Only after draft_logits(n, sampler, state) returned a tensor.
+  virtual SampledVerification verify_sampled(int32_t last, int64_t n, const Sampler& sampler,
+                                             const SamplingState& state, std::span<const float> uniforms) {
+    (void)last, (void)n, (void)sampler, (void)state, (void)uniforms;
+    fail("this model's contexts cannot verify sampled drafts held on the backend (no ModelContext::verify_sampled)");
   }
 };
 
@@ -191,6 +216,15 @@ struct DraftRequest {
   // it to step k + 1 there, and returns n steps with token -1; the target's verify_greedy reads them.
   // A drafter that cannot ignores it and returns its tokens as usual.
   BackendTensorPtr device_tokens;
+  // Sampled drafts that stay on the backend (with device_tokens and `pick`): an F32 [N >= n, vocab]
+  // tensor from ModelContext::draft_logits. A drafter that can writes step k's logits (over the whole
+  // vocabulary, as DraftStep::logits) into row k, samples step k's token in its graph with
+  // `sampler->sample_in_graph` under `state` and uniform `uniforms[k]` (what `pick` would draw with), and
+  // keeps it in device_tokens. A drafter that cannot ignores both and drafts through `pick`.
+  BackendTensorPtr device_logits;
+  const Sampler* sampler = nullptr;
+  SamplingState state;
+  std::span<const float> uniforms;
 };
 
 // One draft step: the drafted token and, when asked, the distribution it came from as logits over the

@@ -36,7 +36,9 @@
 // 8: the GGUF / safetensors readers and writers leave the SDK for their plugins: specula/gguf_metadata.hpp
 //    (gguf::Metadata, the value types) replaces gguf.hpp and safetensors.hpp; ModelFile::gguf_metadata;
 //    ModelFormat::can_write / write(path, metadata, TensorSpecs); Converter::plan fills a gguf::Metadata
-#define SPECULA_PLUGIN_ABI_VERSION 8u
+// 9: sampled speculative rounds on the backend: Op::AcceptDrafts, TokenProbability::weight,
+//    Sampler::verify_in_graph, ModelContext::draft_logits / verify_sampled, DraftRequest's device sampling
+#define SPECULA_PLUGIN_ABI_VERSION 9u
 #define SPECULA_PLUGIN_ENTRY_SYMBOL "specula_plugin_entry"
 
 // Compiler, standard library, language standard and the SDK's interface hash: C++ objects cross the

@@ -31,10 +31,14 @@ struct SamplingParams {
   SamplingDevice device = SamplingDevice::Auto;  // engine setting; the rules ignore it
 };
 
-// One candidate of a sampling distribution.
+// One candidate of a sampling distribution. The speculative rule computes in float32 from `weight`, the
+// candidate's unnormalised float32 weight (the standard sampler's w_k, sampling_rule.hpp), so that the
+// host and a backend's AcceptDrafts decide alike; a sampler that leaves it 0 gets the probability rounded
+// to float32 instead.
 struct TokenProbability {
   int32_t token = -1;
   double probability = 0;
+  float weight = 0;
 };
 
 struct SamplingState {
@@ -72,6 +76,21 @@ class Sampler {
                                 const ComputeBackend& backend, std::string* why = nullptr) const {
     (void)graph; (void)logits; (void)ids; (void)uniform; (void)state; (void)backend;
     if (why) *why = "the sampler has no device form";
+    return {};
+  }
+  // Device form of a sampled speculative round's verdict (docs/sampling.md, "Speculative sampling"):
+  // appends to `graph` the decision of `drafts` (I32 [n]) given the target's logits at [last, d_1..d_n]
+  // (`target`, F32 [n + 1, vocab]) and the drafter's logits each draft was drawn from (`draft`, F32
+  // [n, vocab], drawn by sample_in_graph with `state`), with `uniforms` (F32 [2n + 1]: acceptance and
+  // residual per draft, then the bonus); returns I32 [n + 2] = [accepted a, the a + 1 tokens emitted,
+  // -1 ...] (Op::AcceptDrafts). Every row is sampled under `state` (the rules must not depend on the
+  // drafts: no penalty window, no end-token suppression). When it cannot (those rules in force, greedy, a
+  // missing op), returns Value{} without touching `graph` and says why.
+  virtual Value verify_in_graph(Graph& graph, Value target, Value draft, Value drafts, Value uniforms,
+                                const SamplingState& state, const ComputeBackend& backend,
+                                std::string* why = nullptr) const {
+    (void)graph; (void)target; (void)draft; (void)drafts; (void)uniforms; (void)state; (void)backend;
+    if (why) *why = "the sampler has no device form of the speculative verdict";
     return {};
   }
   // Host data of the `ids` input for this step (may be empty).

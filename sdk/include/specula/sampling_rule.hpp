@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <span>
 #include <vector>
 
@@ -30,8 +31,25 @@ struct TopPSet {
 };
 TopPSet top_p_set(std::span<const float> x, float inv_temperature, float top_p, float min_p);
 
-// The index drawn from a set: the first k whose running sum exceeds clamp(u, 0, 1) * mass, else the last
-// kept.
+// The index drawn from a set: the first k whose running sum exceeds clamp(u, 0, 1) * mass, else (u * mass
+// rounded up to the mass) the last kept candidate with a nonzero weight.
 size_t top_p_pick(const TopPSet& set, float uniform);
+
+// The inverse-CDF draw over weights `w` whose left-to-right sum is `total`, as top_p_pick: the first k
+// whose running sum exceeds clamp(u, 0, 1) * total, else the last k with w[k] > 0 (0 when there is none).
+size_t pick_by_weight(std::span<const float> w, float total, float uniform);
+
+// The speculative verdict on one draft d (docs/sampling.md, "Speculative sampling"), in float32 like the
+// draw, so the host engine and a backend's AcceptDrafts decide alike. p: the target's kept candidates in
+// order, weights p_w summing (left to right) to p_mass; q_w_of_p[k]: the drafter's weight of p's
+// candidate k (0 where the drafter does not keep it); pd, qd: the draft's weight under p (0 when p does
+// not keep it) and under q; q_mass: the drafter's kept mass. The rule u q(d) < p(d), times both masses:
+//   accepted when (qd * p_mass) * u_accept < pd * q_mass; returns -1;
+//   else r_k = p_w[k] * q_mass - q_w_of_p[k] * p_mass where that is >= FLT_MIN (else 0, so that no
+//   subnormal, which a GPU may flush, enters a sum), and the replacement is
+//   pick_by_weight(r, sum of r, u_residual), or pick_by_weight(p_w, p_mass, u_residual) when every r_k is
+//   0 (p = q up to rounding); returns its index into p.
+int64_t speculative_verdict(std::span<const float> p_w, float p_mass, std::span<const float> q_w_of_p, float pd,
+                            float qd, float q_mass, float u_accept, float u_residual);
 
 }  // namespace specula

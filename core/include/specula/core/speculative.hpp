@@ -16,9 +16,10 @@ namespace specula::core {
 // Candidates with their probabilities (Sampler::distribution); need not sum to 1 where noted.
 using Distribution = std::vector<TokenProbability>;
 
-// The first candidate, in order, whose cumulative probability exceeds u * (the total): an
-// inverse-CDF draw for u in [0, 1). Throws when `d` is empty.
-int32_t draw(const Distribution& d, double u);
+// The first candidate, in order, whose cumulative weight exceeds u * (the total): an inverse-CDF draw
+// for u in [0, 1), in float32 over TokenProbability::weight (specula::pick_by_weight, as the device's
+// TopPDraw draws). Throws when `d` is empty.
+int32_t draw(const Distribution& d, float u);
 
 // The probability of `token` in `d` (0 when absent).
 double probability(const Distribution& d, int32_t token);
@@ -30,7 +31,9 @@ struct Verdict {
 
 // Decides one draft: accepted when u_accept * q(d) < p(d), else the replacement drawn with u_residual
 // from max(0, p - q) (from p when that is empty, i.e. p = q up to rounding). An empty `q` is a point
-// mass on `draft` (a drafter without a distribution, or greedy drafting).
-Verdict accept_draft(const Distribution& p, const Distribution& q, int32_t draft, double u_accept, double u_residual);
+// mass on `draft` (a drafter without a distribution, or greedy drafting). Computed in float32 over the
+// candidates' weights by specula::speculative_verdict, the rule a backend's AcceptDrafts follows, so a
+// round decided on the host and one decided on the backend emit the same tokens.
+Verdict accept_draft(const Distribution& p, const Distribution& q, int32_t draft, float u_accept, float u_residual);
 
 }  // namespace specula::core
