@@ -112,6 +112,13 @@ struct Checker {
       error(fmt::format("{} {} must have {} axes", role, describe(n),
                         lo == hi ? fmt::format("{}", lo) : fmt::format("{} to {}", lo, hi)));
   }
+  // The draw's parameters (TopPDraw, AcceptDrafts).
+  void sampling(float temperature, float top_p, float min_p) const {
+    if (!(temperature > 0.0f) || !std::isfinite(temperature))
+      error(fmt::format("temperature {} must be a finite number > 0", temperature));
+    if (!(top_p > 0.0f && top_p <= 1.0f)) error(fmt::format("top_p {} must be in (0, 1]", top_p));
+    if (!(min_p >= 0.0f && min_p <= 1.0f)) error(fmt::format("min_p {} must be in [0, 1]", min_p));
+  }
   void type_i32(const Node& n, const char* role) const {
     if (n.type != DType::I32) error(fmt::format("{} {} must be I32", role, describe(n)));
   }
@@ -526,10 +533,7 @@ Value Graph::top_p_draw(Value logits, Value uniform, Value ids, float temperatur
   c.type_i32(id, "ids");
   if (id.shape[0] != x.shape[0])
     c.error(fmt::format("ids {} must have one entry per logit of {}", describe(id), describe(x)));
-  if (!(temperature > 0.0f) || !std::isfinite(temperature))
-    c.error(fmt::format("temperature {} must be a finite number > 0", temperature));
-  if (!(top_p > 0.0f && top_p <= 1.0f)) c.error(fmt::format("top_p {} must be in (0, 1]", top_p));
-  if (!(min_p >= 0.0f && min_p <= 1.0f)) c.error(fmt::format("min_p {} must be in [0, 1]", min_p));
+  c.sampling(temperature, top_p, min_p);
   Node n;
   n.op = Op::TopPDraw;
   n.type = DType::I32;
@@ -574,10 +578,7 @@ Value Graph::accept_drafts(Value target_logits, Value target_top, Value draft_lo
                         "1 <= K <= {})", describe(pt), describe(qt), n + 1, n, V));
   if (u.shape[0] != 2 * n + 1)
     c.error(fmt::format("uniforms {} must be [{}]: two per draft and one for the bonus", describe(u), 2 * n + 1));
-  if (!(temperature > 0.0f) || !std::isfinite(temperature))
-    c.error(fmt::format("temperature {} must be a finite number > 0", temperature));
-  if (!(top_p > 0.0f && top_p <= 1.0f)) c.error(fmt::format("top_p {} must be in (0, 1]", top_p));
-  if (!(min_p >= 0.0f && min_p <= 1.0f)) c.error(fmt::format("min_p {} must be in [0, 1]", min_p));
+  c.sampling(temperature, top_p, min_p);
   Node out;
   out.op = Op::AcceptDrafts;
   out.type = DType::I32;

@@ -194,5 +194,33 @@ TEST(SamplingOps, TopPDrawEdges) {
   EXPECT_EQ(op_name(Op::Scatter), "Scatter");
 }
 
+
+// AcceptDrafts' builder names the operand and the shape it expected (the verdict itself is tested against
+// the host engine's rule in sampler_tests, StandardSamplerDevice.SpeculativeVerdictEqualsTheHostRule).
+TEST(SamplingOps, AcceptDraftsBuilderNamesTheMismatch) {
+  Graph g;
+  const Value p = g.input(DType::F32, {3, 10}, "p"), pt = g.input(DType::I32, {3, 4}, "pt");
+  const Value q = g.input(DType::F32, {2, 10}, "q"), qt = g.input(DType::I32, {2, 4}, "qt");
+  const Value d = g.input(DType::I32, {2}, "d"), u = g.input(DType::F32, {5}, "u");
+  EXPECT_EQ(g.shape(g.accept_drafts(p, pt, q, qt, d, u, 0.8f, 0.9f, 0.05f)), (Shape{4}));
+  auto message = [&](auto&& build) {
+    try {
+      build();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([&] { g.accept_drafts(p, pt, q, qt, d, g.input(DType::F32, {4}, "u4"), 0.8f, 1.0f); })
+                .find("two per draft and one for the bonus"), std::string::npos);
+  EXPECT_NE(message([&] { g.accept_drafts(p, pt, p, qt, d, u, 0.8f, 1.0f); }).find("draft logits"), std::string::npos);
+  EXPECT_NE(message([&] { g.accept_drafts(p, pt, q, g.input(DType::I32, {2, 11}, "wide"), d, u, 0.8f, 1.0f); })
+                .find("TopK rows"), std::string::npos);
+  EXPECT_NE(message([&] { g.accept_drafts(p, pt, q, qt, g.input(DType::F32, {2}, "fd"), u, 0.8f, 1.0f); })
+                .find("drafts"), std::string::npos);
+  EXPECT_NE(message([&] { g.accept_drafts(p, pt, q, qt, d, u, 0.0f, 1.0f); }).find("temperature"), std::string::npos);
+  EXPECT_EQ(op_name(Op::AcceptDrafts), "AcceptDrafts");
+}
+
 }  // namespace
 }  // namespace specula
