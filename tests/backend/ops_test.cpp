@@ -13,6 +13,7 @@
 #include <limits>
 #include <mutex>
 #include <numeric>
+#include <random>
 
 #include "specula/error.hpp"
 #include "test_util.hpp"
@@ -535,6 +536,37 @@ TEST(Ops, TopKAndArgmaxTies) {
   fx.run(g, {{{xv, test::bytes_of(x)}}});
   EXPECT_EQ(fx.read_i32(g, tk), (std::vector<int32_t>{1, 3, 2, 0, 1, 2}));
   EXPECT_EQ(fx.read_i32(g, am), (std::vector<int32_t>{1, 0}));
+}
+
+// TopK against a full stable sort by logit (ties: lower index) at small k (the scan against the worst so
+// far) and large k (the partial sort), with coarse values so that ties are everywhere, also at the K-th.
+TEST(Ops, TopKEqualsAStableSortAtEveryK) {
+  test::Fixture fx;
+  std::mt19937 rng(3);
+  for (const int64_t cols : {1, 7, 64, 1000, 4096}) {
+    for (const int64_t k : {int64_t{1}, int64_t{3}, cols / 8, cols / 8 + 1, cols / 2, cols}) {
+      if (k < 1 || k > cols) continue;
+      const int64_t rows = 3;
+      std::vector<float> x(static_cast<size_t>(rows * cols));
+      std::uniform_int_distribution<int> coarse(-20, 20);
+      for (float& v : x) v = static_cast<float>(coarse(rng)) * 0.25f;
+      Graph g;
+      const Value xv = g.input(DType::F32, {rows, cols}, "x");
+      const Value tk = g.top_k(xv, k);
+      g.mark_output(tk);
+      fx.run(g, {{{xv, test::bytes_of(x)}}});
+      const std::vector<int32_t> got = fx.read_i32(g, tk);
+      for (int64_t r = 0; r < rows; ++r) {
+        std::vector<int32_t> order(static_cast<size_t>(cols));
+        std::iota(order.begin(), order.end(), 0);
+        const float* xr = x.data() + r * cols;
+        std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return xr[a] > xr[b]; });
+        ASSERT_EQ(std::vector<int32_t>(got.begin() + r * k, got.begin() + (r + 1) * k),
+                  std::vector<int32_t>(order.begin(), order.begin() + k))
+            << "cols " << cols << ", k " << k << ", row " << r;
+      }
+    }
+  }
 }
 
 TEST(Ops, ReshapeSliceConcat) {
