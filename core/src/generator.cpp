@@ -486,7 +486,7 @@ void Generation::State::run_planned() {
     return;
   }
   const auto tv = Clock::now();
-  if (pending.on_device && pending.sampled_on_device) {  // drafts, q, p and the verdict on the backend
+  if (pending.sampled_on_device) {  // drafts, q, p and the verdict on the backend
     const int64_t n = pending.n;
     const std::vector<float> u = round_uniforms(n);
     const SampledVerification v = ctx.verify_sampled(last, n, *sampler, pending.state, u);
@@ -522,11 +522,10 @@ void Generation::State::run_planned() {
     const std::vector<float> u = round_uniforms(n);
     conclude_round(
         n, u,
-        [&](int64_t i) {
+        [&](int64_t i) {  // the rule with one-hot p and q: accepted when the draft is the argmax
           ++stats().device_sampled_tokens;
           const int32_t greedy = v.greedy[static_cast<size_t>(i)];
-          if (i == n) return Verdict{false, greedy};
-          return accept_draft({{greedy, 1.0, 1.0f}}, {}, pending.drafts[static_cast<size_t>(i)], u[2 * i], u[2 * i + 1]);
+          return Verdict{i < n && pending.drafts[static_cast<size_t>(i)] == greedy, greedy};
         },
         seconds, {});
     return;

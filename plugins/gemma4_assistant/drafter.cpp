@@ -390,15 +390,13 @@ class Drafter final : public AssistantDrafter {
     b.top = head.clusters;
     if (b.top) g.mark_output(b.top);
     b.logits = g.named(head.logits, "logits");
-    b.token = g.argmax(b.logits);
     if (drafts) {
       // The vocab id stays here: centroid candidates map through the ordering (ids of ids).
       const int64_t K = c.centroid_top_k, S = centroid_ ? c.vocab / c.centroids : 0;
       const Value candidates =  // centroid: the vocab id of each logit, [K * S]
           b.top ? g.reshape(g.get_rows(g.constant(ordering_table_), g.reshape(b.top, {K})), {K * S}) : Value{};
-      Value id = b.token;
-      if (b.top) id = g.get_rows(g.reshape(candidates, {K * S, 1}), g.reshape(b.token, {1}));
       b.draft_row = g.input(DType::I32, {1}, "draft_row");
+      Value id;
       if (device->sampler) {
         // Sampled: the logits over the whole vocabulary (as DraftStep::logits) go to row k of device->logits
         // for the verification, and the token is the sampler's draw from them.
@@ -407,10 +405,14 @@ class Drafter final : public AssistantDrafter {
         b.uniform = g.input(DType::F32, {1}, "uniform");
         id = device->sampler->sample_in_graph(g, row, {}, b.uniform, device->state, *backend_, &b.why);
         if (!id) return;
+      } else {
+        b.token = g.argmax(b.logits);
+        id = b.top ? g.get_rows(g.reshape(candidates, {K * S, 1}), g.reshape(b.token, {1})) : b.token;
       }
       g.mark_output(g.write_rows(drafts, g.reshape(id, {1, 1}), b.draft_row));
       return;
     }
+    b.token = g.argmax(b.logits);
     g.mark_output(b.logits);
     g.mark_output(b.token);
   }
@@ -493,7 +495,7 @@ class Drafter final : public AssistantDrafter {
     if (n <= 0) return true;
     const int32_t last = request.last_token;
     const bool sampled = request.device_logits && request.sampler;
-    const Bound t = prepare(target, request.device_tokens);
+    const Bound t = prepare(target, sampled ? nullptr : request.device_tokens);  // the greedy device steps
     Built* steps[2] = {graphs_[3].get(), graphs_[2].get()};  // [0]: the first step, [1]: the others
     if (sampled) {
       Sampled& s = sampled_steps(t, request);
