@@ -12,6 +12,7 @@
 
 #include "convert.hpp"
 #include "specula/error.hpp"
+#include "specula/sampling_rule.hpp"
 
 namespace specula::cpu {
 
@@ -459,36 +460,8 @@ void softmax(ThreadPool& pool, const float* x, int64_t rows, int64_t cols, float
 }
 
 void top_k(const float* x, int64_t rows, int64_t cols, int64_t k, int32_t* out) {
-  const bool scan = k * 8 <= cols;  // a sampler's small k: one pass, see below
-  std::vector<int32_t> idx(static_cast<size_t>(scan ? 2 * k : cols));
-  for (int64_t r = 0; r < rows; ++r) {
-    const float* xi = x + r * cols;
-    // Ranked by logit, then lower index: a total order, so both methods give the same list.
-    const auto better = [&](int32_t a, int32_t b) { return xi[a] > xi[b] || (xi[a] == xi[b] && a < b); };
-    if (!scan) {
-      std::iota(idx.begin(), idx.end(), 0);
-      std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), better);
-    } else {
-      // Candidates collect in a buffer of 2k; when it is full the best k stay and the k-th's value becomes
-      // the bar. A later index only enters when strictly above it (an equal value ranks after it).
-      size_t used = 0;
-      float bar = -std::numeric_limits<float>::infinity();
-      bool any_bar = false;
-      for (int64_t j = 0; j < cols; ++j) {
-        if (any_bar && !(xi[j] > bar)) continue;
-        if (used == idx.size()) {
-          std::nth_element(idx.begin(), idx.begin() + (k - 1), idx.end(), better);
-          used = static_cast<size_t>(k);
-          bar = xi[idx[static_cast<size_t>(k - 1)]];
-          any_bar = true;
-          if (!(xi[j] > bar)) continue;
-        }
-        idx[used++] = static_cast<int32_t>(j);
-      }
-      std::partial_sort(idx.begin(), idx.begin() + k, idx.begin() + static_cast<std::ptrdiff_t>(used), better);
-    }
-    std::copy(idx.begin(), idx.begin() + k, out + r * k);
-  }
+  for (int64_t r = 0; r < rows; ++r)
+    top_k_order(std::span<const float>(x + r * cols, static_cast<size_t>(cols)), k, out + r * k);
 }
 
 }  // namespace specula::cpu

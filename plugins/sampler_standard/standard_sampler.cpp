@@ -65,12 +65,9 @@ StandardSampler::Candidates StandardSampler::candidates(std::span<const float> l
 
   const auto vocab = static_cast<int64_t>(x.size());
   const int64_t k = params_.top_k > 0 ? std::min<int64_t>(params_.top_k, vocab) : vocab;
-  std::vector<int32_t>& order = c.order;
-  order.resize(static_cast<size_t>(vocab));
-  std::iota(order.begin(), order.end(), 0);
-  auto higher = [&](int32_t a, int32_t b) { return x[a] != x[b] ? x[a] > x[b] : a < b; };
-  std::partial_sort(order.begin(), order.begin() + k, order.end(), higher);
-  order.resize(static_cast<size_t>(k));
+  c.order.resize(static_cast<size_t>(k));
+  top_k_order(x, k, c.order.data());  // by logit, ties: lower id (TopK's order on every backend)
+  const std::vector<int32_t>& order = c.order;
   // The weights, min-p, top-p and the draw: the rule every backend's TopPDraw computes too.
   std::vector<float> top(order.size());
   for (size_t i = 0; i < order.size(); ++i) top[i] = x[order[i]];

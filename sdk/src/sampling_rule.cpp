@@ -7,11 +7,45 @@
 #include <cfloat>
 #include <cmath>
 #include <cstdint>
+#include <numeric>
 #include <vector>
 
 #include "specula/error.hpp"
 
 namespace specula {
+
+void top_k_order(std::span<const float> x, int64_t k, int32_t* out) {
+  const auto n = static_cast<int64_t>(x.size());
+  if (k < 1 || k > n) fail("top-k of {} over {} values", k, n);
+  // Ranked by value, then lower index: a total order, so both methods give the same list.
+  const auto better = [&](int32_t a, int32_t b) { return x[a] > x[b] || (x[a] == x[b] && a < b); };
+  if (k * 8 > n) {
+    std::vector<int32_t> idx(static_cast<size_t>(n));
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + k, idx.end(), better);
+    std::copy(idx.begin(), idx.begin() + k, out);
+    return;
+  }
+  // Candidates collect in a buffer of 2k; when it is full the best k stay and the k-th's value becomes the
+  // bar. A later index only enters when strictly above it (an equal value ranks after it).
+  std::vector<int32_t> idx(static_cast<size_t>(2 * k));
+  size_t used = 0;
+  bool barred = false;
+  float bar = 0.0f;
+  for (int64_t j = 0; j < n; ++j) {
+    if (barred && !(x[j] > bar)) continue;
+    if (used == idx.size()) {
+      std::nth_element(idx.begin(), idx.begin() + (k - 1), idx.end(), better);
+      used = static_cast<size_t>(k);
+      bar = x[idx[static_cast<size_t>(k - 1)]];
+      barred = true;
+      if (!(x[j] > bar)) continue;
+    }
+    idx[used++] = static_cast<int32_t>(j);
+  }
+  std::partial_sort(idx.begin(), idx.begin() + k, idx.begin() + static_cast<std::ptrdiff_t>(used), better);
+  std::copy(idx.begin(), idx.begin() + k, out);
+}
 
 float rule_exp(float d) {
   if (!(d > -87.0f)) return 0.0f;

@@ -12,6 +12,11 @@
 
 namespace specula {
 
+// The indices of the k highest values of x, highest first, ties by the lower index (TopK's order and the
+// host sampler's), written to out[0..k). A small k (k <= n / 8, a sampler's top-k) is one pass against the
+// k-th best so far; a larger one a partial sort.
+void top_k_order(std::span<const float> x, int64_t k, int32_t* out);
+
 // e^d for d <= 0: round-half-up n = floor(d * log2(e) + 0.5), Cody-Waite r = d - n ln2_hi - n ln2_lo,
 // a degree-6 Taylor polynomial in Horner form (no fused multiply-add), times 2^n. 0 when d <= -87 or
 // n < -125 (no subnormals, which GPUs may flush); exactly 1 at d = 0. Within a few ulp of e^d.
