@@ -352,6 +352,38 @@ TEST(TinyKjv, SampledRoundReadsOnceFromTheBackendAndEqualsTheHost) {
   EXPECT_EQ(runs[1], runs[0]);
 }
 
+// Where the backend cannot decide a sampled round (no AcceptDrafts: the verification graph; no TopPDraw:
+// the drafter's draw), the round runs on the host, the reason names the op, and the tokens are the same.
+TEST(TinyKjv, SampledRoundFallsBackToTheHostWhereTheBackendCannot) {
+  const std::vector<specula::ChatMessage> messages{
+      {"user", golden("tiny-kjv-assistant.json")["held_out_prompts"][2].get<std::string>()}};
+  for (const specula::Op op : {specula::Op::AcceptDrafts, specula::Op::TopPDraw}) {
+    auto lacking = std::make_shared<specula_test::CountingBackend>(backend());
+    lacking->lacking = {op};
+    auto file = host().open_model(kModels / kTarget);
+    auto target = host().find_model_loader(*file)->load(file, lacking, json::object());
+    auto d = ga::load_drafter(host().open_model(kModels / kDrafter), lacking, target->info(), json::object());
+    const auto ids = target->tokenizer()->encode(target->chat_format()->render(messages, true, false), false, true);
+    specula::core::GenerationOptions o;
+    o.max_tokens = 24;
+    o.draft_tokens = 2;
+    std::vector<std::vector<int32_t>> runs;
+    for (auto device : {specula::SamplingDevice::Off, specula::SamplingDevice::Auto}) {
+      specula::SamplingParams p{.temperature = 0.8f, .top_k = 40, .seed = 9};
+      p.device = device;
+      auto ctx = target->new_context({});
+      const auto r = specula::core::Generator(target, host().make_sampler("standard", p), d).generate(*ctx, ids, o);
+      EXPECT_GT(r.stats.speculative_steps, 0) << op_name(op);
+      EXPECT_EQ(r.stats.device_verified_steps, 0) << op_name(op);
+      if (device == specula::SamplingDevice::Auto)
+        EXPECT_NE(r.stats.host_sampling_reason.find(std::string(op_name(op))), std::string::npos)
+            << op_name(op) << ": " << r.stats.host_sampling_reason;
+      runs.push_back(r.tokens);
+    }
+    EXPECT_EQ(runs[1], runs[0]) << op_name(op);
+  }
+}
+
 // Several prompts of different lengths decoded together (Generation::step_all: one target forward per
 // step for all of them), plain and with the drafter: each sequence's greedy tokens are the ones it gets
 // alone, while the sequences accept different numbers of drafts and roll back on their own.
