@@ -49,7 +49,7 @@ struct RowSet {
   float weight(int32_t t) const {
     const int32_t b = top[set.keep - 1];
     const bool kept = x[t] > x[b] || (x[t] == x[b] && t <= b);
-    return kept ? rule_exp(x[t] * inv_t - top_scaled) : 0.0f;
+    return kept ? rule_weight(x[t], inv_t, top_scaled) : 0.0f;
   }
 };
 

@@ -4,7 +4,6 @@
 #include <cstring>
 #include <cmath>
 #include <limits>
-#include <numeric>
 #include <type_traits>
 #include <vector>
 

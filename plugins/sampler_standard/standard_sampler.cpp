@@ -4,7 +4,6 @@
 #include <cfloat>
 #include <cmath>
 #include <limits>
-#include <numeric>
 
 #include <fmt/format.h>
 
@@ -202,7 +201,7 @@ Value StandardSampler::verify_in_graph(Graph& g, Value target, Value draft, Valu
   if (ts.size() != 2) fail("sampler 'standard': verify_in_graph: target logits must be [n + 1, vocab], got {}", shape_str(ts));
   const int64_t vocab = ts[1];
   const int64_t k = params_.top_k > 0 ? std::min<int64_t>(params_.top_k, vocab) : vocab;
-  // TopK orders ties by the lower id, as the host's partial sort: the same candidates in the same order.
+  // TopK orders ties by the lower id, as candidates() does (top_k_order): the same candidates in the same order.
   return g.accept_drafts(target, g.top_k(target, k), draft, g.top_k(draft, k), drafts, uniforms, params_.temperature,
                          params_.top_p, params_.min_p);
 }

@@ -64,12 +64,14 @@ float rule_exp(float d) {
   return p * std::bit_cast<float>(e);
 }
 
+float rule_weight(float x, float inv_temperature, float top) { return rule_exp(x * inv_temperature - top); }
+
 TopPSet top_p_set(std::span<const float> x, float inv_temperature, float top_p, float min_p) {
   if (x.empty()) fail("top-p draw over no candidates");
   TopPSet s;
   s.w.resize(x.size());
   const float top = x[0] * inv_temperature;
-  for (size_t k = 0; k < x.size(); ++k) s.w[k] = rule_exp(x[k] * inv_temperature - top);
+  for (size_t k = 0; k < x.size(); ++k) s.w[k] = rule_weight(x[k], inv_temperature, top);
   size_t n = x.size();
   if (min_p > 0.0f) {
     n = 1;

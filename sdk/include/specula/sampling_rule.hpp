@@ -22,6 +22,11 @@ void top_k_order(std::span<const float> x, int64_t k, int32_t* out);
 // n < -125 (no subnormals, which GPUs may flush); exactly 1 at d = 0. Within a few ulp of e^d.
 float rule_exp(float d);
 
+// A candidate's weight: rule_exp(x * inv_temperature - top), the product rounded before the difference;
+// top = (the row's highest logit) * inv_temperature, rounded once. top_p_set's w_k, and the weight any
+// other reader of the same row (AcceptDrafts) gives a token.
+float rule_weight(float x, float inv_temperature, float top);
+
 // The kept candidates of logits `x` sorted descending (a top-K), in float32:
 //   w_k = rule_exp(x_k * inv_temperature - x_0 * inv_temperature)   (w_0 = 1)
 //   min_p > 0: keep the prefix with w_k >= min_p (at least one);
