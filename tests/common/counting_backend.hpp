@@ -1,11 +1,17 @@
 // A ComputeBackend that forwards to another and counts what crosses between the host and the backend
 // outside graph inputs: tensor reads, graph output reads and tensor writes. Tests of "no host round
 // trips" (rollback, a speculative round kept on the backend) assert on these counts. Ops in `lacking` are
-// reported unsupported, for tests of what the engine does without them.
+// reported unsupported, for tests of what the engine does without them. finish_reading_once() steps a
+// generation through such a backend.
 #pragma once
 
 #include <memory>
 #include <set>
+#include <string>
+
+#include <gtest/gtest.h>
+
+#include "specula/core/generator.hpp"
 
 #include "specula/compute.hpp"
 
@@ -54,5 +60,18 @@ class CountingBackend final : public specula::ComputeBackend {
  private:
   std::shared_ptr<specula::ComputeBackend> inner_;
 };
+
+// Runs `gen` to its end one step at a time, expecting each step (plain or a speculative round kept on the
+// backend) to read from `counting` at most once and write nothing; `what` labels failures.
+inline specula::core::GenerationResult finish_reading_once(specula::core::Generation& gen, CountingBackend& counting,
+                                                           const std::string& what = {}) {
+  for (int step = 0; !gen.finished(); ++step) {
+    counting.reads = counting.writes = 0;
+    gen.step();
+    EXPECT_LE(counting.reads, 1) << what << ", step " << step;
+    EXPECT_EQ(counting.writes, 0) << what << ", step " << step;
+  }
+  return gen.finish();
+}
 
 }  // namespace specula_test

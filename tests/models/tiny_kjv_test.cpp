@@ -259,15 +259,7 @@ TEST(TinyKjv, GreedyRoundReadsOnceFromTheBackendAndEqualsPlain) {
     const auto want = specula::core::Generator(target, sampler()).generate(*plain_ctx, ids, o);
     auto ctx = target->new_context({});
     specula::core::Generation gen = specula::core::Generator(target, sampler(), d).start(*ctx, ids, o);
-    int steps = 0;
-    while (!gen.finished()) {
-      counting->reads = counting->writes = 0;
-      gen.step();
-      EXPECT_LE(counting->reads, 1) << head << " K = " << k << ", step " << steps;
-      EXPECT_EQ(counting->writes, 0) << head << " K = " << k << ", step " << steps;
-      ++steps;
-    }
-    const auto got = gen.finish();
+    const auto got = specula_test::finish_reading_once(gen, *counting, fmt::format("{} K = {}", head, k));
     EXPECT_EQ(got.tokens, want.tokens) << head << " K = " << k;
     EXPECT_GT(got.stats.speculative_steps, 0) << head << " K = " << k;
     EXPECT_EQ(got.stats.device_verified_steps, got.stats.speculative_steps) << head << " K = " << k;
@@ -309,15 +301,7 @@ TEST(TinyKjv, SampledRoundReadsOnceFromTheBackendAndEqualsTheHost) {
     specula::core::Generation gen =
         specula::core::Generator(target, host().make_sampler("standard", params(specula::SamplingDevice::Auto)), d)
             .start(*ctx, ids, o);
-    int steps = 0;
-    while (!gen.finished()) {
-      counting->reads = counting->writes = 0;
-      gen.step();
-      EXPECT_LE(counting->reads, 1) << head << " K = " << k << ", step " << steps;
-      EXPECT_EQ(counting->writes, 0) << head << " K = " << k << ", step " << steps;
-      ++steps;
-    }
-    const auto got = gen.finish();
+    const auto got = specula_test::finish_reading_once(gen, *counting, fmt::format("{} K = {}", head, k));
     EXPECT_EQ(got.tokens, want.tokens) << head << " K = " << k;
     EXPECT_EQ(got.stats.accepted_tokens, want.stats.accepted_tokens) << head << " K = " << k;
     EXPECT_GT(got.stats.speculative_steps, 0) << head << " K = " << k;
@@ -345,8 +329,9 @@ TEST(TinyKjv, SampledRoundReadsOnceFromTheBackendAndEqualsTheHost) {
     auto ctx = target->new_context({});
     const auto r = specula::core::Generator(target, host().make_sampler("standard", p), d).generate(*ctx, ids, o);
     EXPECT_EQ(r.stats.device_verified_steps, 0);
-    if (device == specula::SamplingDevice::Auto)
+    if (device == specula::SamplingDevice::Auto) {
       EXPECT_NE(r.stats.host_sampling_reason.find("repetition penalty"), std::string::npos) << r.stats.host_sampling_reason;
+    }
     runs.push_back(r.tokens);
   }
   EXPECT_EQ(runs[1], runs[0]);
@@ -375,9 +360,10 @@ TEST(TinyKjv, SampledRoundFallsBackToTheHostWhereTheBackendCannot) {
       const auto r = specula::core::Generator(target, host().make_sampler("standard", p), d).generate(*ctx, ids, o);
       EXPECT_GT(r.stats.speculative_steps, 0) << op_name(op);
       EXPECT_EQ(r.stats.device_verified_steps, 0) << op_name(op);
-      if (device == specula::SamplingDevice::Auto)
+      if (device == specula::SamplingDevice::Auto) {
         EXPECT_NE(r.stats.host_sampling_reason.find(std::string(op_name(op))), std::string::npos)
             << op_name(op) << ": " << r.stats.host_sampling_reason;
+      }
       runs.push_back(r.tokens);
     }
     EXPECT_EQ(runs[1], runs[0]) << op_name(op);

@@ -254,13 +254,7 @@ TEST(VulkanGemma4, GreedySpeculativeRoundReadsOnceAndEqualsPlain) {
   const auto want = specula::core::Generator(target, sampler()).generate(*plain_ctx, ids, o);
   auto ctx = target->new_context({256});
   specula::core::Generation gen = specula::core::Generator(target, sampler(), drafter).start(*ctx, ids, o);
-  while (!gen.finished()) {
-    counting->reads = counting->writes = 0;
-    gen.step();
-    EXPECT_LE(counting->reads, 1);
-    EXPECT_EQ(counting->writes, 0);
-  }
-  const auto got = gen.finish();
+  const auto got = specula_test::finish_reading_once(gen, *counting);
   EXPECT_EQ(got.tokens, want.tokens);
   EXPECT_GT(got.stats.speculative_steps, 0);
   EXPECT_EQ(got.stats.device_verified_steps, got.stats.speculative_steps);
@@ -298,13 +292,7 @@ TEST(VulkanGemma4, SampledSpeculativeRoundReadsOnceAndEqualsTheHost) {
   specula::core::Generation gen =
       specula::core::Generator(target, host().make_sampler("standard", params(specula::SamplingDevice::Auto)), drafter)
           .start(*ctx, ids, o);
-  while (!gen.finished()) {
-    counting->reads = counting->writes = 0;
-    gen.step();
-    EXPECT_LE(counting->reads, 1);
-    EXPECT_EQ(counting->writes, 0);
-  }
-  const auto got = gen.finish();
+  const auto got = specula_test::finish_reading_once(gen, *counting);
   EXPECT_EQ(got.tokens, want.tokens);
   EXPECT_GT(got.stats.speculative_steps, 0);
   EXPECT_EQ(got.stats.device_verified_steps, got.stats.speculative_steps);
