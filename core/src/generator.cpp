@@ -168,7 +168,6 @@ struct Generation::State {
     std::vector<float> draft_uniforms;  // one per sampled draft, drawn before drafting
     double draft_seconds = 0;
     int64_t base = 0;             // the context's position before the forward
-    int64_t n = 0;                // drafts proposed (also when they stayed on the backend)
     bool on_device = false;       // the drafts stayed on the backend: verified by ctx.verify_greedy / verify_sampled
     bool sampled_on_device = false;  // ... sampled there, with `state` (ctx.verify_sampled)
     SamplingState state;
@@ -447,7 +446,6 @@ bool Generation::State::plan(bool alone) {
     const auto held = [](const DraftStep& st) { return st.token < 0; };
     pending.on_device = request.device_tokens && !steps.empty() && std::all_of(steps.begin(), steps.end(), held);
     pending.sampled_on_device = pending.on_device && request.device_logits;
-    pending.n = static_cast<int64_t>(steps.size());
     if (!pending.on_device && request.device_tokens && std::any_of(steps.begin(), steps.end(), held))
       fail("drafter returned some drafts on the backend (token -1) and some on the host; it must keep all or none");
     for (const DraftStep& st : pending.on_device ? std::span<const DraftStep>() : std::span<const DraftStep>(steps)) {
@@ -487,7 +485,7 @@ void Generation::State::run_planned() {
   }
   const auto tv = Clock::now();
   if (pending.sampled_on_device) {  // drafts, q, p and the verdict on the backend
-    const int64_t n = pending.n;
+    const int64_t n = static_cast<int64_t>(pending.steps.size());  // drafts held on the backend
     const std::vector<float> u = round_uniforms(n);
     const SampledVerification v = ctx.verify_sampled(last, n, *sampler, pending.state, u);
     const double seconds = seconds_since(tv);
@@ -508,7 +506,7 @@ void Generation::State::run_planned() {
     return;
   }
   if (pending.on_device) {  // drafts and verdict stay on the backend but for one read of ids
-    const int64_t n = pending.n;
+    const int64_t n = static_cast<int64_t>(pending.steps.size());  // drafts held on the backend
     GreedyVerification v = ctx.verify_greedy(last, n);
     const double seconds = seconds_since(tv);
     if (static_cast<int64_t>(v.drafts.size()) != n || static_cast<int64_t>(v.greedy.size()) != n + 1)
