@@ -442,23 +442,47 @@ def write_tensors(path, kvs, tensors, wtype):
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "wb") as fh:
         fh.write(head)
-        # Tensor data is encoded and written piece by piece: a LazyTensor yields row chunks, an array
-        # is one piece.
-        for name, a, t, nbytes, pad in items:
-            done = 0
-            for c in a.chunks() if isinstance(a, LazyTensor) else (a,):
-                if t == G_F32:
-                    blob = np.ascontiguousarray(c, dtype=np.float32).tobytes()
-                elif t == G_F16:
-                    blob = c.astype(np.float16).tobytes()
-                else:
-                    blob = q8_0(np.ascontiguousarray(c, dtype=np.float32))
-                fh.write(blob)
-                done += len(blob)
-            if done != nbytes:
-                sys.exit(f"{name}: wrote {done} bytes, expected {nbytes}")
-            fh.write(b"\0" * pad)
+        fh.truncate(len(head) + offset)
+    # Each tensor is encoded and written at its offset, piece by piece (a LazyTensor yields row chunks,
+    # an array is one piece). The real-shape variants' tensors are written by a process per core: each is
+    # drawn from its own generator, so the file is the same bytes whatever the order.
+    jobs, at = [], len(head)
+    for name, a, t, nbytes, pad in items:
+        jobs.append((tmp, at, name, a, t, nbytes))
+        at += nbytes + pad
+    workers = min(os.cpu_count() or 1, len(jobs))
+    if workers > 1 and any(isinstance(a, LazyTensor) for _, _, _, a, _, _ in jobs):
+        import multiprocessing
+        # Largest first, so that no big tensor starts last.
+        jobs.sort(key=lambda j: -j[5])
+        with multiprocessing.get_context("fork").Pool(workers) as pool:
+            for error in pool.imap_unordered(_write_tensor, jobs):
+                if error:
+                    sys.exit(error)
+    else:
+        for job in jobs:
+            error = _write_tensor(job)
+            if error:
+                sys.exit(error)
     os.replace(tmp, path)
+
+
+def _write_tensor(job):
+    """Encodes one tensor into the file at its offset; returns an error message or None."""
+    path, at, name, a, t, nbytes = job
+    done = 0
+    with open(path, "r+b") as fh:
+        fh.seek(at)
+        for c in a.chunks() if isinstance(a, LazyTensor) else (a,):
+            if t == G_F32:
+                blob = np.ascontiguousarray(c, dtype=np.float32).tobytes()
+            elif t == G_F16:
+                blob = c.astype(np.float16).tobytes()
+            else:
+                blob = q8_0(np.ascontiguousarray(c, dtype=np.float32))
+            fh.write(blob)
+            done += len(blob)
+    return None if done == nbytes else f"{name}: wrote {done} bytes, expected {nbytes}"
 
 
 # ------------------------------------------------------------------------------------ safetensors

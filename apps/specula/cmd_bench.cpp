@@ -83,7 +83,7 @@ int run_bench(const std::vector<std::string>& args) {
       "verify", cli::po::bool_switch(&verify),
       "time verification forwards of 2..9 tokens against a decode step (always with a drafter: the MTP cost model)")(
       "profile", cli::po::bool_switch(&profile),
-      "print time per op kind, weight and layer when the backend ends (CPU backend; includes the untimed run)");
+      "print time per op kind, weight and layer when the backend ends (CPU backend: host clock; Vulkan: GPU timestamps; includes the untimed run)");
   cli::po::variables_map vm;
   if (!cli::parse_model_command(args, desc, model, vm, false)) return 0;
   if (prompt_tokens < 1 || gen_tokens < 1 || repetitions < 1 || sequences < 1)

@@ -15,7 +15,7 @@
 
 #include "convert.hpp"
 #include "kernels.hpp"
-#include "profile.hpp"
+#include "specula/op_profile.hpp"
 #include "specula/error.hpp"
 #include "specula/log.hpp"
 
@@ -444,16 +444,7 @@ void CpuBackend::run(CpuPlan& plan, const RunInputs& inputs) {
   const std::vector<int32_t>& root = plan.root_;
   const std::vector<int32_t>& last_use = plan.last_use_;
 
-  if (profile_) {
-    int64_t rows = 0;  // of the first matrix product: 1 for a decode step
-    for (const Node& n : nodes)
-      if (n.op == Op::MatMul) {
-        const Node& w = nodes[static_cast<size_t>(n.src[0])];
-        rows = elements(nodes[static_cast<size_t>(n.src[1])].shape) / w.shape[1];
-        break;
-      }
-    profile_->begin_run(rows, count);
-  }
+  if (profile_) profile_->begin_run(graph);
   for (int32_t i = 0; i < count; ++i) {
     if (profile_) {
       const auto t0 = std::chrono::steady_clock::now();

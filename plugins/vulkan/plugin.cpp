@@ -13,6 +13,12 @@ const specula::OptionSchema kOptions = {
      nullptr, 4096, std::nullopt, {}},
     {"subgroups", specula::OptionType::Bool, "reduce with subgroup shuffles where the device has them", true,
      std::nullopt, std::nullopt, {}},
+    {"cooperative_matrix", specula::OptionType::Bool,
+     "multiply prompt-sized matrices on cooperative matrices (tensor cores) where the device has them", true,
+     std::nullopt, std::nullopt, {}},
+    {"profile", specula::OptionType::Bool,
+     "time every dispatch with GPU timestamps; print per-op, per-weight and per-layer tables when the backend ends",
+     false, std::nullopt, std::nullopt, {}},
 };
 const specula::PluginFactories* factories() {
   static const specula::PluginFactories f{.backend = &make_backend, .backend_options = &kOptions};

@@ -150,10 +150,80 @@ uint64_t vulkan_memory_allocations(const ComputeBackend& backend) {
   return vk->memory_allocations();
 }
 
+namespace {
+struct DeviceFeatures {
+  bool coopmat = false;
+  uint32_t m = 0, n = 0, k = 0;
+  std::string description;  // ", fp16, ..., cooperative matrices fp16 16x8x16 16x16x16"
+};
+
+// What the device offers the shaders beyond Vulkan 1.2's core, and whether matmuls may use cooperative
+// matrices: VK_NV_cooperative_matrix with fp16 A and B, fp32 C and D at subgroup scope (the tile shape:
+// 16x16x16 where listed, else 16x8x16), fp16 shader
+// arithmetic, and `allowed` (option cooperative_matrix).
+DeviceFeatures device_features(VkInstance instance, VkPhysicalDevice phys, bool allowed) {
+  DeviceFeatures out;
+  uint32_t n_ext = 0;
+  vkEnumerateDeviceExtensionProperties(phys, nullptr, &n_ext, nullptr);
+  std::vector<VkExtensionProperties> exts(n_ext);
+  if (n_ext) vkEnumerateDeviceExtensionProperties(phys, nullptr, &n_ext, exts.data());
+  auto has = [&](const char* name) {
+    return std::any_of(exts.begin(), exts.end(), [&](const VkExtensionProperties& e) { return std::strcmp(e.extensionName, name) == 0; });
+  };
+  VkPhysicalDeviceCooperativeMatrixFeaturesNV cm{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
+  VkPhysicalDeviceVulkan11Features f11{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_1_FEATURES};
+  VkPhysicalDeviceVulkan12Features f12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+  VkPhysicalDeviceFeatures2 f2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_FEATURES_2};
+  f2.pNext = &f11;
+  f11.pNext = &f12;
+  const bool has_cm = has(VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME);
+  if (has_cm) f12.pNext = &cm;
+  vkGetPhysicalDeviceFeatures2(phys, &f2);
+  std::string& d = out.description;
+  if (f12.shaderFloat16) d += ", fp16 arithmetic";
+  if (f12.shaderInt8) d += ", int8 arithmetic";
+  if (f11.storageBuffer16BitAccess) d += ", 16-bit storage";
+  if (f12.storageBuffer8BitAccess) d += ", 8-bit storage";
+  if (has("VK_KHR_shader_integer_dot_product")) d += ", integer dot products";
+  if (has("VK_KHR_cooperative_matrix")) d += ", VK_KHR_cooperative_matrix";
+  if (has("VK_NV_cooperative_matrix2")) d += ", VK_NV_cooperative_matrix2";
+  if (!has_cm || !cm.cooperativeMatrix) return out;
+  auto list = reinterpret_cast<PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesNV>(
+      vkGetInstanceProcAddr(instance, "vkGetPhysicalDeviceCooperativeMatrixPropertiesNV"));
+  if (!list) return out;
+  uint32_t count = 0;
+  list(phys, &count, nullptr);
+  std::vector<VkCooperativeMatrixPropertiesNV> shapes(count, {VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_NV});
+  if (count) list(phys, &count, shapes.data());
+  std::string listed;
+  for (const auto& s : shapes) {
+    if (s.AType != VK_COMPONENT_TYPE_FLOAT16_NV || s.BType != VK_COMPONENT_TYPE_FLOAT16_NV ||
+        s.CType != VK_COMPONENT_TYPE_FLOAT32_NV || s.DType != VK_COMPONENT_TYPE_FLOAT32_NV || s.scope != VK_SCOPE_SUBGROUP_NV)
+      continue;
+    listed += fmt::format(" {}x{}x{}", s.MSize, s.NSize, s.KSize);
+    const bool usable = s.KSize == 16 && s.MSize == 16 && (s.NSize == 16 || s.NSize == 8);  // the shaders' builds
+    const bool better = !out.m || (s.MSize == 16 && s.NSize == 16);
+    if (usable && better) out.m = s.MSize, out.n = s.NSize, out.k = s.KSize;
+  }
+  if (listed.empty()) return out;
+  d += ", VK_NV_cooperative_matrix fp16->fp32" + listed;
+  out.coopmat = allowed && f12.shaderFloat16 && out.m;
+  if (out.coopmat) d += fmt::format(" (tile {}x{}x{})", out.m, out.n, out.k);
+  else if (!allowed) d += " (off: option cooperative_matrix)";
+  return out;
+}
+}  // namespace
+
+bool vulkan_cooperative_matrix(const ComputeBackend& backend) {
+  const auto* vk = dynamic_cast<const VulkanBackend*>(&backend);
+  if (!vk) fail("vulkan_cooperative_matrix: backend '{}' is not the Vulkan backend", backend.name());
+  return vk->cooperative_matrix();
+}
+
 std::unique_ptr<ComputeBackend> make_vulkan_backend(const nlohmann::json& options) {
   nlohmann::json device_opt;
   uint64_t max_binding = 0;
-  bool subgroups = true;
+  bool subgroups = true, profile = false, coopmat = true;
   if (options.is_object()) {
     for (const auto& [key, value] : options.items()) {
       if (key == "device") {
@@ -165,8 +235,15 @@ std::unique_ptr<ComputeBackend> make_vulkan_backend(const nlohmann::json& option
       } else if (key == "subgroups") {
         if (!value.is_boolean()) fail("vulkan backend: option 'subgroups' = {} must be true or false", value.dump());
         subgroups = value.get<bool>();
+      } else if (key == "cooperative_matrix") {
+        if (!value.is_boolean())
+          fail("vulkan backend: option 'cooperative_matrix' = {} must be true or false", value.dump());
+        coopmat = value.get<bool>();
+      } else if (key == "profile") {
+        if (!value.is_boolean()) fail("vulkan backend: option 'profile' = {} must be true or false", value.dump());
+        profile = value.get<bool>();
       } else {
-        fail("vulkan backend: unknown option '{}' (known: device, max_binding_bytes, subgroups)", key);
+        fail("vulkan backend: unknown option '{}' (known: device, max_binding_bytes, subgroups, cooperative_matrix, profile)", key);
       }
     }
   } else if (!options.is_null()) {
@@ -229,6 +306,13 @@ std::unique_ptr<ComputeBackend> make_vulkan_backend(const nlohmann::json& option
   vkGetPhysicalDeviceProperties2(dev->phys, &props2);
   dev->subgroup_shuffle = subgroups && (sub.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
                           (sub.supportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT) && sub.subgroupSize >= 2;
+  dev->subgroup_size = sub.subgroupSize;
+  const DeviceFeatures features = device_features(dev->instance, dev->phys, coopmat);
+  dev->coopmat = features.coopmat;
+  dev->coopmat_m = features.m;
+  dev->coopmat_n = features.n;
+  dev->coopmat_k = features.k;
+  dev->capabilities = fmt::format("subgroups of {}{}", sub.subgroupSize, features.description);
 
   uint32_t qcount = 0;
   vkGetPhysicalDeviceQueueFamilyProperties(dev->phys, &qcount, nullptr);
@@ -239,6 +323,9 @@ std::unique_ptr<ComputeBackend> make_vulkan_backend(const nlohmann::json& option
     if (qf[i].queueFlags & VK_QUEUE_COMPUTE_BIT) family = static_cast<int>(i);
   if (family < 0) fail("vulkan backend: device {} ({}) has no compute queue", pick, dev->props.deviceName);
   dev->queue_family = static_cast<uint32_t>(family);
+  if (profile && (qf[static_cast<size_t>(family)].timestampValidBits == 0 || dev->props.limits.timestampPeriod <= 0))
+    fail("vulkan backend: option 'profile' needs GPU timestamps, which device {} ({}) does not have on its compute "
+         "queue; profile on the CPU backend instead", pick, dev->props.deviceName);
   const float prio = 1.0f;
   VkDeviceQueueCreateInfo qi{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
   qi.queueFamilyIndex = dev->queue_family;
@@ -247,6 +334,18 @@ std::unique_ptr<ComputeBackend> make_vulkan_backend(const nlohmann::json& option
   VkDeviceCreateInfo di{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
   di.queueCreateInfoCount = 1;
   di.pQueueCreateInfos = &qi;
+  // Cooperative matrices: the extension, its feature and fp16 arithmetic in shaders.
+  VkPhysicalDeviceVulkan12Features enable12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+  VkPhysicalDeviceCooperativeMatrixFeaturesNV enable_cm{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
+  const char* cm_ext = VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME;
+  if (dev->coopmat) {
+    enable12.shaderFloat16 = VK_TRUE;
+    enable12.pNext = &enable_cm;
+    enable_cm.cooperativeMatrix = VK_TRUE;
+    di.pNext = &enable12;
+    di.enabledExtensionCount = 1;
+    di.ppEnabledExtensionNames = &cm_ext;
+  }
   check(vkCreateDevice(dev->phys, &di, nullptr, &dev->dev), "vkCreateDevice");
   vkGetDeviceQueue(dev->dev, dev->queue_family, 0, &dev->queue);
   VkCommandPoolCreateInfo ci{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
@@ -255,9 +354,9 @@ std::unique_ptr<ComputeBackend> make_vulkan_backend(const nlohmann::json& option
   check(vkCreateCommandPool(dev->dev, &ci, nullptr, &dev->cmd_pool), "vkCreateCommandPool");
   VkFenceCreateInfo fi{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
   check(vkCreateFence(dev->dev, &fi, nullptr, &dev->fence), "vkCreateFence");
-  log_debug("vulkan backend: device {} of [{}]; subgroup shuffles {} (subgroup size {})", pick, listing,
-            dev->subgroup_shuffle ? "on" : "off", sub.subgroupSize);
-  return std::make_unique<VulkanBackend>(std::move(dev));
+  log_debug("vulkan backend: device {} of [{}]; subgroup shuffles {}; {}", pick, listing,
+            dev->subgroup_shuffle ? "on" : "off", dev->capabilities);
+  return std::make_unique<VulkanBackend>(std::move(dev), profile);
 }
 
 }  // namespace specula::vulkan

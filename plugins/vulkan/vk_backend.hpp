@@ -12,12 +12,16 @@
 
 namespace specula::vulkan {
 
-// Options: {"device": N or "name substring"}. Throws specula::Error when no Vulkan device exists, the
+// Options (plugin.cpp lists them): {"device": N or "name substring", "cooperative_matrix": bool, ...}. Throws specula::Error when no Vulkan device exists, the
 // option names no device, or an option is unknown.
 std::unique_ptr<ComputeBackend> make_vulkan_backend(const nlohmann::json& options);
 
 // vkAllocateMemory calls made so far on this backend's device (weights share blocks, transfers reuse
 // one staging buffer): for tests.
 uint64_t vulkan_memory_allocations(const ComputeBackend& backend);
+
+// Whether this backend multiplies prompt-sized matrices on cooperative matrices (fp16 tensor cores):
+// the device has them and the option `cooperative_matrix` did not turn them off. For tests.
+bool vulkan_cooperative_matrix(const ComputeBackend& backend);
 
 }  // namespace specula::vulkan

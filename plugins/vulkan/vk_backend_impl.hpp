@@ -16,6 +16,7 @@
 #include <fmt/format.h>
 
 #include "specula/log.hpp"
+#include "specula/op_profile.hpp"
 #include "vk_device.hpp"
 
 namespace specula::vulkan::detail {
@@ -98,8 +99,10 @@ struct Plan {
   std::unique_ptr<Buffer> arena, staging, readback, err;
   VkDescriptorPool pool = VK_NULL_HANDLE;
   VkCommandBuffer cmd = VK_NULL_HANDLE;
+  VkQueryPool timestamps = VK_NULL_HANDLE;  // profiling: one before the first dispatch, one after each
 
   ~Plan() {
+    if (timestamps) vkDestroyQueryPool(dev->dev, timestamps, nullptr);
     if (pool) vkDestroyDescriptorPool(dev->dev, pool, nullptr);
     if (cmd) vkFreeCommandBuffers(dev->dev, dev->cmd_pool, 1, &cmd);
   }
@@ -140,8 +143,12 @@ class VkCompiled final : public CompiledGraph {
 
 class VulkanBackend final : public ComputeBackend {
  public:
-  VulkanBackend(std::shared_ptr<Device> dev) : dev_(std::move(dev)) { create_layouts(); }
+  VulkanBackend(std::shared_ptr<Device> dev, bool profile)
+      : dev_(std::move(dev)), profile_(profile ? std::make_unique<OpProfile>() : nullptr) {
+    create_layouts();
+  }
   ~VulkanBackend() override {
+    if (profile_) std::fputs(profile_->report().c_str(), stderr);
     VkDevice d = dev_->dev;
     vkDeviceWaitIdle(d);
     for (auto& [name, p] : pipelines_) vkDestroyPipeline(d, p, nullptr);
@@ -154,8 +161,8 @@ class VulkanBackend final : public ComputeBackend {
   DeviceInfo device() const override {
     DeviceInfo info;
     const auto& p = dev_->props;
-    info.name = fmt::format("{} (Vulkan {}.{})", p.deviceName, VK_API_VERSION_MAJOR(p.apiVersion),
-                            VK_API_VERSION_MINOR(p.apiVersion));
+    info.name = fmt::format("{} (Vulkan {}.{}; {})", p.deviceName, VK_API_VERSION_MAJOR(p.apiVersion),
+                            VK_API_VERSION_MINOR(p.apiVersion), dev_->capabilities);
     for (uint32_t i = 0; i < dev_->mem_props.memoryHeapCount; ++i)
       if (dev_->mem_props.memoryHeaps[i].flags & VK_MEMORY_HEAP_DEVICE_LOCAL_BIT)
         info.memory_bytes += dev_->mem_props.memoryHeaps[i].size;
@@ -272,6 +279,8 @@ class VulkanBackend final : public ComputeBackend {
   VkPipeline pipeline(const std::string& shader);
   std::unique_ptr<Plan> build(const Graph& g);
   void record(Plan& p, const std::vector<Node>& graph_nodes);
+  // Profiling: each dispatch's GPU time (from the timestamp before it to the one after) added to its node.
+  void record_profile(const Plan& p, const Graph& graph);
   // Calls chunk_fn(staging, offset, length) for each staging-sized chunk of `bytes`, holding staging_mu_.
   void through_staging(uint64_t bytes, const std::function<void(Buffer&, uint64_t, uint64_t)>& chunk_fn);
   void upload(Buffer& dst, const void* data, uint64_t bytes, VkDeviceSize dst_off = 0);
@@ -280,6 +289,7 @@ class VulkanBackend final : public ComputeBackend {
 
  public:
   uint64_t memory_allocations() const { return dev_->allocations; }
+  bool cooperative_matrix() const { return dev_->coopmat; }
 
  private:
   static constexpr uint64_t kStagingChunk = 64ull << 20;
@@ -330,6 +340,7 @@ class VulkanBackend final : public ComputeBackend {
   VkPipelineLayout playout_ = VK_NULL_HANDLE;
   std::unordered_map<std::string, VkPipeline> pipelines_;
   std::unique_ptr<Buffer> dummy_;
+  std::unique_ptr<OpProfile> profile_;  // option `profile`
 };
 
 }  // namespace specula::vulkan::detail

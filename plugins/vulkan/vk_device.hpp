@@ -92,6 +92,12 @@ struct Device {
   VkFence fence = VK_NULL_HANDLE;
   VkDeviceSize max_binding = 0;  // maxStorageBufferRange, or the lower `max_binding_bytes` option
   bool subgroup_shuffle = false;  // compute shaders may shuffle within a subgroup (and the option allows it)
+  uint32_t subgroup_size = 0;
+  // Cooperative matrices (VK_NV_cooperative_matrix, fp16 inputs and fp32 sums, subgroup scope): enabled
+  // when the device has them and the option allows; the tile shape the matmul shaders use.
+  bool coopmat = false;
+  uint32_t coopmat_m = 0, coopmat_n = 0, coopmat_k = 0;
+  std::string capabilities;  // for people: what the device offers the shaders (DeviceInfo, logs)
   std::atomic<uint64_t> allocations{0};  // vkAllocateMemory calls (vulkan_memory_allocations)
   std::mutex blocks_mu;
   std::weak_ptr<MemoryBlock> open_block;  // where the next weight goes

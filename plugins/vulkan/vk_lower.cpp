@@ -10,8 +10,10 @@
 
 namespace specula::vulkan::detail {
 
-// A MatMul of at least kTiledMinRows activation rows runs matmul_tiled.comp, kTileRows rows a workgroup
-// (its TN): prefill. Fewer rows run matmul.comp, which spreads each weight row over several threads.
+// A MatMul of at least kTiledMinRows activation rows runs matmul_coopmat.comp where the device has
+// cooperative matrices (tiles of 64 rows by 64 columns), else matmul_tiled.comp, kTileRows rows a
+// workgroup (its TN): prefill. Fewer rows run matmul.comp, which spreads each weight row over several
+// threads and gives a row the same bits whatever the row count (a verification scores as a decode step).
 constexpr int64_t kTiledMinRows = 32, kTileRows = 32;
 // TopK / Argmax of up to kTopKRounds run topk.comp (a pass over the row per pick); more run
 // topk_select.comp (about seven passes and a sort of the k picked, whatever k is).
@@ -275,8 +277,8 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
         const uint64_t rpw = 64 / tpr;
         if (n.op == Op::MatMul) {
           const int64_t O = w.shape[0], I = w.shape[1], N = elements(src_node(n, 1).shape) / I;
-          const bool tiled = N >= kTiledMinRows;
-          if (tiled) d.shader = "matmul_tiled";
+          const bool tiled = N >= kTiledMinRows, coopmat = tiled && dev_->coopmat;
+          if (tiled) d.shader = coopmat ? (dev_->coopmat_n == 8 ? "matmul_coopmat_n8" : "matmul_coopmat") : "matmul_tiled";
           for (auto win : windows(wl, w, O, I, 1)) {
             d.pc = {};
             d.pc[PC_MM_TYPE] = static_cast<uint32_t>(w.type);
@@ -290,8 +292,9 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
             d.pc[PC_MM_TPR] = tpr;
             bind_weight(d, wl, w, I, win);
             const uint64_t cols = static_cast<uint64_t>(win.second - win.first);
-            d.groups = tiled ? (cols + 63) / 64 * static_cast<uint64_t>((N + kTileRows - 1) / kTileRows)
-                             : (cols + rpw - 1) / rpw * static_cast<uint64_t>((N + 7) / 8);
+            d.groups = coopmat ? (cols + 63) / 64 * static_cast<uint64_t>((N + 63) / 64)
+                       : tiled ? (cols + 63) / 64 * static_cast<uint64_t>((N + kTileRows - 1) / kTileRows)
+                               : (cols + rpw - 1) / rpw * static_cast<uint64_t>((N + 7) / 8);
             p.dispatches.push_back(d);
           }
         } else {

@@ -48,6 +48,14 @@ void VulkanBackend::record(Plan& p, const std::vector<Node>& graph_nodes) {
   VkCommandBuffer cb = p.cmd;
   VkCommandBufferBeginInfo bi{VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO};
   vkBeginCommandBuffer(cb, &bi);
+  const uint32_t stamps = static_cast<uint32_t>(p.dispatches.size()) + 1;
+  if (profile_) {
+    VkQueryPoolCreateInfo qi{VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO};
+    qi.queryType = VK_QUERY_TYPE_TIMESTAMP;
+    qi.queryCount = stamps;
+    check(vkCreateQueryPool(d, &qi, nullptr, &p.timestamps), "vkCreateQueryPool");
+    vkCmdResetQueryPool(cb, p.timestamps, 0, stamps);
+  }
   // Earlier submissions (weight uploads, writes, previous runs) complete before anything here.
   full_barrier(cb, VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_HOST_WRITE_BIT,
                VK_ACCESS_TRANSFER_READ_BIT | VK_ACCESS_TRANSFER_WRITE_BIT,
@@ -80,6 +88,7 @@ void VulkanBackend::record(Plan& p, const std::vector<Node>& graph_nodes) {
   };
   std::vector<Range> written, read;
   VkPipeline bound = VK_NULL_HANDLE;
+  if (p.timestamps) vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, p.timestamps, 0);
   for (size_t k = 0; k < p.dispatches.size(); ++k) {
     const Dispatch& dp = p.dispatches[k];
     bool need = false;
@@ -104,6 +113,7 @@ void VulkanBackend::record(Plan& p, const std::vector<Node>& graph_nodes) {
     vkCmdPushConstants(cb, playout_, VK_SHADER_STAGE_COMPUTE_BIT, 0, 128, dp.pc.data());
     const auto [x, y] = grid(dp.groups);
     vkCmdDispatch(cb, x, y, 1);
+    if (p.timestamps) vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, p.timestamps, static_cast<uint32_t>(k) + 1);
   }
   full_barrier(cb, VK_ACCESS_SHADER_WRITE_BIT, VK_ACCESS_TRANSFER_READ_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
                VK_PIPELINE_STAGE_TRANSFER_BIT);
@@ -157,7 +167,38 @@ void VulkanBackend::run(VkCompiled& c, const RunInputs& inputs) {
     fail("Vulkan backend: {} '{}': id {} at index {} is outside [0, {})", op_name(n.op), n.name,
          static_cast<int32_t>(err[2]), err[3], p.id_bound[std::min<size_t>(err[1], nodes.size() - 1)]);
   }
+  if (profile_) record_profile(p, graph);
   c.ran_ = true;
+}
+
+void VulkanBackend::record_profile(const Plan& p, const Graph& graph) {
+  const size_t n = p.dispatches.size();
+  std::vector<uint64_t> t(n + 1);
+  check(vkGetQueryPoolResults(dev_->dev, p.timestamps, 0, static_cast<uint32_t>(n + 1), t.size() * 8, t.data(), 8,
+                              VK_QUERY_RESULT_64_BIT | VK_QUERY_RESULT_WAIT_BIT),
+        "vkGetQueryPoolResults");
+  const double tick = 1e-9 * static_cast<double>(dev_->props.limits.timestampPeriod);
+  std::vector<double> seconds(graph.nodes().size(), 0.0);
+  std::vector<bool> ran(graph.nodes().size(), false);
+  for (size_t k = 0; k < n; ++k) {
+    const auto node = static_cast<size_t>(p.dispatches[k].node);
+    seconds[node] += tick * static_cast<double>(t[k + 1] - t[k]);
+    ran[node] = true;
+  }
+  profile_->begin_run(graph);
+  for (size_t i = 0; i < seconds.size(); ++i) {
+    if (!ran[i]) continue;
+    const Node& nd = graph.nodes()[i];
+    // Weight bytes read: the whole matrix, or the gathered rows of a table (as the CPU backend counts).
+    const bool weighted = (nd.op == Op::MatMul || nd.op == Op::MatMulId || nd.op == Op::GetRows) &&
+                          graph.nodes()[static_cast<size_t>(nd.src[0])].op == Op::Constant;
+    const VkTensor* w = weighted ? &vk_tensor(*graph.nodes()[static_cast<size_t>(nd.src[0])].tensor) : nullptr;
+    size_t bytes = w ? static_cast<size_t>(w->bytes) : 0;
+    if (w && nd.op == Op::GetRows)
+      bytes = bytes / static_cast<size_t>(w->shape()[0]) *
+              static_cast<size_t>(elements(graph.nodes()[static_cast<size_t>(nd.src[1])].shape));
+    profile_->record(graph, static_cast<int32_t>(i), seconds[i], w ? w->name() : std::string(), bytes);
+  }
 }
 
 void VulkanBackend::read(const VkCompiled& c, Value output, std::span<std::byte> dst) {

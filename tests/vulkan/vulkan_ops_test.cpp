@@ -30,6 +30,8 @@ namespace {
 using test::bytes_of;
 
 // One Vulkan backend for the whole suite: device creation and shader compilation are slow on lavapipe.
+// Its matrix products are the fp32 shaders' on every device (the tolerances below are theirs); the
+// cooperative-matrix path has its own suite (VulkanCoopMat) and bound.
 ComputeBackend* vulkan(std::string* why = nullptr) {
   static std::unique_ptr<ComputeBackend> b;
   static std::string error;
@@ -37,7 +39,7 @@ ComputeBackend* vulkan(std::string* why = nullptr) {
   if (!tried) {
     tried = true;
     try {
-      b = vulkan::make_vulkan_backend(nlohmann::json::object());
+      b = vulkan::make_vulkan_backend({{"cooperative_matrix", false}});
     } catch (const Error& e) {
       error = e.what();
     }
@@ -245,6 +247,55 @@ INSTANTIATE_TEST_SUITE_P(Types, VulkanMatMul,
                          ::testing::Values(DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_1,
                                            DType::Q5_0, DType::Q5_1, DType::Q4_K, DType::Q5_K, DType::Q6_K,
                                            DType::IQ4_NL, DType::IQ4_XS),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
+// Prompt-sized products on cooperative matrices (matmul_coopmat.comp, where the device has them):
+// activations and decoded weights are rounded to fp16 and products summed in fp32, so each output is
+// within 2^-10 of the sum of |w x| (two roundings of 2^-11 each) of the double product of the
+// SDK-decoded weights, plus the fp32 sums' own error. Shapes cross the 64 x 64 tiles, the 64-value steps
+// (I = 96: half a step) and the windows of a weight larger than a binding.
+class VulkanCoopMat : public ::testing::TestWithParam<DType> {};
+
+TEST_P(VulkanCoopMat, WithinFp16RoundingOfTheDequantizedProduct) {
+  REQUIRE_VULKAN();
+  static auto cm = vulkan::make_vulkan_backend(nlohmann::json::object());
+  if (!vulkan::vulkan_cooperative_matrix(*cm))
+    GTEST_SKIP() << "no cooperative matrices on " << cm->device().name
+                 << " (the matmul shaders need VK_NV_cooperative_matrix with fp16 16x16x16 or 16x8x16 tiles)";
+  const DType type = GetParam();
+  const int64_t blk = dtype_traits(type)->block_elems;
+  std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes{{70, 256, 32}, {130, 512, 100}, {64, 1536, 64}, {37, 256, 200}};
+  if (blk == 1) shapes.insert(shapes.end(), {{19, 96, 33}, {65, 160, 40}});
+  for (auto [O, I, N] : shapes) {
+    std::vector<float> deq;
+    auto packed = make_weight(type, O, I, 17, &deq);
+    auto x = test::random_floats(static_cast<size_t>(N * I), 18);
+    x[3] = 1e6f;  // past fp16's range: saturated at 65504, never infinite
+    Result r = run_on(cm.get(), [&](Side& s, Built& b) {
+      Value xv = b.input(DType::F32, {N, I}, x, "x");
+      b.out(b.g.matmul(b.g.constant(s.weight("w", type, {O, I}, packed)), xv));
+    });
+    const std::string what = fmt::format("coopmat matmul {} O={} I={} N={}", dtype_name(type), O, I, N);
+    ASSERT_EQ(r.f[0].size(), static_cast<size_t>(N * O)) << what;
+    for (int64_t n = 0; n < N; ++n)
+      for (int64_t o = 0; o < O; ++o) {
+        double ref = 0, mag = 0;
+        for (int64_t i = 0; i < I; ++i) {
+          const double xi = std::clamp<double>(x[n * I + i], -65504.0, 65504.0);
+          ref += double(deq[o * I + i]) * xi;
+          mag += std::abs(double(deq[o * I + i]) * xi);
+        }
+        const double got = r.f[0][static_cast<size_t>(n * O + o)];
+        ASSERT_TRUE(std::abs(got - ref) <= std::ldexp(mag, -10) * 1.01 + 1e-6)
+            << what << ": row " << n << " column " << o << " is " << got << ", expected " << ref << " within "
+            << std::ldexp(mag, -10);
+      }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Types, VulkanCoopMat,
+                         ::testing::Values(DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4_0, DType::Q4_K,
+                                           DType::Q5_K, DType::Q6_K, DType::IQ4_XS),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
 // MLX affine weights: every bit width, group size and scale type appears (not every combination: each

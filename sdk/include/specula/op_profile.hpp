@@ -1,5 +1,5 @@
-// Per-op timing of the CPU backend (option `profile: true`, `specula bench --profile`): time and weight
-// bytes per op kind, per weight (layer index folded: blk.*.ffn_up.weight) and per layer, one table per
+// Per-op timing of a compute backend (option `profile: true`, `specula bench --profile`; the CPU backend
+// times each node on the host, the Vulkan backend with GPU timestamps): time and weight bytes per op kind, per weight (layer index folded: blk.*.ffn_up.weight) and per layer, one table per
 // graph kind: the activation rows of its matrix products (1 = a decode step, N = a prompt chunk) and its
 // node count, which tells a target's step from a drafter's at the same row count.
 #pragma once
@@ -11,12 +11,13 @@
 
 #include "specula/compute.hpp"
 
-namespace specula::cpu {
+namespace specula {
 
 class OpProfile {
  public:
-  // Called before a graph runs: `rows` and `nodes` name the table its nodes go to.
-  void begin_run(int64_t rows, int64_t nodes);
+  // Called before a graph's nodes are recorded: its first MatMul's activation rows and its node count
+  // name the table they go to.
+  void begin_run(const Graph& g);
   void record(const Graph& g, int32_t id, double seconds, const std::string& weight, size_t weight_bytes);
   std::string report() const;
 
@@ -36,4 +37,4 @@ class OpProfile {
   int layer_ = -1;
 };
 
-}  // namespace specula::cpu
+}  // namespace specula

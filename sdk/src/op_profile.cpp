@@ -1,4 +1,4 @@
-#include "profile.hpp"
+#include "specula/op_profile.hpp"
 
 #include <fmt/format.h>
 
@@ -6,7 +6,7 @@
 #include <regex>
 #include <vector>
 
-namespace specula::cpu {
+namespace specula {
 
 namespace {
 // "blk.12.ffn_up.weight" -> 12 (and "blk.*.ffn_up.weight"); -1 when the name has no layer.
@@ -22,8 +22,18 @@ int layer_of(const std::string& name, std::string* folded) {
 }
 }  // namespace
 
-void OpProfile::begin_run(int64_t rows, int64_t nodes) {
-  current_ = &tables_[{rows, nodes}];
+void OpProfile::begin_run(const Graph& g) {
+  int64_t rows = 0;  // of the first matrix product: 1 for a decode step
+  for (const Node& n : g.nodes())
+    if (n.op == Op::MatMul) {
+      const Node& w = g.nodes()[static_cast<size_t>(n.src[0])];
+      const Shape& x = g.nodes()[static_cast<size_t>(n.src[1])].shape;
+      int64_t count = 1;
+      for (int64_t d : x) count *= d;
+      rows = count / w.shape[1];
+      break;
+    }
+  current_ = &tables_[{rows, static_cast<int64_t>(g.nodes().size())}];
   ++current_->runs;
   layer_ = -1;
 }
@@ -80,4 +90,4 @@ std::string OpProfile::report() const {
   return out;
 }
 
-}  // namespace specula::cpu
+}  // namespace specula
