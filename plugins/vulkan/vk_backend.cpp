@@ -208,7 +208,7 @@ DeviceFeatures device_features(VkInstance instance, VkPhysicalDevice phys, bool 
   if (listed.empty()) return out;
   d += ", VK_NV_cooperative_matrix fp16->fp32" + listed;
   out.coopmat = allowed && f12.shaderFloat16 && out.m;
-  if (out.coopmat) d += fmt::format(" (tile {}x{}x{})", out.m, out.n, out.k);
+  if (out.coopmat) d += fmt::format(" (prompt matmuls on {}x{}x{} tiles)", out.m, out.n, out.k);
   else if (!allowed) d += " (off: option cooperative_matrix)";
   return out;
 }

@@ -12,16 +12,19 @@ namespace specula::vulkan::detail {
 
 // A MatMul of at least kTiledMinRows activation rows runs matmul_coopmat.comp where the device has
 // cooperative matrices (tiles of 64 rows by 64 columns), else matmul_tiled.comp, kTileRows rows a
-// workgroup (its TN): prefill. Fewer rows run matmul.comp, which spreads each weight row over several
-// threads and gives a row the same bits whatever the row count (a verification scores as a decode step).
+// workgroup (its TN): prefill. Fewer rows run matvec.comp, a team of 32 threads per weight row, which
+// gives a row the same bits whatever the row count (a verification scores as a decode step); MatMulId
+// runs matmul.comp.
 constexpr int64_t kTiledMinRows = 32, kTileRows = 32;
 // TopK / Argmax of up to kTopKRounds run topk.comp (a pass over the row per pick); more run
 // topk_select.comp (about seven passes and a sort of the k picked, whatever k is).
 constexpr int64_t kTopKRounds = 4;
 // Attention over more than kAttentionChunk slots with fewer than kAttentionWorkgroups queries x heads
 // splits its slots into chunks of at least kAttentionChunk, up to kAttentionWorkgroups workgroups (at
-// most kMaxChunks chunks a query and head in attention_combine.comp).
-constexpr int64_t kAttentionChunk = 512, kAttentionWorkgroups = 512;
+// most kMaxChunks chunks a query and head in attention_combine.comp). Up to kAttentionRowQueries queries
+// (decode, a verification) the chunks are those of one query, so that a verification scores each of its
+// queries with the very sums a decode step would.
+constexpr int64_t kAttentionChunk = 64, kAttentionWorkgroups = 512, kAttentionRowQueries = 16;
 
 // llvmpipe (lavapipe, a CPU implementation of Vulkan) ends a shader invocation's loops after 65535
 // iterations in all and carries on with wrong values. Where one invocation of a dispatch could loop
@@ -279,6 +282,7 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
           const int64_t O = w.shape[0], I = w.shape[1], N = elements(src_node(n, 1).shape) / I;
           const bool tiled = N >= kTiledMinRows, coopmat = tiled && dev_->coopmat;
           if (tiled) d.shader = coopmat ? (dev_->coopmat_n == 8 ? "matmul_coopmat_n8" : "matmul_coopmat") : "matmul_tiled";
+          else d.shader = dev_->subgroup_shuffle && dev_->subgroup_size >= 32 ? "matvec_subgroup" : "matvec";
           for (auto win : windows(wl, w, O, I, 1)) {
             d.pc = {};
             d.pc[PC_MM_TYPE] = static_cast<uint32_t>(w.type);
@@ -294,7 +298,7 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
             const uint64_t cols = static_cast<uint64_t>(win.second - win.first);
             d.groups = coopmat ? (cols + 63) / 64 * static_cast<uint64_t>((N + 63) / 64)
                        : tiled ? (cols + 63) / 64 * static_cast<uint64_t>((N + kTileRows - 1) / kTileRows)
-                               : (cols + rpw - 1) / rpw * static_cast<uint64_t>((N + 7) / 8);
+                               : (cols + 3) / 4 * static_cast<uint64_t>((N + 7) / 8);
             p.dispatches.push_back(d);
           }
         } else {
@@ -402,15 +406,15 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
         const int64_t T = q.shape[0], Hq = q.shape[1], S = k.shape[0], D = q.shape[2], Dv = v.shape[2];
         // Few queries x heads over many slots (decode): the slots split into chunks, one workgroup each,
         // so a GPU has kAttentionWorkgroups to run instead of Hq; attention_combine.comp merges them.
-        const int64_t chunks = S > kAttentionChunk ? std::clamp<int64_t>(kAttentionWorkgroups / std::max<int64_t>(T * Hq, 1), 1,
+        const int64_t rows = T <= kAttentionRowQueries ? Hq : T * Hq;
+        const int64_t chunks = S > kAttentionChunk ? std::clamp<int64_t>(kAttentionWorkgroups / std::max<int64_t>(rows, 1), 1,
                                                                          (S + kAttentionChunk - 1) / kAttentionChunk)
                                                    : 1;
         const int64_t chunk = chunks > 1 ? ((S + chunks - 1) / chunks + 63) / 64 * 64 : 0;
         {
-          // attention.comp's loops per tile of 64 slots: the dot (8 at a time), the output update, the
-          // reductions (measured on lavapipe: 20000 slots of head dim 512 in one workgroup fit, 26000
-          // do not); attention_combine.comp's per chunk.
-          const int64_t per_tile = (D + 7) / 8 + D % 8 + (Dv + 7) / 8 + 2 * ((Dv + 63) / 64) + 40;
+          // attention.comp's loops per tile of 64 slots: the dots (eight groups, 64 values a step), the
+          // partials' sums, the output update, the reductions; attention_combine.comp's per chunk.
+          const int64_t per_tile = 8 * ((D + 63) / 64 + 4 + D % 2 * D / 8) + 8 + (Dv + 7) / 8 + 2 * ((Dv + 63) / 64) + 40;
           const int64_t slots = chunks > 1 ? chunk : S;
           check_cpu_device_loops(*dev_, n, std::max((slots + 63) / 64 * per_tile, chunks * (3 + (Dv + 63) / 64)),
                                  fmt::format("over {} cache slots (head dims {} / {}) for {} queries", S, D, Dv, T),
@@ -438,8 +442,8 @@ std::unique_ptr<Plan> VulkanBackend::build(const Graph& g) {
         d.pc[PC_ATT_K_TYPE] = static_cast<uint32_t>(k.type);
         d.pc[PC_ATT_V_TYPE] = static_cast<uint32_t>(v.type);
         d.pc[PC_ATT_IN_USE] = in_use ? 1u : 0u;
-        if (Dv > 1024)
-          fail("Vulkan backend: Attention '{}': V head dim {} is above the 1024 the shader accumulates", n.name, Dv);
+        if (Dv > 1024 || D > 1024)
+          fail("Vulkan backend: Attention '{}': head dims {} / {}: the shader takes at most 1024", n.name, D, Dv);
         d.groups = static_cast<uint64_t>(T * Hq);
         if (chunks > 1) {
           // The partials into a scratch range, then the combine into the result.

@@ -32,8 +32,21 @@ using test::bytes_of;
 // One Vulkan backend for the whole suite: device creation and shader compilation are slow on lavapipe.
 // Its matrix products are the fp32 shaders' on every device (the tolerances below are theirs); the
 // cooperative-matrix path has its own suite (VulkanCoopMat) and bound.
+std::unique_ptr<ComputeBackend> shared_vulkan, coopmat_vulkan;
+
+// The Vulkan backends are released before main returns, not by static destructors at exit: NVIDIA's
+// driver crashed (SIGSEGV) on the Vulkan objects still alive by then.
+class ReleaseDevices final : public ::testing::Environment {
+ public:
+  void TearDown() override {
+    coopmat_vulkan.reset();
+    shared_vulkan.reset();
+  }
+};
+::testing::Environment* const kReleaseDevices = ::testing::AddGlobalTestEnvironment(new ReleaseDevices);
+
 ComputeBackend* vulkan(std::string* why = nullptr) {
-  static std::unique_ptr<ComputeBackend> b;
+  std::unique_ptr<ComputeBackend>& b = shared_vulkan;
   static std::string error;
   static bool tried = false;
   if (!tried) {
@@ -253,25 +266,31 @@ INSTANTIATE_TEST_SUITE_P(Types, VulkanMatMul,
 // activations and decoded weights are rounded to fp16 and products summed in fp32, so each output is
 // within 2^-10 of the sum of |w x| (two roundings of 2^-11 each) of the double product of the
 // SDK-decoded weights, plus the fp32 sums' own error. Shapes cross the 64 x 64 tiles, the 64-value steps
-// (I = 96: half a step) and the windows of a weight larger than a binding.
+// (I = 96: half a step) and the windows of a weight larger than a binding (the last shape).
 class VulkanCoopMat : public ::testing::TestWithParam<DType> {};
 
 TEST_P(VulkanCoopMat, WithinFp16RoundingOfTheDequantizedProduct) {
   REQUIRE_VULKAN();
-  static auto cm = vulkan::make_vulkan_backend(nlohmann::json::object());
+  if (!coopmat_vulkan) coopmat_vulkan = vulkan::make_vulkan_backend(nlohmann::json::object());
+  ComputeBackend* cm = coopmat_vulkan.get();
   if (!vulkan::vulkan_cooperative_matrix(*cm))
     GTEST_SKIP() << "no cooperative matrices on " << cm->device().name
                  << " (the matmul shaders need VK_NV_cooperative_matrix with fp16 16x16x16 or 16x8x16 tiles)";
   const DType type = GetParam();
   const int64_t blk = dtype_traits(type)->block_elems;
+  // The last shape again on a backend that binds at most 64 KiB at once: the weight in windows.
+  auto windowed = vulkan::make_vulkan_backend({{"max_binding_bytes", 65536}});
   std::vector<std::tuple<int64_t, int64_t, int64_t>> shapes{{70, 256, 32}, {130, 512, 100}, {64, 1536, 64}, {37, 256, 200}};
   if (blk == 1) shapes.insert(shapes.end(), {{19, 96, 33}, {65, 160, 40}});
-  for (auto [O, I, N] : shapes) {
+  shapes.emplace_back(480, 512, 70);
+  for (size_t k = 0; k < shapes.size(); ++k) {
+    const auto [O, I, N] = shapes[k];
+    ComputeBackend* on = k + 1 == shapes.size() ? windowed.get() : cm;
     std::vector<float> deq;
     auto packed = make_weight(type, O, I, 17, &deq);
     auto x = test::random_floats(static_cast<size_t>(N * I), 18);
     x[3] = 1e6f;  // past fp16's range: saturated at 65504, never infinite
-    Result r = run_on(cm.get(), [&](Side& s, Built& b) {
+    Result r = run_on(on, [&](Side& s, Built& b) {
       Value xv = b.input(DType::F32, {N, I}, x, "x");
       b.out(b.g.matmul(b.g.constant(s.weight("w", type, {O, I}, packed)), xv));
     });
@@ -865,7 +884,7 @@ TEST(VulkanOps, WeightsAboveTheBindingLimitRunInWindows) {
   REQUIRE_VULKAN();
   // max_binding_bytes lowers maxStorageBufferRange (128 MiB on lavapipe, more on GPUs) so the row
   // windows that large embeddings and output projections need are exercised on small weights.
-  auto small = vulkan::make_vulkan_backend({{"max_binding_bytes", 65536}});
+  auto small = vulkan::make_vulkan_backend({{"max_binding_bytes", 65536}, {"cooperative_matrix", false}});
   for (DType type : {DType::F32, DType::Q8_0, DType::Q6_K}) {
     const int64_t O = 601, I = 256, E = 4, Oe = 37;
     auto packed = make_weight(type, O, I, 61);
@@ -923,7 +942,7 @@ TEST(VulkanOps, SubgroupReductionsEqualSharedMemoryBitForBit) {
   // With `subgroups: false` every step of a row's reduction goes through shared memory. The shuffles
   // must add the same partial sums in the same order: equal bits, for 1 to 64 threads a row (widths of
   // 1 to 64 chunks; lavapipe's subgroups are 8 wide, so 16-64 mix both kinds of step), 1-8 rows, MatMulId.
-  auto shared_only = vulkan::make_vulkan_backend({{"subgroups", false}});
+  auto shared_only = vulkan::make_vulkan_backend({{"subgroups", false}, {"cooperative_matrix", false}});
   for (int64_t I : {32, 256, 768, 2048}) {
     const int64_t O = 19, N = 7, E = 3, Oe = 5;
     auto packed = make_weight(DType::Q8_0, O, I, 90);

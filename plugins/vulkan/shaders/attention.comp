@@ -4,6 +4,10 @@
 // gives it) in tiles of 64: each thread scores one slot of a tile, then the tile's weights rescale and
 // update a running maximum, sum and output (online softmax). No T x Hq x S buffer of scores is needed,
 // and a decode step costs the live context, not the allocated one.
+// A tile's scores are computed eight slots at a time by eight threads each: a thread reads two adjacent
+// values of a key row in every 16, so eight threads read 32 (F16) or 64 (F32) contiguous bytes of it and
+// a GPU's loads coalesce; each thread keeps its partial sums and one barrier later each slot's eight
+// partials are added in lane order (the same bits on every device).
 // Bindings: 0 q (F32), 1 K, 2 V (F32/F16/BF16), 3 key positions I32, 4 query positions I32, 5 out,
 // 7 (operand 5) slots in use I32 [1].
 // The inner loops go eight at a time (their constant inner loops unrolled): llvmpipe (lavapipe) stops
@@ -13,6 +17,8 @@
 layout(local_size_x = 64) in;
 shared float red[64];
 shared float prob[64];
+shared float qs[1024];       // the query row (head dims up to 1024: the host checks)
+shared float part[64 * 8];   // per slot of the tile, its eight threads' partial dot products
 const uint kMaxDvPerThread = 16u;  // V head dims up to 1024 (the host checks)
 
 float wg_reduce(float v, bool is_max) {
@@ -39,31 +45,50 @@ void main() {
   // takes slots [s0, s1) and leaves its running maximum, sum and unnormalised output for
   // attention_combine.comp; otherwise it takes them all and writes the output.
   uint chunk = pc.p[PC_ATT_CHUNK], chunks = max(pc.p[PC_ATT_CHUNKS], 1u), wg = wg_linear();
-  uint row = wg / chunks, part = wg % chunks;
-  uint s0 = chunk == 0u ? 0u : min(n, part * chunk), s1 = chunk == 0u ? n : min(n, s0 + chunk);
+  uint row = wg / chunks, part_id = wg % chunks;
+  uint s0 = chunk == 0u ? 0u : min(n, part_id * chunk), s1 = chunk == 0u ? n : min(n, s0 + chunk);
   uint t = row / Hq, j = row % Hq, kvh = j / (Hq / Hkv), tid = gl_LocalInvocationID.x;
+  uint lane = tid % 8u, grp = tid / 8u;
   int qp = int(b4.d[t]);
   uint qb = (t * Hq + j) * D;
+  for (uint d = tid; d < D; d += 64u) qs[d] = uintBitsToFloat(b0.d[qb + d]);
+  barrier();
   const float neg_inf = -1.0 / 0.0;
   float m = neg_inf, l = 0.0;
   float acc[kMaxDvPerThread];
   for (uint k = 0u; k < kMaxDvPerThread; ++k) acc[k] = 0.0;
+  bool pairs = (D & 1u) == 0u;
   for (uint base = s0; base < s1; base += 64u) {
-    uint s = base + tid;
-    float sc = neg_inf;
-    if (s < s1) {
-      int kp = int(b3.d[s]);
-      if (kp >= 0 && (!causal || kp <= qp) && (window <= 0 || abs(qp - kp) < window)) {
-        uint kb = (s * Hkv + kvh) * D;
-        float dot = 0.0;
-        uint d = 0u;
-        for (; d + 8u <= D; d += 8u)  // eight at a time, in order (fewer loop iterations: see the header)
-          for (uint u = 0u; u < 8u; ++u) dot += uintBitsToFloat(b0.d[qb + d + u]) * load1(kt, kb + d + u);
-        for (; d < D; ++d) dot += uintBitsToFloat(b0.d[qb + d]) * load1(kt, kb + d);
-        sc = dot * pf(PC_ATT_SCALE);
+    // Scores: slot base + 8 g + grp by the eight threads of group grp, for g = 0..7.
+    for (uint g = 0u; g < 8u; ++g) {
+      uint s = base + g * 8u + grp;
+      float dot = 0.0;
+      if (s < s1) {
+        int kp = int(b3.d[s]);
+        if (kp >= 0 && (!causal || kp <= qp) && (window <= 0 || abs(qp - kp) < window)) {
+          uint kb = (s * Hkv + kvh) * D;
+          if (pairs) {
+            uint d = 2u * lane;
+            for (; d + 48u < D; d += 64u)  // four steps of 16 at a time (fewer loop iterations: see the header)
+              for (uint u = 0u; u < 64u; u += 16u)
+                dot += qs[d + u] * load1(kt, kb + d + u) + qs[d + u + 1u] * load1(kt, kb + d + u + 1u);
+            for (; d < D; d += 16u) dot += qs[d] * load1(kt, kb + d) + qs[d + 1u] * load1(kt, kb + d + 1u);
+          } else {
+            for (uint d = lane; d < D; d += 8u) dot += qs[d] * load1(kt, kb + d);
+          }
+        } else {
+          dot = neg_inf;  // not visible: the sum below stays -inf
+        }
+      } else {
+        dot = neg_inf;
       }
+      part[(g * 8u + grp) * 8u + lane] = dot;
     }
-    float tile_max = wg_reduce(sc, true);
+    barrier();
+    float sc = 0.0;
+    for (uint u = 0u; u < 8u; ++u) sc += part[tid * 8u + u];
+    sc = sc == neg_inf ? neg_inf : sc * pf(PC_ATT_SCALE);
+    float tile_max = wg_reduce(sc, true);  // its barriers also end the reads of part[]
     if (tile_max == neg_inf) continue;  // nothing visible in this tile (the same on every thread)
     float m_new = max(m, tile_max);
     float c = exp(m - m_new);  // 0 for the first visible tile
@@ -91,7 +116,7 @@ void main() {
     barrier();  // prob[] is the next tile's
   }
   if (chunk != 0u) {  // partial: [m, l, acc[Dv]] per (row, part)
-    uint pb = (row * chunks + part) * (Dv + 2u);
+    uint pb = (row * chunks + part_id) * (Dv + 2u);
     if (tid == 0u) {
       bo.d[pb] = floatBitsToUint(m);
       bo.d[pb + 1u] = floatBitsToUint(l);
