@@ -133,6 +133,14 @@ for r in $(seq "$rounds"); do
     log "round $r: specula $name"
     "$specula" bench --model "$f" --backend vulkan -p "$pp" -n "$tg" -r 3 --context-length "$ctx" --no-drafter --verify \
       --json -q > "$out/specula.$name.$r.json" 2>> "$out/bench_err.txt" || log "specula bench failed: $(tail -2 "$out/bench_err.txt")"
+    # Where the time goes, in the first round (a short lease may end before the rest): per-op GPU time of
+    # a prompt and of decode steps, from timestamps around each dispatch.
+    if [ "$r" = 1 ] && [ "$quick" = 0 ]; then
+      log "profile: $name"
+      echo "== $name" >> "$out/profile.txt"
+      "$specula" bench --model "$f" --backend vulkan -p "$pp" -n 32 -r 1 --context-length "$ctx" --no-drafter --profile -q \
+        >> "$out/profile.txt" 2>&1 || log "profile failed"
+    fi
     left || break 2
     if [ -n "$peer" ]; then
       log "round $r: llama.cpp $name"
@@ -153,19 +161,6 @@ for f in "${files[@]}"; do
     > "$out/fp32.$name.json" 2>> "$out/bench_err.txt" || log "fp32 bench failed"
   save
 done
-
-# 6. Where the time goes: per-op GPU time of a prompt and of decode steps (timestamps around each dispatch).
-if [ "$quick" = 0 ]; then
-  : > "$out/profile.txt"
-  for f in "${files[@]}"; do
-    left || break
-    log "profile: $(basename "$f")"
-    echo "== $(basename "$f")" >> "$out/profile.txt"
-    "$specula" bench --model "$f" --backend vulkan -p "$pp" -n 32 -r 1 --context-length "$ctx" --no-drafter --profile -q \
-      >> "$out/profile.txt" 2>&1 || log "profile failed"
-    save
-  done
-fi
 
 # 7. The figures in one JSON and a table.
 export GPU_CHECK_DEST="$dest"
