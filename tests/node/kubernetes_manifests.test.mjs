@@ -145,7 +145,7 @@ test("the endpoint picker maps Specula's metrics, and /metrics serves them as ga
   for (const spec of ["queuedRequestsSpec", "runningRequestsSpec", "kvUsageSpec"]) {
     const name = engine[spec];
     assert.match(text, new RegExp(`^# TYPE ${name} gauge$`, "m"), `${spec}: /metrics serves ${name} as a gauge`);
-    const value = Number(text.match(new RegExp(`^${name} (\\S+)$`, "m"))?.[1]);
+    const value = Number(text.match(new RegExp(`^${name}(?:\\{[^}]*\\})? (\\S+)$`, "m"))?.[1]);
     assert.ok(Number.isFinite(value) && value >= 0, `${name} has a value: ${value}`);
     if (spec === "kvUsageSpec") assert.ok(value <= 1, `${name} is a fraction: ${value}`);
   }
