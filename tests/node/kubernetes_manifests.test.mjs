@@ -85,6 +85,10 @@ test("the Service, the pool and the probes reach the server's pods and port", ()
   assert.deepEqual(pool.spec.targetPorts.map((p) => p.number), [portNumber("http")]);
   const arg = (flag) => container.args[container.args.indexOf(flag) + 1];
   assert.equal(arg("--host"), "0.0.0.0", "the server listens on the pod's address");
+  // On the pod's address, the API key is required; it comes from a Secret, never from the arguments.
+  const key = container.env.find((e) => e.name === "SPECULA_API_KEY");
+  assert.ok(key?.valueFrom?.secretKeyRef?.name && key.valueFrom.secretKeyRef.key, "SPECULA_API_KEY from a Secret");
+  assert.ok(!container.args.includes("--api-key"), "no key in the arguments (they show in ps and in the pod spec)");
   assert.equal(Number(arg("--port")), portNumber("http"));
 
   const epp = find("Deployment", "specula-epp");

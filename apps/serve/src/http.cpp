@@ -147,7 +147,8 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
   void end(uint64_t n) {
     if (!answering(n) || !streaming_ || done_) return;
     done_ = true;
-    write(chunked_ ? beast::buffers_to_string(beast_http::make_chunk_last()) : std::string());
+    if (chunked_) return write(beast::buffers_to_string(beast_http::make_chunk_last()));
+    if (!writing_ && out_.empty()) answered();  // HTTP/1.0: the end is the connection closing
   }
 
  private:
@@ -217,7 +218,13 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
       if (ec && ec != beast_http::error::need_more) return malformed(ec);
       if (!header_seen_ && parser_->is_header_done()) {
         header_seen_ = true;
-        if (auto refused = state_->handler.on_header(parser_->get())) return reject(std::move(*refused));
+        std::optional<Response> refused;
+        try {
+          refused = state_->handler.on_header(parser_->get());
+        } catch (const std::exception& e) {  // (nothing may escape into the I/O loop)
+          refused = state_->handler.error(500, e.what());
+        }
+        if (refused) return reject(std::move(*refused));
         if (!parser_->is_done() && expects_continue(parser_->get())) write("HTTP/1.1 100 Continue\r\n\r\n");
       }
       if (parser_->is_done()) return dispatch();
@@ -363,7 +370,11 @@ void Server::Connection::dispatch() {
   version_ = request.version();
   keep_alive_ = request.keep_alive() && !state_->stopping;
   auto exchange = std::make_shared<ExchangeImpl>(state_, weak_from_this(), request_);
-  state_->handler.on_request(std::move(request), std::move(exchange), on_abandon_);
+  try {
+    state_->handler.on_request(std::move(request), exchange, on_abandon_);
+  } catch (const std::exception& e) {  // (nothing may escape into the I/O loop)
+    exchange->respond(state_->handler.error(500, e.what()));
+  }
 }
 
 bool Server::State::make_room() {

@@ -171,8 +171,20 @@ class Answer {
     return head;
   }
 
+  // What the job produced since the last call, written; the end once it is done.
   void pump() {
     if (ended_) return;
+    try {
+      write_output();
+    } catch (const std::exception& e) {  // (nothing may escape into the worker pool)
+      ended_ = true;
+      exchange_->respond(error_response({500, e.what(), "server_error", "", ""}));
+    }
+    if (ended_) job_.reset();  // the job's on_update holds this answer: the end lets both go
+  }
+
+ private:
+  void write_output() {
     Job::Output out = job_->take();
     if (stream_) {
       std::string events;
@@ -189,7 +201,6 @@ class Answer {
     stream_ ? end_stream() : respond();
   }
 
- private:
   static std::string event(const json& j) { return "data: " + dump(j) + "\n\n"; }
 
   json chunk(json delta_or_text, json finish) const {
@@ -427,30 +438,39 @@ struct Server::Impl final : http::Handler {
     on_abandon = [job] { job->cancel = true; };  // a client that left frees its slot after the current step
     auto strand = net::make_strand(workers);     // this request's work, in order
     net::post(strand, [this, job, ex, strand, chat, l, body = std::move(body), ticket = std::move(ticket)]() mutable {
-      CompletionRequest r;
       try {
-        r = read_completion(parse_json_body(body), chat, *l.served, random_u64());
-      } catch (const HttpError& e) {
-        return ex->respond(error_response(e));
-      } catch (const std::exception& e) {  // the tokenizer's or chat format's errors: the request's text
-        return ex->respond(error_response({400, e.what(), "invalid_request_error", "", ""}));
-      }
-      body.clear();
-      body.shrink_to_fit();
-      job->prompt = std::move(r.prompt);
-      job->sampling = r.sampling;
-      auto answer = std::make_shared<Answer>(job, ex, r, l.served->name);
-      job->on_update = [answer, strand] { net::post(strand, [answer] { answer->pump(); }); };
-      if (r.stream) ex->begin_stream(answer->stream_head());
-      if (l.scheduler->submit(job, std::move(ticket)) == Scheduler::Admission::ShuttingDown) {
-        metrics.rejected("shutting_down");
-        if (r.stream) {
-          ex->send("data: " + error_body(kShuttingDown) + "\n\ndata: [DONE]\n\n");
-          return ex->end();
-        }
-        return ex->respond(error_response(kShuttingDown));
+        prepare(job, ex, strand, chat, l, std::move(body), std::move(ticket));
+      } catch (const std::exception& e) {  // (nothing may escape into the worker pool)
+        ex->respond(error_response({500, e.what(), "server_error", "", ""}));
       }
     });
+  }
+
+  // On the request's strand: the body read into a prompt, the job submitted, the stream begun.
+  void prepare(std::shared_ptr<Job> job, std::shared_ptr<http::Exchange> ex, net::strand<net::thread_pool::executor_type> strand,
+               bool chat, const Loaded& l, std::string body, Scheduler::Ticket ticket) {
+    CompletionRequest r;
+    try {
+      r = read_completion(parse_json_body(body), chat, *l.served, random_u64());
+    } catch (const HttpError& e) {
+      return ex->respond(error_response(e));
+    } catch (const Error& e) {  // the tokenizer's or chat format's errors: the request's text
+      return ex->respond(error_response({400, e.what(), "invalid_request_error", "", ""}));
+    }
+    body = {};
+    job->prompt = std::move(r.prompt);
+    job->sampling = r.sampling;
+    auto answer = std::make_shared<Answer>(job, ex, r, l.served->name);
+    job->on_update = [answer, strand] { net::post(strand, [answer] { answer->pump(); }); };
+    if (r.stream) ex->begin_stream(answer->stream_head());
+    if (l.scheduler->submit(job, std::move(ticket)) == Scheduler::Admission::ShuttingDown) {
+      metrics.rejected("shutting_down");
+      if (r.stream) {
+        ex->send("data: " + error_body(kShuttingDown) + "\n\ndata: [DONE]\n\n");
+        return ex->end();
+      }
+      return ex->respond(error_response(kShuttingDown));
+    }
   }
 
   void tokens(Route route, std::string body, std::shared_ptr<http::Exchange> ex) {
