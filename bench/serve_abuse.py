@@ -141,7 +141,7 @@ def bench_idle(server, count, probes):
     for _ in range(count):
         held.append(socket.create_connection((server.host, server.port), timeout=10))
     time.sleep(0.5)
-    conns = server.metric("specula:http_connections_open")
+    conns = server.metric("specula:http_connections")
     lat = health_latencies(server, probes)
     during = [completion_rate(server) for _ in range(3)]
     # Half-sent headers as well (slow senders), for the last probes.
