@@ -6,7 +6,8 @@ Starts `specula serve MODEL --port 0 --parallel 4` and measures, on loopback:
   idle      N idle connections held open (default 1000): GET /health p99 (target < 50 ms) on fresh
             connections, and one completion's decode rate held against the same completion without them.
   streams   200 concurrent streaming clients on 4 slots: each served to `data: [DONE]` or refused with 429
-            (with Retry-After), none hangs; specula:num_requests_running back to 0 after.
+            (with Retry-After), none hangs; specula:num_requests_running back to 0 after; /health timed
+            every 20 ms meanwhile.
   memory    the server's resident memory over 1000 requests, a third of them abusive (100,000-deep JSON,
             a 1e400 temperature, bodies past the limit chunked and with a huge Content-Length, a header
             past its limit, clients that leave mid-answer, slow senders); growth target < 64 MiB.
@@ -185,20 +186,33 @@ def bench_streams(server, clients, tokens):
         with lock:
             results.append(outcome)
 
+    probes = []
+    done = threading.Event()
+
+    def prober():
+        while not done.is_set():
+            probes.extend(health_latencies(server, 1))
+            time.sleep(0.02)
+
     threads = [threading.Thread(target=client, args=(i,)) for i in range(clients)]
+    probe = threading.Thread(target=prober)
     t0 = time.perf_counter()
+    probe.start()
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     elapsed = time.perf_counter() - t0
+    done.set()
+    probe.join()
     time.sleep(0.5)
     counts = {k: results.count(k) for k in sorted(set(results))}
     running = server.metric("specula:num_requests_running")
     waiting = server.metric("specula:num_requests_waiting")
     ok = counts.get("served", 0) + counts.get("429", 0) == clients and running == 0 and waiting == 0
     return {"clients": clients, "outcomes": counts, "seconds": elapsed, "running_after": running,
-            "waiting_after": waiting, "target_met": ok}
+            "waiting_after": waiting, "health_probes_meanwhile": len(probes),
+            "health_p99_ms_meanwhile": percentile(probes, 99) if probes else None, "target_met": ok}
 
 
 def abusive(server, kind):
@@ -281,7 +295,7 @@ def main():
     ap.add_argument("--idle", type=int, default=1000, help="idle connections to hold")
     ap.add_argument("--probes", type=int, default=400, help="/health probes timed")
     ap.add_argument("--clients", type=int, default=200, help="concurrent streaming clients")
-    ap.add_argument("--tokens", type=int, default=32, help="tokens per streamed request")
+    ap.add_argument("--tokens", type=int, default=64, help="tokens per streamed request")
     ap.add_argument("--requests", type=int, default=1000, help="requests of the memory run")
     ap.add_argument("--only", default="idle,streams,memory")
     ap.add_argument("--extra", default="", help="more arguments for specula serve")

@@ -292,21 +292,26 @@ TEST(ServeAbuse, ANonStreamingRequestWhoseClientLeftIsCancelled) {
   EXPECT_LT(sample(m, "specula:generation_tokens_total"), 990);
 }
 
-// `specula serve` started as a process; its port from the first line it prints.
+// `specula serve` started as a process (with `env` added to this one's environment); its port from the
+// first line it prints.
 struct Process {
   pid_t pid = -1;
   int port = 0;
-  explicit Process(std::vector<std::string> args) {
+  explicit Process(std::vector<std::string> args, std::vector<std::string> env = {}) {
     int out[2];
     if (pipe(out) != 0) return;
+    std::vector<char*> argv = {const_cast<char*>(SPECULA_CLI), const_cast<char*>("serve")};
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    std::vector<char*> envp;
+    for (char** e = environ; *e; ++e) envp.push_back(*e);
+    for (auto& e : env) envp.push_back(e.data());
+    envp.push_back(nullptr);
     pid = fork();
     if (pid == 0) {
       dup2(out[1], STDOUT_FILENO);
       close(out[0]);
-      std::vector<char*> argv = {const_cast<char*>(SPECULA_CLI), const_cast<char*>("serve")};
-      for (auto& a : args) argv.push_back(a.data());
-      argv.push_back(nullptr);
-      execv(SPECULA_CLI, argv.data());
+      execve(SPECULA_CLI, argv.data(), envp.data());
       _exit(127);
     }
     close(out[1]);
@@ -369,6 +374,34 @@ TEST(ServeAbuse, SigtermMidStreamEndsTheStreamWithAnErrorEventAndANonStreamingOn
   const json answer = json::parse(reply.substr(reply.find("\r\n\r\n") + 4), nullptr, false);
   EXPECT_EQ(answer["choices"][0]["finish_reason"], "abort") << reply.substr(0, 600);
   EXPECT_EQ(answer["error"]["code"], "shutting_down");
+}
+
+TEST(ServeAbuse, TheBinaryTakesKeysFromItsFlagsAFileAndTheEnvironment) {
+  const fs::path file = fs::temp_directory_path() / ("specula-keys-" + std::to_string(getpid()));
+  std::ofstream(file) << "# the keys of the test\n\n  file-key  \n";
+  Process p({kPipeline.string(), "--port", "0", "--api-key", "flag-key", "--api-key-file", file.string(), "-q"},
+            {"SPECULA_API_KEY=env-key"});
+  ASSERT_GT(p.port, 0);
+  httplib::Client c("127.0.0.1", p.port);
+  c.set_read_timeout(20, 0);
+  bool healthy = false;  // /health needs no key
+  for (int i = 0; i < 1500 && !healthy; ++i) {
+    auto r = c.Get("/health");
+    healthy = r && r->status == 200;
+    if (!healthy) std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_TRUE(healthy);
+  auto models = [&](const std::string& key) {
+    auto r = c.Get("/v1/models", {{"Authorization", "Bearer " + key}});
+    return r ? r->status : -1;
+  };
+  EXPECT_EQ(models("flag-key"), 200);
+  EXPECT_EQ(models("file-key"), 200);
+  EXPECT_EQ(models("env-key"), 200);
+  EXPECT_EQ(models("# the keys of the test"), 401);
+  EXPECT_EQ(models("other"), 401);
+  EXPECT_EQ(p.stop(SIGTERM), 0);
+  fs::remove(file);
 }
 
 }  // namespace

@@ -90,6 +90,12 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
     ++state_->count;
   }
 
+  ~Connection() {
+    if (closed_) return;
+    state_->connections.erase(self_);
+    --state_->count;
+  }
+
   Phase phase() const { return phase_; }
   Clock::time_point since() const { return since_; }
 
@@ -183,11 +189,10 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
     parse();
   }
 
+  // A read is always pending while the connection is open: it takes the next request, notices a client
+  // that goes away while its answer is made, and keeps the connection alive (its handler holds it).
   void read() {
     if (reading_ || closed_) return;
-    // A request sent before the answer to the previous one (pipelining) waits in the buffer, up to the
-    // header limit; reading stops beyond it until the answer is out.
-    if (phase_ == Phase::Answering && buffer_.size() > state_->limits.max_header_bytes) return;
     reading_ = true;
     socket_.async_read_some(buffer_.prepare(kReadChunk),
                             [self = shared_from_this()](beast::error_code ec, size_t n) { self->on_read(ec, n); });
@@ -204,7 +209,9 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
     switch (phase_) {
       case Phase::Idle: begin_receiving(); break;
       case Phase::Receiving: parse(); break;
-      case Phase::Answering: break;  // kept for the next request
+      case Phase::Answering:  // the next request, sent before this answer (pipelining): kept, up to a header
+        if (buffer_.size() > state_->limits.max_header_bytes) return close();
+        break;
       case Phase::Closing: buffer_.consume(buffer_.size()); break;
     }
     read();
