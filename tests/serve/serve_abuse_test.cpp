@@ -262,14 +262,14 @@ TEST(ServeAbuse, TheQueueLimitHoldsForKeepAliveClients) {
     std::this_thread::sleep_for(10ms);
   {
     std::lock_guard lock(mu);
-    ASSERT_EQ(replies.size(), size_t(kClients - 2)) << "all but the two the queue holds are answered at once";
+    EXPECT_EQ(replies.size(), size_t(kClients - 2)) << "all but the two the queue holds are answered at once";
     for (const auto& r : replies) {
       EXPECT_EQ(r.status, 429) << r.raw;
       EXPECT_EQ(header(r, "Retry-After"), "1");
     }
   }
   EXPECT_TRUE(wait_metric(s, "specula:num_requests_waiting", [](double v) { return v == 2; }));
-  holder.close();  // the slot frees; the two queued requests run
+  holder.close();  // the slot frees; the queued requests run
   for (auto& t : clients) t.join();
   int ok = 0;
   for (const auto& r : replies) ok += r.status == 200;
