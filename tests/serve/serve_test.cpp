@@ -397,6 +397,8 @@ TEST(Serve, ThirtyTwoRequestsFromEightClientsEachGetTheAnswerTheyGetAlone) {
   EXPECT_EQ(sample(m, "specula:num_requests_waiting"), 0);
   EXPECT_EQ(sample(m, "specula:request_success_total{finished_reason=\"error\"}"), 0);
   EXPECT_EQ(sample(m, "specula:request_success_total{finished_reason=\"abort\"}"), 0);
+  (void)warm_rss;
+  (void)rss;
 #if !defined(__SANITIZE_ADDRESS__)  // AddressSanitizer's quarantine keeps freed memory on purpose
   EXPECT_LT(rss - warm_rss, 64) << "resident memory grew from " << warm_rss << " MiB to " << rss << " MiB over 32 requests";
 #endif

@@ -59,6 +59,10 @@ uint64_t random_u64() {
 
 std::string request_id(const char* prefix) { return fmt::format("{}-{:016x}{:016x}", prefix, random_u64(), random_u64()); }
 
+}  // namespace
+
+// (ApiKeys and CompletionAnswer are members' types of Server::Impl, so outside the anonymous namespace.)
+
 // API keys, compared in constant time: the presented key is hashed (SHA-256) and its digest compared
 // with every stored one by CRYPTO_memcmp, so the time taken shows neither a key's bytes nor its length.
 class ApiKeys {
@@ -89,6 +93,8 @@ class ApiKeys {
   }
   std::vector<Digest> digests_;
 };
+
+namespace {
 
 enum class Route { None, Health, Metrics, Models, Model, Chat, Completions, Tokenize, Detokenize };
 
@@ -153,13 +159,15 @@ class WithHeaders final : public http::Exchange {
   std::vector<Header> headers_;
 };
 
+}  // namespace
+
 // Writes one completion request's answer as its job produces it: server-sent events as the text comes
 // (one `data: {chunk}` per piece, the finish chunk, the usage chunk when asked, `data: [DONE]`), or the
 // whole answer at the end. Runs on the request's strand of the worker pool, never on the scheduler's
 // thread or the I/O thread.
-class Answer {
+class CompletionAnswer {
  public:
-  Answer(std::shared_ptr<Job> job, std::shared_ptr<http::Exchange> exchange, const CompletionRequest& r, std::string model)
+  CompletionAnswer(std::shared_ptr<Job> job, std::shared_ptr<http::Exchange> exchange, const CompletionRequest& r, std::string model)
       : job_(std::move(job)), exchange_(std::move(exchange)), chat_(r.chat), stream_(r.stream),
         include_usage_(r.include_usage), reasoning_(r.sampling.reasoning), id_(request_id(r.chat ? "chatcmpl" : "cmpl")),
         model_(std::move(model)), created_(static_cast<int64_t>(std::time(nullptr))) {}
@@ -273,8 +281,6 @@ class Answer {
   std::string text_, reasoning_text_;  // a plain answer's output so far
   bool ended_ = false;
 };
-
-}  // namespace
 
 struct Server::Impl final : http::Handler {
   explicit Impl(ServerOptions o)
@@ -460,7 +466,7 @@ struct Server::Impl final : http::Handler {
     body = {};
     job->prompt = std::move(r.prompt);
     job->sampling = r.sampling;
-    auto answer = std::make_shared<Answer>(job, ex, r, l.served->name);
+    auto answer = std::make_shared<CompletionAnswer>(job, ex, r, l.served->name);
     job->on_update = [answer, strand] { net::post(strand, [answer] { answer->pump(); }); };
     if (r.stream) ex->begin_stream(answer->stream_head());
     if (l.scheduler->submit(job, std::move(ticket)) == Scheduler::Admission::ShuttingDown) {
