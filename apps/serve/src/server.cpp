@@ -13,7 +13,6 @@
 #include <random>
 
 #include <boost/asio/post.hpp>
-#include <boost/asio/strand.hpp>
 #include <boost/asio/thread_pool.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -163,8 +162,9 @@ class WithHeaders final : public http::Exchange {
 
 // Writes one completion request's answer as its job produces it: server-sent events as the text comes
 // (one `data: {chunk}` per piece, the finish chunk, the usage chunk when asked, `data: [DONE]`), or the
-// whole answer at the end. Runs on the request's strand of the worker pool, never on the scheduler's
-// thread or the I/O thread.
+// whole answer at the end. Runs in the job's on_update, on the scheduler's thread: putting a piece of text
+// into an event costs a few microseconds, less than waking another thread for every token would (the
+// writes themselves are posted to the I/O thread).
 class CompletionAnswer {
  public:
   CompletionAnswer(std::shared_ptr<Job> job, std::shared_ptr<http::Exchange> exchange, const CompletionRequest& r, std::string model)
@@ -184,7 +184,7 @@ class CompletionAnswer {
     if (ended_) return;
     try {
       write_output();
-    } catch (const std::exception& e) {  // (nothing may escape into the worker pool)
+    } catch (const std::exception& e) {  // (nothing may escape into the scheduler)
       ended_ = true;
       exchange_->respond(error_response({500, e.what(), "server_error", "", ""}));
     }
@@ -289,8 +289,8 @@ struct Server::Impl final : http::Handler {
   ServerOptions options;
   ApiKeys keys;
   Metrics metrics;
-  // Request bodies into prompts and answers into JSON, so that neither holds up the I/O thread (which
-  // answers /health) or the scheduler's thread (which generates).
+  // Request bodies into prompts (parsing and tokenizing up to --max-body-mib), so that this holds up
+  // neither the I/O thread (which answers /health) nor the scheduler's thread (which generates).
   net::thread_pool workers;
   http::Server http;
   int port = 0;
@@ -442,19 +442,18 @@ struct Server::Impl final : http::Handler {
     }
     auto job = std::make_shared<Job>();
     on_abandon = [job] { job->cancel = true; };  // a client that left frees its slot after the current step
-    auto strand = net::make_strand(workers);     // this request's work, in order
-    net::post(strand, [this, job, ex, strand, chat, l, body = std::move(body), ticket = std::move(ticket)]() mutable {
+    net::post(workers, [this, job, ex, chat, l, body = std::move(body), ticket = std::move(ticket)]() mutable {
       try {
-        prepare(job, ex, strand, chat, l, std::move(body), std::move(ticket));
+        prepare(job, ex, chat, l, std::move(body), std::move(ticket));
       } catch (const std::exception& e) {  // (nothing may escape into the worker pool)
         ex->respond(error_response({500, e.what(), "server_error", "", ""}));
       }
     });
   }
 
-  // On the request's strand: the body read into a prompt, the job submitted, the stream begun.
-  void prepare(std::shared_ptr<Job> job, std::shared_ptr<http::Exchange> ex, net::strand<net::thread_pool::executor_type> strand,
-               bool chat, const Loaded& l, std::string body, Scheduler::Ticket ticket) {
+  // On a worker: the body read into a prompt, the stream begun, the job submitted.
+  void prepare(std::shared_ptr<Job> job, std::shared_ptr<http::Exchange> ex, bool chat, const Loaded& l, std::string body,
+               Scheduler::Ticket ticket) {
     CompletionRequest r;
     try {
       r = read_completion(parse_json_body(body), chat, *l.served, random_u64());
@@ -467,7 +466,7 @@ struct Server::Impl final : http::Handler {
     job->prompt = std::move(r.prompt);
     job->sampling = r.sampling;
     auto answer = std::make_shared<CompletionAnswer>(job, ex, r, l.served->name);
-    job->on_update = [answer, strand] { net::post(strand, [answer] { answer->pump(); }); };
+    job->on_update = [answer] { answer->pump(); };
     if (r.stream) ex->begin_stream(answer->stream_head());
     if (l.scheduler->submit(job, std::move(ticket)) == Scheduler::Admission::ShuttingDown) {
       metrics.rejected("shutting_down");
@@ -562,7 +561,7 @@ void Server::shutdown() {
   s.shutting_down = true;
   auto l = s.loaded();
   // Queued and running requests finish (or are cut as "abort" after drain_timeout); their answers are
-  // written by their strands, and the HTTP server lets connections that are answering finish.
+  // written as they end, and the HTTP server lets connections that are answering finish.
   if (l.scheduler) l.scheduler->drain(s.options.drain_timeout);
   s.http.stop(std::chrono::seconds(5));
   {
