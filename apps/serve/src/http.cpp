@@ -4,6 +4,7 @@
 
 #include <atomic>
 #include <list>
+#include <mutex>
 #include <sstream>
 
 #include <boost/asio/ip/tcp.hpp>
@@ -76,6 +77,28 @@ struct Server::State : std::enable_shared_from_this<State> {
 
   void accept();
   bool make_room();  // closes one connection for a new one; false when every connection is answering
+
+  // Work for the I/O thread from other threads, in order. A generation step hands over a piece for every
+  // stream at once: they go over in one batch, waking the I/O thread once rather than once per stream.
+  void hand_over(std::function<void()> work) {
+    bool first = false;
+    {
+      std::lock_guard lock(outbox_mu);
+      first = outbox.empty();
+      outbox.push_back(std::move(work));
+    }
+    if (first) net::post(io, [this] { run_outbox(); });  // (runs only while the context, a member, lives)
+  }
+  void run_outbox() {
+    std::vector<std::function<void()>> batch;
+    {
+      std::lock_guard lock(outbox_mu);
+      batch.swap(outbox);
+    }
+    for (auto& work : batch) work();
+  }
+  std::mutex outbox_mu;
+  std::vector<std::function<void()>> outbox;
 };
 
 class Server::Connection : public std::enable_shared_from_this<Connection> {
@@ -270,21 +293,33 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
   void flush() {
     if (writing_ || closed_ || out_.empty()) return;
     writing_ = true;
+    write_started_ = Clock::now();
     sending_.swap(out_);
     out_.clear();
-    write_timer_.expires_after(state_->limits.write_timeout);
-    write_timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
-      if (!ec && self->writing_ && self->write_timer_.expiry() <= Clock::now()) self->close();  // the client stopped reading
-    });
+    watch_write();
     net::async_write(socket_, net::buffer(sending_), [self = shared_from_this()](beast::error_code ec, size_t) {
       self->on_written(ec);
+    });
+  }
+
+  // The write timeout, without a timer operation per write (a stream writes every token): the watch is
+  // armed when a write starts and none is armed; when it fires, a write pending for the whole timeout
+  // closes the connection (the client stopped reading), a later one is watched again.
+  void watch_write() {
+    if (write_watched_) return;
+    write_watched_ = true;
+    write_timer_.expires_at(write_started_ + state_->limits.write_timeout);
+    write_timer_.async_wait([self = shared_from_this()](beast::error_code ec) {
+      self->write_watched_ = false;
+      if (ec || self->closed_ || !self->writing_) return;
+      if (Clock::now() - self->write_started_ >= self->state_->limits.write_timeout) return self->close();
+      self->watch_write();
     });
   }
 
   void on_written(beast::error_code ec) {
     writing_ = false;
     sending_.clear();
-    write_timer_.cancel();
     if (closed_) return;
     if (ec) return close();
     if (!out_.empty()) return flush();
@@ -334,7 +369,8 @@ class Server::Connection : public std::enable_shared_from_this<Connection> {
   Clock::time_point since_ = Clock::now();
   uint64_t request_ = 0;  // the request being answered; an Exchange of an earlier one is ignored
   unsigned version_ = 11;
-  bool reading_ = false, writing_ = false, closed_ = false, header_seen_ = false;
+  Clock::time_point write_started_;
+  bool reading_ = false, writing_ = false, write_watched_ = false, closed_ = false, header_seen_ = false;
   bool keep_alive_ = true, started_ = false, streaming_ = false, chunked_ = false, done_ = false;
   std::function<void()> on_abandon_;
 };
@@ -355,11 +391,12 @@ class Server::Connection::ExchangeImpl final : public Exchange {
   void end() override {
     post([](Connection& c, uint64_t n) { c.end(n); });
   }
+  void run(std::function<void()> work) override { state_->hand_over(std::move(work)); }
 
  private:
   template <typename F>
   void post(F f) {
-    net::post(state_->io, [c = connection_, n = request_, f = std::move(f)]() mutable {
+    state_->hand_over([c = connection_, n = request_, f = std::move(f)]() mutable {
       if (auto connection = c.lock()) f(*connection, n);
     });
   }

@@ -51,6 +51,9 @@ class Exchange {
   virtual void begin_stream(Response head) = 0;
   virtual void send(std::string piece) = 0;
   virtual void end() = 0;
+  // Runs `work` on the I/O thread, after what was called before (work handed over from one generation
+  // step goes over in one batch).
+  virtual void run(std::function<void()> work) = 0;
 };
 
 class Handler {

@@ -148,6 +148,7 @@ class WithHeaders final : public http::Exchange {
   void begin_stream(http::Response head) override { inner_->begin_stream(add(std::move(head))); }
   void send(std::string piece) override { inner_->send(std::move(piece)); }
   void end() override { inner_->end(); }
+  void run(std::function<void()> work) override { inner_->run(std::move(work)); }
 
  private:
   http::Response add(http::Response r) const {
@@ -162,15 +163,28 @@ class WithHeaders final : public http::Exchange {
 
 // Writes one completion request's answer as its job produces it: server-sent events as the text comes
 // (one `data: {chunk}` per piece, the finish chunk, the usage chunk when asked, `data: [DONE]`), or the
-// whole answer at the end. Runs in the job's on_update, on the scheduler's thread: putting a piece of text
-// into an event costs a few microseconds, less than waking another thread for every token would (the
-// writes themselves are posted to the I/O thread).
-class CompletionAnswer {
+// whole answer at the end. The scheduler's thread only hands the job's updates over (watch()); the
+// answer is written on the I/O thread, off the generation's path. The connection owns the answer while
+// it answers (a client that leaves takes it along); the job only points at it.
+class CompletionAnswer : public std::enable_shared_from_this<CompletionAnswer> {
  public:
-  CompletionAnswer(std::shared_ptr<Job> job, std::shared_ptr<http::Exchange> exchange, const CompletionRequest& r, std::string model)
-      : job_(std::move(job)), exchange_(std::move(exchange)), chat_(r.chat), stream_(r.stream),
-        include_usage_(r.include_usage), reasoning_(r.sampling.reasoning), id_(request_id(r.chat ? "chatcmpl" : "cmpl")),
+  CompletionAnswer(std::shared_ptr<Job> job, std::shared_ptr<http::Exchange> exchange, bool chat, std::string model)
+      : job_(std::move(job)), exchange_(std::move(exchange)), chat_(chat), id_(request_id(chat ? "chatcmpl" : "cmpl")),
         model_(std::move(model)), created_(static_cast<int64_t>(std::time(nullptr))) {}
+
+  // What the request asks for; then the job's updates are handed to the I/O thread (before it is submitted).
+  void watch(const CompletionRequest& r) {
+    stream_ = r.stream;
+    include_usage_ = r.include_usage;
+    reasoning_ = r.sampling.reasoning;
+    job_->on_update = [answer = weak_from_this(), exchange = exchange_] {
+      exchange->run([answer] {
+        if (auto a = answer.lock()) a->pump();
+      });
+    };
+  }
+
+  const std::shared_ptr<Job>& job() const { return job_; }
 
   // The stream's status, headers and first event (chat: the assistant's role).
   http::Response stream_head() const {
@@ -184,11 +198,10 @@ class CompletionAnswer {
     if (ended_) return;
     try {
       write_output();
-    } catch (const std::exception& e) {  // (nothing may escape into the scheduler)
+    } catch (const std::exception& e) {  // (nothing may escape into the I/O loop)
       ended_ = true;
       exchange_->respond(error_response({500, e.what(), "server_error", "", ""}));
     }
-    if (ended_) job_.reset();  // the job's on_update holds this answer: the end lets both go
   }
 
  private:
@@ -275,7 +288,7 @@ class CompletionAnswer {
 
   std::shared_ptr<Job> job_;
   std::shared_ptr<http::Exchange> exchange_;
-  bool chat_, stream_, include_usage_, reasoning_;
+  bool chat_, stream_ = false, include_usage_ = false, reasoning_ = false;
   std::string id_, model_;
   int64_t created_;
   std::string text_, reasoning_text_;  // a plain answer's output so far
@@ -441,10 +454,12 @@ struct Server::Impl final : http::Handler {
       return ex->respond(error_response(shutting_down ? kShuttingDown : queue_full()));
     }
     auto job = std::make_shared<Job>();
-    on_abandon = [job] { job->cancel = true; };  // a client that left frees its slot after the current step
-    net::post(workers, [this, job, ex, chat, l, body = std::move(body), ticket = std::move(ticket)]() mutable {
+    auto answer = std::make_shared<CompletionAnswer>(job, ex, chat, l.served->name);
+    // A client that left frees its slot after the current step; till then the connection keeps the answer.
+    on_abandon = [job, answer] { job->cancel = true; };
+    net::post(workers, [this, answer, ex, chat, l, body = std::move(body), ticket = std::move(ticket)]() mutable {
       try {
-        prepare(job, ex, chat, l, std::move(body), std::move(ticket));
+        prepare(*answer, ex, chat, l, std::move(body), std::move(ticket));
       } catch (const std::exception& e) {  // (nothing may escape into the worker pool)
         ex->respond(error_response({500, e.what(), "server_error", "", ""}));
       }
@@ -452,7 +467,7 @@ struct Server::Impl final : http::Handler {
   }
 
   // On a worker: the body read into a prompt, the stream begun, the job submitted.
-  void prepare(std::shared_ptr<Job> job, std::shared_ptr<http::Exchange> ex, bool chat, const Loaded& l, std::string body,
+  void prepare(CompletionAnswer& answer, std::shared_ptr<http::Exchange> ex, bool chat, const Loaded& l, std::string body,
                Scheduler::Ticket ticket) {
     CompletionRequest r;
     try {
@@ -463,11 +478,11 @@ struct Server::Impl final : http::Handler {
       return ex->respond(error_response({400, e.what(), "invalid_request_error", "", ""}));
     }
     body = {};
+    const auto& job = answer.job();
     job->prompt = std::move(r.prompt);
     job->sampling = r.sampling;
-    auto answer = std::make_shared<CompletionAnswer>(job, ex, r, l.served->name);
-    job->on_update = [answer] { answer->pump(); };
-    if (r.stream) ex->begin_stream(answer->stream_head());
+    answer.watch(r);
+    if (r.stream) ex->begin_stream(answer.stream_head());
     if (l.scheduler->submit(job, std::move(ticket)) == Scheduler::Admission::ShuttingDown) {
       metrics.rejected("shutting_down");
       if (r.stream) {
