@@ -1,20 +1,23 @@
 # Specula: two commands on a fresh Debian 12 machine (as root, or with sudo):
 #   make run    install missing packages, build, run the default pipeline (configs/default.yaml)
-#   make test   install missing packages, build, run every test, then again under ASan+UBSan
-# Other targets: deps, node-deps, build, build-asan, test-asan, fixture, clean.
+#   make test   install missing packages, build, run every test, then again under ASan+UBSan, then build the
+#               libFuzzer targets and run each briefly over its corpus
+# Other targets: deps, node-deps, build, build-asan, test-asan, test-fuzz, fixture, clean.
 
 # Debian packages the build and the tests need. Add yours here (one list, installed only when missing).
-# (ocl-icd-opencl-dev: Debian's oneDNN CMake config looks for OpenCL; it is only a Recommends of libdnnl-dev.)
+# (ocl-icd-opencl-dev: Debian's oneDNN CMake config looks for OpenCL; it is only a Recommends of libdnnl-dev.
+# libclang-rt-14-dev: libFuzzer and the sanitizer runtimes for clang, only a Recommends of clang-14.)
 DEB_PACKAGES := build-essential cmake ninja-build ccache pkg-config \
   libboost-dev libboost-filesystem-dev libboost-program-options-dev \
   libfmt-dev libyaml-cpp-dev nlohmann-json3-dev libdnnl-dev ocl-icd-opencl-dev \
   libvulkan-dev glslc mesa-vulkan-drivers vulkan-tools \
-  libgtest-dev googletest clang python3 python3-numpy zlib1g-dev \
+  libgtest-dev googletest clang libclang-rt-14-dev python3 python3-numpy zlib1g-dev \
   libcpp-httplib-dev libcurl4-openssl-dev libssl-dev
 
 SHELL      := /bin/bash
 BUILD      ?= build
 BUILD_ASAN ?= build-asan
+BUILD_FUZZ ?= build-fuzz
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 PIPELINE   ?= configs/default.yaml
@@ -28,7 +31,7 @@ PYTHON     ?= /usr/bin/python3
 CONFIGURE  := -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_CXX_FLAGS_RELWITHDEBINFO="-O2 -g1 -DNDEBUG"
 SUDO       := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
 
-.PHONY: all deps node-deps build build-asan run fixture test test-asan clean
+.PHONY: all deps node-deps build build-asan run fixture test test-asan test-fuzz clean
 
 all: build
 
@@ -89,6 +92,7 @@ node-deps: deps
 test: build node-deps
 	ctest --test-dir $(BUILD) --output-on-failure -j $(JOBS)
 	$(MAKE) test-asan
+	$(MAKE) test-fuzz
 
 # intercept_tls_get_addr=0: GCC 12's LeakSanitizer scans the dynamic-TLS ranges it records from
 # __tls_get_addr and, under load, one of them starts near address 0: its tracer then segfaults at exit
@@ -99,5 +103,24 @@ test-asan: build-asan
 	  LSAN_OPTIONS=suppressions=$(CURDIR)/.ci/lsan.supp \
 	  ctest --test-dir $(BUILD_ASAN) --output-on-failure -j $(JOBS)
 
+# The libFuzzer targets (docs/fuzzing.md), built with clang so that they cannot rot unseen, each run for
+# FUZZ_SECONDS over its kept corpus (read only: what it finds goes to a scratch folder). A crash fails the
+# target; its input is left in $(BUILD_FUZZ)/crash-* for tests/fuzz/regressions.
+FUZZ_TARGETS := gguf safetensors tokenizer config pipeline model http_request
+FUZZ_SECONDS ?= 10
+$(BUILD_FUZZ)/build.ninja:
+	CC=clang CXX=clang++ cmake -S . -B $(BUILD_FUZZ) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSPECULA_FUZZ=ON $(CMAKE_ARGS)
+
+test-fuzz: deps $(BUILD_FUZZ)/build.ninja
+	cmake --build $(BUILD_FUZZ) -j $(JOBS) --target fuzz_all
+	@for t in $(FUZZ_TARGETS); do \
+	  scratch=$$(mktemp -d); \
+	  echo "fuzz_$$t: $(FUZZ_SECONDS) s over tests/fuzz/corpus/$$t"; \
+	  $(BUILD_FUZZ)/tests/fuzz/fuzz_$$t -max_total_time=$(FUZZ_SECONDS) -max_len=16384 -timeout=30 -rss_limit_mb=2048 \
+	    -malloc_limit_mb=1024 -artifact_prefix=$(BUILD_FUZZ)/ -print_final_stats=1 $$scratch tests/fuzz/corpus/$$t \
+	    > $(BUILD_FUZZ)/fuzz_$$t.log 2>&1 || { tail -n 60 $(BUILD_FUZZ)/fuzz_$$t.log; rm -rf $$scratch; exit 1; }; \
+	  grep -E "stat::number_of_executed_units" $(BUILD_FUZZ)/fuzz_$$t.log; rm -rf $$scratch; \
+	done
+
 clean:
-	rm -rf $(BUILD) $(BUILD_ASAN)
+	rm -rf $(BUILD) $(BUILD_ASAN) $(BUILD_FUZZ)

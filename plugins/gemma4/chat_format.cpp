@@ -202,16 +202,23 @@ Gemma4ChatFormat::Gemma4ChatFormat(std::shared_ptr<const Tokenizer> tokenizer, O
   require_token(*tok_, "<|turn>");
 }
 
-std::string Gemma4ChatFormat::render(std::span<const ChatMessage> messages, bool add_generation_prompt,
-                                     bool enable_thinking) const {
-  std::string out = tok_->piece(tok_->bos());
+RenderedChat Gemma4ChatFormat::render_chat(std::span<const ChatMessage> messages, bool add_generation_prompt,
+                                           bool enable_thinking) const {
+  RenderedChat r;
+  std::string& out = r.text;
+  out = tok_->piece(tok_->bos());
+  // A message's content, as the template trims it: recorded as content (text, whatever it spells).
+  auto content = [&](std::string text) {
+    r.content.push_back({out.size(), out.size() + text.size()});
+    out += text;
+  };
   size_t first = 0;
   const bool system_first = !messages.empty() && (messages[0].role == "system" || messages[0].role == "developer");
   if (enable_thinking || system_first) {
     out += "<|turn>system\n";
     if (enable_thinking) out += "<|think|>\n";
     if (system_first) {
-      out += trim_like_python(messages[0].content);
+      content(trim_like_python(messages[0].content));
       first = 1;
     }
     out += "<turn|>\n";
@@ -225,7 +232,7 @@ std::string Gemma4ChatFormat::render(std::span<const ChatMessage> messages, bool
     const bool continues = options_.merge_consecutive_assistant && m.role == "assistant" && previous_role &&
                            *previous_role == "assistant";
     if (!continues) out += "<|turn>" + std::string(model ? "model" : m.role) + "\n";
-    out += model ? strip_thinking(m.content) : trim_like_python(m.content);
+    content(model ? strip_thinking(m.content) : trim_like_python(m.content));
     out += "<turn|>\n";
     previous_role = &m.role;
   }
@@ -233,7 +240,7 @@ std::string Gemma4ChatFormat::render(std::span<const ChatMessage> messages, bool
     out += "<|turn>model\n";
     if (!enable_thinking && options_.empty_thought_when_not_thinking) out += kEmptyThought;
   }
-  return out;
+  return r;
 }
 
 std::unique_ptr<ChatFormat::AnswerFilter> Gemma4ChatFormat::answer_filter(bool show_thoughts) const {

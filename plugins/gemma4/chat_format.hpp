@@ -36,8 +36,8 @@ class Gemma4ChatFormat final : public ChatFormat {
   explicit Gemma4ChatFormat(std::shared_ptr<const Tokenizer> tokenizer)
       : Gemma4ChatFormat(std::move(tokenizer), Options{}) {}
 
-  std::string render(std::span<const ChatMessage> messages, bool add_generation_prompt,
-                     bool enable_thinking) const override;
+  RenderedChat render_chat(std::span<const ChatMessage> messages, bool add_generation_prompt,
+                           bool enable_thinking) const override;
   std::unique_ptr<AnswerFilter> answer_filter(bool show_thoughts) const override;
   std::vector<int32_t> stop_tokens() const override;
 

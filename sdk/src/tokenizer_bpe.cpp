@@ -177,7 +177,7 @@ void BpeTokenizer::check_id(int32_t id) const {
 }
 
 std::pair<int32_t, size_t> BpeTokenizer::match_special(std::string_view text, size_t pos,
-                                                       bool parse_special) const {
+                                                       size_t special_end) const {
   std::pair<int32_t, size_t> best{-1, 0};
   if (!root_has_edge_[static_cast<unsigned char>(text[pos])]) return best;
   int32_t node = 0;
@@ -186,18 +186,33 @@ std::pair<int32_t, size_t> BpeTokenizer::match_special(std::string_view text, si
     if (it == trie_edges_.end()) break;
     node = it->second;
     const TrieNode& t = trie_[node];
-    if (t.token >= 0 && (t.always || parse_special)) best = {t.token, i + 1 - pos};
+    if (t.token >= 0 && (t.always || i + 1 <= special_end)) best = {t.token, i + 1 - pos};
   }
   return best;
 }
 
 std::vector<int32_t> BpeTokenizer::encode(std::string_view text, bool add_bos, bool parse_special) const {
+  const TextRange all{0, text.size()};
+  return encode_outside(text, add_bos, parse_special ? std::span<const TextRange>() : std::span(&all, 1));
+}
+
+std::vector<int32_t> BpeTokenizer::encode_prompt(std::string_view text, std::span<const TextRange> literal) const {
+  return encode_outside(text, false, literal);
+}
+
+std::vector<int32_t> BpeTokenizer::encode_outside(std::string_view text, bool add_bos,
+                                                  std::span<const TextRange> literal) const {
   std::vector<int32_t> out;
   out.reserve(text.size() / 3 + 2);
   if (add_bos) out.push_back(bos_);
   size_t start = 0;
+  size_t next = 0;  // the first literal range that does not end before pos
   for (size_t pos = 0; pos < text.size();) {
-    auto [id, len] = match_special(text, pos, parse_special);
+    while (next < literal.size() && literal[next].end <= pos) ++next;
+    const bool inside = next < literal.size() && literal[next].begin <= pos;
+    // A special token starts outside the literal ranges and ends before the next one begins.
+    const size_t special_end = inside ? pos : next < literal.size() ? literal[next].begin : text.size();
+    auto [id, len] = match_special(text, pos, special_end);
     if (id < 0) {
       ++pos;
       continue;

@@ -63,6 +63,7 @@ class BpeTokenizer final : public Tokenizer {
 
   int64_t vocab_size() const override { return static_cast<int64_t>(pieces_.size()); }
   std::vector<int32_t> encode(std::string_view text, bool add_bos, bool parse_special) const override;
+  std::vector<int32_t> encode_prompt(std::string_view text, std::span<const TextRange> literal) const override;
   std::string token_bytes(int32_t id) const override;
   std::string piece(int32_t id) const override;
   std::string decode(std::span<const int32_t> ids, bool skip_special) const override;
@@ -79,10 +80,13 @@ class BpeTokenizer final : public Tokenizer {
   };
 
   void check_id(int32_t id) const;
+  // Both encodes: special tokens matched outside `literal`, only the always-matched ones inside.
+  std::vector<int32_t> encode_outside(std::string_view text, bool add_bos, std::span<const TextRange> literal) const;
   void encode_segment(std::string_view text, std::vector<int32_t>& out) const;
   void bpe(std::string_view text, std::vector<int32_t>& out) const;
-  // Longest matched-in-text token starting at text[pos]: (id, length) or (-1, 0).
-  std::pair<int32_t, size_t> match_special(std::string_view text, size_t pos, bool parse_special) const;
+  // Longest matched-in-text token starting at text[pos]: (id, length) or (-1, 0). Special tokens (those
+  // not always matched) only when they end at or before `special_end`.
+  std::pair<int32_t, size_t> match_special(std::string_view text, size_t pos, size_t special_end) const;
 
   std::string source_;
   std::vector<std::string> pieces_;

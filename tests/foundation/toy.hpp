@@ -81,6 +81,9 @@ class Tokenizer final : public specula::Tokenizer {
     }
     return ids;
   }
+  std::vector<int32_t> encode_prompt(std::string_view text, std::span<const specula::TextRange>) const override {
+    return encode(text, false, true);  // the toy vocabulary has no special token text could spell
+  }
   std::string token_bytes(int32_t id) const override { return id == 0 ? std::string() : piece(id); }
   std::string piece(int32_t id) const override {
     if (id == 0) return "<end>";
@@ -111,12 +114,16 @@ class Tokenizer final : public specula::Tokenizer {
 class ChatFormat final : public specula::ChatFormat {
  public:
   explicit ChatFormat(std::shared_ptr<const Tokenizer> tok) : tok_(std::move(tok)) {}
-  std::string render(std::span<const specula::ChatMessage> messages, bool add_generation_prompt,
-                     bool enable_thinking) const override {
-    std::string s;
-    for (const auto& m : messages) s += m.role.substr(0, 1) + ":" + m.content + ".";
-    if (add_generation_prompt) s += "a:";
-    return s;
+  specula::RenderedChat render_chat(std::span<const specula::ChatMessage> messages, bool add_generation_prompt,
+                                    bool enable_thinking) const override {
+    specula::RenderedChat r;
+    for (const auto& m : messages) {
+      r.text += m.role.substr(0, 1) + ":";
+      r.content.push_back({r.text.size(), r.text.size() + m.content.size()});
+      r.text += m.content + ".";
+    }
+    if (add_generation_prompt) r.text += "a:";
+    return r;
   }
   class Filter final : public AnswerFilter {
    public:

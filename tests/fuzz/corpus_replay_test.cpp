@@ -7,6 +7,7 @@
 #include <iterator>
 
 #include "fuzz_bodies.hpp"
+#include "fuzz_http_body.hpp"
 #include "fuzz_model_body.hpp"
 #include "fuzz_text_bodies.hpp"
 
@@ -50,6 +51,7 @@ const std::vector<std::pair<std::string, Body>> kTargets = {
     {"gguf", specula::fuzz::gguf_one},           {"safetensors", specula::fuzz::safetensors_one},
     {"tokenizer", specula::fuzz::tokenizer_one}, {"config", specula::fuzz::config_one},
     {"pipeline", specula::fuzz::pipeline_one},   {"model", specula::fuzz::model_one},
+    {"http_request", specula::fuzz::http_request_one},
 };
 
 }  // namespace
@@ -60,6 +62,7 @@ TEST(FuzzCorpus, TokenizerInputsLoadOrFailCleanly) { replay("tokenizer", specula
 TEST(FuzzCorpus, ConfigInputsReadOrFailCleanly) { replay("config", specula::fuzz::config_one); }
 TEST(FuzzCorpus, PipelineInputsParseOrFailCleanly) { replay("pipeline", specula::fuzz::pipeline_one); }
 TEST(FuzzCorpus, ModelInputsLoadOrFailCleanly) { replay("model", specula::fuzz::model_one); }
+TEST(FuzzCorpus, HttpRequestInputsReadOrFailCleanly) { replay("http_request", specula::fuzz::http_request_one); }
 
 TEST(FuzzCorpus, CrashRegressions) {
   // regressions/<target>-<name>: inputs that once crashed a fuzzer; each must now fail cleanly or pass.

@@ -85,6 +85,10 @@ test("the Service, the pool and the probes reach the server's pods and port", ()
   assert.deepEqual(pool.spec.targetPorts.map((p) => p.number), [portNumber("http")]);
   const arg = (flag) => container.args[container.args.indexOf(flag) + 1];
   assert.equal(arg("--host"), "0.0.0.0", "the server listens on the pod's address");
+  // On the pod's address, the API key is required; it comes from a Secret, never from the arguments.
+  const key = container.env.find((e) => e.name === "SPECULA_API_KEY");
+  assert.ok(key?.valueFrom?.secretKeyRef?.name && key.valueFrom.secretKeyRef.key, "SPECULA_API_KEY from a Secret");
+  assert.ok(!container.args.includes("--api-key"), "no key in the arguments (they show in ps and in the pod spec)");
   assert.equal(Number(arg("--port")), portNumber("http"));
 
   const epp = find("Deployment", "specula-epp");
@@ -145,7 +149,7 @@ test("the endpoint picker maps Specula's metrics, and /metrics serves them as ga
   for (const spec of ["queuedRequestsSpec", "runningRequestsSpec", "kvUsageSpec"]) {
     const name = engine[spec];
     assert.match(text, new RegExp(`^# TYPE ${name} gauge$`, "m"), `${spec}: /metrics serves ${name} as a gauge`);
-    const value = Number(text.match(new RegExp(`^${name} (\\S+)$`, "m"))?.[1]);
+    const value = Number(text.match(new RegExp(`^${name}(?:\\{[^}]*\\})? (\\S+)$`, "m"))?.[1]);
     assert.ok(Number.isFinite(value) && value >= 0, `${name} has a value: ${value}`);
     if (spec === "kvUsageSpec") assert.ok(value <= 1, `${name} is a fraction: ${value}`);
   }

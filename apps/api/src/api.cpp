@@ -140,7 +140,7 @@ std::string Model::detokenize(std::span<const int32_t> ids, bool skip_special) c
   return tok->decode(ids, skip_special);
 }
 
-std::string Model::render(std::span<const ChatMessage> messages, std::optional<bool> enable_thinking) const {
+RenderedChat Model::rendered(std::span<const ChatMessage> messages, std::optional<bool> enable_thinking) const {
   const auto chat = impl_->built.target->chat_format();
   if (!chat) fail("the model has no chat format; give a prompt as tokens or plain text instead of messages");
   if (messages.empty()) fail("no messages: a conversation needs at least one message");
@@ -148,11 +148,18 @@ std::string Model::render(std::span<const ChatMessage> messages, std::optional<b
   const bool has_system = std::any_of(messages.begin(), messages.end(), [](const ChatMessage& m) { return m.role == "system"; });
   if (!has_system && !impl_->pipeline.chat.system.empty()) all.push_back({"system", impl_->pipeline.chat.system});
   all.insert(all.end(), messages.begin(), messages.end());
-  return chat->render(all, true, enable_thinking.value_or(impl_->pipeline.chat.enable_thinking));
+  return chat->render_chat(all, true, enable_thinking.value_or(impl_->pipeline.chat.enable_thinking));
 }
 
-std::vector<int32_t> Model::chat_prompt(std::span<const ChatMessage> messages, std::optional<bool> enable_thinking) const {
-  return tokenize(render(messages, enable_thinking), true);
+std::string Model::render(std::span<const ChatMessage> messages, std::optional<bool> enable_thinking) const {
+  return rendered(messages, enable_thinking).text;
+}
+
+std::vector<int32_t> Model::chat_prompt(std::span<const ChatMessage> messages, std::optional<bool> enable_thinking,
+                                        ContentTokens content) const {
+  const RenderedChat r = rendered(messages, enable_thinking);
+  const auto& tok = *impl_->built.target->tokenizer();
+  return content == ContentTokens::Parsed ? tok.encode(r.text, false, true) : tok.encode_prompt(r.text, r.content);
 }
 
 // ---- Session ----

@@ -20,13 +20,14 @@ void Histogram::observe(double v) {
   ++count_;
 }
 
-void Histogram::render(std::string& out, const std::string& name) const {
+void Histogram::render(std::string& out, const std::string& name, const std::string& labels) const {
   uint64_t cumulative = 0;
   for (size_t i = 0; i < bounds_.size(); ++i) {
     cumulative += buckets_[i];
-    out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, bounds_[i], cumulative);
+    out += fmt::format("{}_bucket{{{},le=\"{}\"}} {}\n", name, labels, bounds_[i], cumulative);
   }
-  out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, count_, name, sum_, name, count_);
+  out += fmt::format("{}_bucket{{{},le=\"+Inf\"}} {}\n{}_sum{{{}}} {}\n{}_count{{{}}} {}\n", name, labels, count_, name,
+                     labels, sum_, name, labels, count_);
 }
 
 namespace {
@@ -43,25 +44,46 @@ void header(std::string& out, const char* name, const char* type, const char* he
   out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
 }
 
+// A Prometheus label value: backslash, double quote and newline escaped.
+std::string label_value(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
 // A metric of one sample.
 template <typename T>
-void single(std::string& out, const char* name, const char* type, const char* help, T value) {
+void single(std::string& out, const std::string& labels, const char* name, const char* type, const char* help, T value) {
   header(out, name, type, help);
-  out += fmt::format("{} {}\n", name, value);
+  out += fmt::format("{}{{{}}} {}\n", name, labels, value);
 }
 
 // A counter with one sample per value of `label`, every value in `values` shown (0 when not counted yet).
-void by_label(std::string& out, const char* name, const char* help, const char* label,
+void by_label(std::string& out, const std::string& labels, const char* name, const char* help, const char* label,
               std::initializer_list<const char*> values, const std::map<std::string, int64_t>& counts) {
   header(out, name, "counter", help);
   for (const char* v : values) {
     auto it = counts.find(v);
-    out += fmt::format("{}{{{}=\"{}\"}} {}\n", name, label, v, it == counts.end() ? 0 : it->second);
+    out += fmt::format("{}{{{},{}=\"{}\"}} {}\n", name, labels, label, v, it == counts.end() ? 0 : it->second);
   }
 }
 }  // namespace
 
-Metrics::Metrics() : ttft_(ttft_bounds()), itl_(itl_bounds()), e2e_(e2e_bounds()) {}
+Metrics::Metrics() : ttft_(ttft_bounds()), itl_(itl_bounds()), e2e_(e2e_bounds()), queue_(e2e_bounds()) {}
+
+void Metrics::queued(double seconds) {
+  std::lock_guard lock(mu_);
+  queue_.observe(seconds);
+}
+
+void Metrics::response(int status) {
+  std::lock_guard lock(mu_);
+  ++responses_[status];
+}
 
 void Metrics::prompt_tokens(int64_t n, int64_t cached) {
   std::lock_guard lock(mu_);
@@ -95,37 +117,50 @@ void Metrics::rejected(const std::string& why) {
   ++rejected_[why];
 }
 
-std::string Metrics::render(const Gauges& g) const {
+std::string Metrics::render(const Gauges& g, const std::string& model) const {
   std::lock_guard lock(mu_);
+  const std::string l = fmt::format("model_name=\"{}\"", label_value(model));
   std::string out;
-  single(out, "specula:num_requests_waiting", "gauge", "Requests queued, not yet in a slot.", g.waiting);
-  single(out, "specula:num_requests_running", "gauge", "Requests generating in a slot.", g.running);
-  single(out, "specula:kv_cache_usage_perc", "gauge",
-         "KV-cache usage, 0..1: tokens held by the slots' contexts (running and cached prefixes) over their capacity.",
+  single(out, l, "specula:num_requests_waiting", "gauge", "Requests queued, not yet in a slot.", g.waiting);
+  single(out, l, "specula:num_requests_running", "gauge", "Requests generating in a slot.", g.running);
+  single(out, l, "specula:kv_cache_usage_perc", "gauge",
+         "KV-cache usage, 0..1: tokens the running requests hold over the slots' capacity (kept prefixes not counted).",
          g.kv_cache_usage);
-  single(out, "specula:num_slots", "gauge", "Sequences generated at once (--parallel).", g.slots);
-  single(out, "specula:prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", prompt_tokens_);
-  single(out, "specula:prompt_tokens_cached_total", "counter", "Prompt tokens reused from a slot's context (prefix reuse).",
+  single(out, l, "specula:prefix_cache_usage_perc", "gauge",
+         "Prefixes idle slots keep for reuse, 0..1 of the slots' capacity; reclaimed by any new request.",
+         g.prefix_cache_usage);
+  single(out, l, "specula:num_slots", "gauge", "Sequences generated at once (--parallel).", g.slots);
+  single(out, l, "specula:http_connections", "gauge", "Open HTTP connections, idle ones included (--max-connections).",
+         g.connections);
+  single(out, l, "specula:prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", prompt_tokens_);
+  single(out, l, "specula:prompt_tokens_cached_total", "counter", "Prompt tokens reused from a slot's context (prefix reuse).",
          cached_tokens_);
-  single(out, "specula:generation_tokens_total", "counter", "Generated tokens.", generation_tokens_);
-  by_label(out, "specula:request_success_total", "Requests that ended, by finish reason (stop, length, abort, error).",
+  single(out, l, "specula:prefix_cache_queries_total", "counter", "Prompt tokens looked up in the slots' kept prefixes.",
+         prompt_tokens_);
+  single(out, l, "specula:prefix_cache_hits_total", "counter", "Prompt tokens found in a slot's kept prefix.", cached_tokens_);
+  single(out, l, "specula:generation_tokens_total", "counter", "Generated tokens.", generation_tokens_);
+  by_label(out, l, "specula:request_success_total", "Requests that ended, by finish reason (stop, length, abort, error).",
            "finished_reason", {"stop", "length", "abort", "error"}, finished_);
-  by_label(out, "specula:request_rejected_total", "Requests refused before queueing (queue_full: 429, shutting_down: 503).",
+  by_label(out, l, "specula:request_rejected_total", "Requests refused before queueing (queue_full: 429, shutting_down: 503).",
            "reason", {"queue_full", "shutting_down"}, rejected_);
+  header(out, "specula:http_responses_total", "counter", "HTTP answers by status code.");
+  for (const auto& [status, n] : responses_) out += fmt::format("specula:http_responses_total{{{},code=\"{}\"}} {}\n", l, status, n);
   header(out, "specula:time_to_first_token_seconds", "histogram", "From arrival to the first generated token.");
-  ttft_.render(out, "specula:time_to_first_token_seconds");
+  ttft_.render(out, "specula:time_to_first_token_seconds", l);
   header(out, "specula:inter_token_latency_seconds", "histogram", "Between consecutive generated tokens of a request.");
-  itl_.render(out, "specula:inter_token_latency_seconds");
+  itl_.render(out, "specula:inter_token_latency_seconds", l);
   header(out, "specula:e2e_request_latency_seconds", "histogram", "From arrival to the end of a request.");
-  e2e_.render(out, "specula:e2e_request_latency_seconds");
-  single(out, "specula:spec_decode_num_drafts_total", "counter", "Speculative rounds (drafts verified).", spec_drafts_);
-  single(out, "specula:spec_decode_num_draft_tokens_total", "counter", "Tokens proposed by the drafter.", spec_draft_tokens_);
-  single(out, "specula:spec_decode_num_accepted_tokens_total", "counter", "Drafted tokens the target accepted.",
+  e2e_.render(out, "specula:e2e_request_latency_seconds", l);
+  header(out, "specula:request_queue_time_seconds", "histogram", "From arrival to a slot (the body read, queued).");
+  queue_.render(out, "specula:request_queue_time_seconds", l);
+  single(out, l, "specula:spec_decode_num_drafts_total", "counter", "Speculative rounds (drafts verified).", spec_drafts_);
+  single(out, l, "specula:spec_decode_num_draft_tokens_total", "counter", "Tokens proposed by the drafter.", spec_draft_tokens_);
+  single(out, l, "specula:spec_decode_num_accepted_tokens_total", "counter", "Drafted tokens the target accepted.",
          spec_accepted_);
   header(out, "specula:spec_decode_num_accepted_tokens_per_pos_total", "counter",
          "Rounds whose draft at this position (0 = first) was accepted.");
   for (size_t i = 0; i < spec_accepted_by_position_.size(); ++i)
-    out += fmt::format("specula:spec_decode_num_accepted_tokens_per_pos_total{{position=\"{}\"}} {}\n", i,
+    out += fmt::format("specula:spec_decode_num_accepted_tokens_per_pos_total{{{},position=\"{}\"}} {}\n", l, i,
                        spec_accepted_by_position_[i]);
   return out;
 }

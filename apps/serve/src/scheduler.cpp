@@ -20,18 +20,36 @@ std::string finish_reason(core::StopReason r) {
 }
 }  // namespace
 
-Job::Output Job::take(std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mu);
-  cv.wait_for(lock, timeout, [&] { return done || !text.empty() || !reasoning.empty(); });
+Job::Output Job::take() {
+  std::lock_guard lock(mu);
+  update_pending = false;
   Output o{std::move(text), std::move(reasoning), done};
   text.clear();
   reasoning.clear();
   return o;
 }
 
-void Job::wait_done(std::chrono::milliseconds timeout) {
-  std::unique_lock lock(mu);
-  cv.wait_for(lock, timeout, [&] { return done; });
+void Job::notify() {
+  {
+    std::lock_guard lock(mu);
+    if (update_pending) return;  // the reader has not taken the last update yet: it will see this one too
+    update_pending = true;
+  }
+  if (on_update) on_update();
+}
+
+Scheduler::Ticket& Scheduler::Ticket::operator=(Ticket&& o) noexcept {
+  if (this != &o) {
+    Ticket dropped(std::move(*this));
+    owner_ = std::move(o.owner_);
+  }
+  return *this;
+}
+
+Scheduler::Ticket::~Ticket() {
+  if (!owner_) return;
+  std::lock_guard lock(owner_->mu_);
+  --owner_->reserved_;
 }
 
 Scheduler::Scheduler(std::shared_ptr<api::Model> model, SchedulerOptions options, Metrics& metrics)
@@ -56,12 +74,29 @@ Scheduler::~Scheduler() {
   if (thread_.joinable()) thread_.join();
 }
 
-Scheduler::Admission Scheduler::submit(std::shared_ptr<Job> job) {
+bool Scheduler::full_locked() const {
+  return reserved_ + static_cast<int64_t>(waiting_.size()) + running_ >= options_.parallel + options_.queue_limit;
+}
+
+bool Scheduler::full() const {
+  std::lock_guard lock(mu_);
+  return full_locked();
+}
+
+Scheduler::Ticket Scheduler::reserve() {
+  std::lock_guard lock(mu_);
+  if (draining_ || stop_ || full_locked()) return {};
+  ++reserved_;
+  return Ticket(shared_from_this());
+}
+
+Scheduler::Admission Scheduler::submit(std::shared_ptr<Job> job, Ticket ticket) {
+  if (!ticket) fail("Scheduler::submit without a ticket; reserve() one first");
   {
     std::lock_guard lock(mu_);
-    if (draining_ || stop_) return Admission::ShuttingDown;
-    // Full when every slot is busy and the queue holds its limit.
-    if (static_cast<int>(waiting_.size()) >= options_.queue_limit + (options_.parallel - running_)) return Admission::QueueFull;
+    if (draining_ || stop_) return Admission::ShuttingDown;  // the ticket is given back
+    ticket.owner_.reset();  // its place passes to the queued job
+    --reserved_;
     waiting_.push_back(std::move(job));
   }
   cv_.notify_all();
@@ -73,7 +108,8 @@ Gauges Scheduler::gauges() const {
   Gauges g;
   g.waiting = static_cast<int64_t>(waiting_.size());
   g.running = running_;
-  g.kv_cache_usage = capacity_tokens_ ? double(held_tokens_) / double(capacity_tokens_) : 0.0;
+  g.kv_cache_usage = capacity_tokens_ ? double(running_tokens_) / double(capacity_tokens_) : 0.0;
+  g.prefix_cache_usage = capacity_tokens_ ? double(kept_tokens_) / double(capacity_tokens_) : 0.0;
   g.slots = static_cast<int64_t>(slots_.size());
   return g;
 }
@@ -120,11 +156,13 @@ void Scheduler::loop() {
     left.swap(waiting_);
   }
   for (auto& j : left) {
-    std::lock_guard lock(j->mu);
-    j->error = "the server is shutting down";
-    j->finish_reason = "abort";
-    j->done = true;
-    j->cv.notify_all();
+    {
+      std::lock_guard lock(j->mu);
+      j->error = "the server shut down before the request started";
+      j->finish_reason = "abort";
+      j->done = true;
+    }
+    j->notify();
   }
 }
 
@@ -160,6 +198,7 @@ void Scheduler::admit() {
 }
 
 void Scheduler::start(Slot& slot, std::shared_ptr<Job> job, size_t cached) {
+  metrics_.queued(seconds(Clock::now() - job->arrival));
   slot.job = job;
   slot.first = true;
   Job* j = job.get();
@@ -177,7 +216,7 @@ void Scheduler::start(Slot& slot, std::shared_ptr<Job> job, size_t cached) {
         j->text += c.text;
         j->reasoning += c.reasoning;
       }
-      j->cv.notify_all();
+      j->notify();
     });
     metrics_.prompt_tokens(static_cast<int64_t>(job->prompt.size()), static_cast<int64_t>(cached));
   } catch (const std::exception& e) {
@@ -214,10 +253,13 @@ void Scheduler::step_running() {
 }
 
 void Scheduler::update_usage() {
-  int64_t held = 0;
-  for (const auto& s : slots_) held += s.session->position();
+  // What running requests hold is in use; what idle slots keep for prefix reuse is reclaimable (a new
+  // request truncates it), so it is reported apart: a kept prefix must not make an idle server look full.
+  int64_t running = 0, kept = 0;
+  for (const auto& s : slots_) (s.job ? running : kept) += s.session->position();
   std::lock_guard lock(mu_);
-  held_tokens_ = held;
+  running_tokens_ = running;
+  kept_tokens_ = kept;
 }
 
 void Scheduler::complete(Slot& slot, std::optional<api::Result> result, const std::string& error) {
@@ -241,10 +283,12 @@ void Scheduler::complete(Slot& slot, std::optional<api::Result> result, const st
     std::lock_guard lock(job->mu);
     job->result = std::move(result);
     job->error = error;
+    if (reason == "abort" && !job->cancel)
+      job->error = cancel_all_ ? "the server shut down before the answer was complete" : "the request was cancelled";
     job->finish_reason = reason;
     job->done = true;
   }
-  job->cv.notify_all();
+  job->notify();
 }
 
 }  // namespace specula::serve

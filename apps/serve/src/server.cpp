@@ -1,306 +1,239 @@
 #include "specula/serve/server.hpp"
 
-#include <httplib.h>
-#include <signal.h>
+#include <openssl/crypto.h>
+#include <openssl/evp.h>
+#include <openssl/rand.h>
 
 #include <algorithm>
-#include <cmath>
+#include <array>
+#include <atomic>
+#include <cctype>
 #include <ctime>
-#include <limits>
-#include <set>
+#include <mutex>
+#include <random>
 
+#include <boost/asio/post.hpp>
+#include <boost/asio/thread_pool.hpp>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "http.hpp"
+#include "request.hpp"
 #include "specula/error.hpp"
 #include "specula/log.hpp"
+#include "specula/metadata.hpp"
+#include "specula/serve/metrics.hpp"
+#include "specula/serve/scheduler.hpp"
 
 namespace specula::serve {
 
 using json = nlohmann::json;
+namespace net = boost::asio;
+namespace bhttp = boost::beast::http;
+using Header = std::pair<std::string, std::string>;
 
 namespace {
 
-// An OpenAI-style error: {"error": {"message", "type", "param", "code"}} with its HTTP status.
-struct HttpError {
-  int status = 400;
-  std::string message;
-  std::string type = "invalid_request_error";
-  std::string param;  // "" = null
-  std::string code;   // "" = null
-};
-
-[[noreturn]] void bad(std::string message, std::string param = {}, std::string code = {}) {
-  throw HttpError{400, std::move(message), "invalid_request_error", std::move(param), std::move(code)};
-}
-
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
-void send_error(httplib::Response& res, const HttpError& e) {
-  json err = {{"message", e.message},
-              {"type", e.type},
-              {"param", e.param.empty() ? json() : json(e.param)},
-              {"code", e.code.empty() ? json() : json(e.code)}};
-  res.status = e.status;
-  res.set_content(dump({{"error", err}}), "application/json");
+http::Response json_response(int status, const json& body) { return {status, "application/json", dump(body), {}, false}; }
+
+http::Response error_response(const HttpError& e) {
+  http::Response r{e.status, "application/json", error_body(e), {}, false};
+  if (e.status == 429) r.headers.emplace_back("Retry-After", "1");
+  if (e.status == 401) r.headers.emplace_back("WWW-Authenticate", "Bearer");
+  return r;
 }
 
-json parse_body(const httplib::Request& req) {
-  if (req.body.empty()) bad("the request body is empty; send a JSON object");
-  try {
-    json j = json::parse(req.body);
-    if (!j.is_object()) bad("the request body must be a JSON object");
-    return j;
-  } catch (const json::parse_error& e) {
-    bad(fmt::format("the request body is not valid JSON: {}", e.what()));
+const HttpError kShuttingDown{503, "the server is shutting down; retry on another replica", "service_unavailable", "",
+                              "shutting_down"};
+const HttpError kLoading{503, "the model is loading; retry when GET /health answers 200", "service_unavailable", "", "loading"};
+
+// 64 bits from OpenSSL's CSPRNG: seeds and request ids that no client can predict or repeat.
+uint64_t random_u64() {
+  uint64_t v = 0;
+  if (RAND_bytes(reinterpret_cast<unsigned char*>(&v), sizeof v) != 1) v = (uint64_t{std::random_device{}()} << 32) ^ std::random_device{}();
+  return v;
+}
+
+std::string request_id(const char* prefix) { return fmt::format("{}-{:016x}{:016x}", prefix, random_u64(), random_u64()); }
+
+}  // namespace
+
+// (ApiKeys and CompletionAnswer are members' types of Server::Impl, so outside the anonymous namespace.)
+
+// API keys, compared in constant time: the presented key is hashed (SHA-256) and its digest compared
+// with every stored one by CRYPTO_memcmp, so the time taken shows neither a key's bytes nor its length.
+class ApiKeys {
+ public:
+  explicit ApiKeys(const std::vector<std::string>& keys) {
+    for (const auto& k : keys) digests_.push_back(digest(k));
   }
-}
-
-// Checks that `body` holds only `allowed` keys (OpenAI answers unknown ones with 400 as well).
-void only_keys(const json& body, const std::set<std::string>& allowed) {
-  for (const auto& [key, value] : body.items()) {
-    if (!allowed.count(key)) bad(fmt::format("unknown field '{}'", key), key);
+  bool empty() const { return digests_.empty(); }
+  // `authorization`: the header's value, "Bearer KEY".
+  bool accept(std::string_view authorization) const {
+    constexpr std::string_view kScheme = "bearer ";
+    if (authorization.size() <= kScheme.size()) return false;
+    for (size_t i = 0; i < kScheme.size(); ++i)
+      if (std::tolower(static_cast<unsigned char>(authorization[i])) != kScheme[i]) return false;
+    const Digest d = digest(authorization.substr(kScheme.size()));
+    bool match = false;
+    for (const Digest& k : digests_) match |= CRYPTO_memcmp(k.data(), d.data(), d.size()) == 0;
+    return match;
   }
-}
 
-// Typed readers: a missing or null field keeps `out`.
-bool present(const json& b, const char* key) { return b.contains(key) && !b[key].is_null(); }
-
-void read_bool(const json& b, const char* key, bool& out) {
-  if (!present(b, key)) return;
-  if (!b[key].is_boolean()) bad(fmt::format("'{}' must be a boolean, got {}", key, dump(b[key])), key);
-  out = b[key].get<bool>();
-}
-
-double read_number(const json& b, const char* key, double lo, double hi) {
-  const json& v = b[key];
-  if (!v.is_number()) bad(fmt::format("'{}' must be a number, got {}", key, dump(v)), key);
-  const double d = v.get<double>();
-  if (!std::isfinite(d) || d < lo || d > hi) bad(fmt::format("'{}' must be between {} and {}, got {}", key, lo, hi, dump(v)), key);
-  return d;
-}
-
-int64_t read_int(const json& b, const char* key, int64_t lo, int64_t hi) {
-  const json& v = b[key];
-  if (!v.is_number_integer()) bad(fmt::format("'{}' must be an integer, got {}", key, dump(v)), key);
-  const int64_t i = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max())
-                        ? std::numeric_limits<int64_t>::max()
-                        : v.get<int64_t>();
-  if (i < lo || i > hi) bad(fmt::format("'{}' must be between {} and {}, got {}", key, lo, hi, dump(v)), key);
-  return i;
-}
-
-std::string read_string(const json& v, const std::string& what) {
-  if (!v.is_string()) bad(fmt::format("'{}' must be a string, got {}", what, dump(v)), what);
-  return v.get<std::string>();
-}
-
-// What a completion request asks for, once checked.
-struct Ask {
-  bool chat = true;
-  std::vector<int32_t> prompt;
-  api::SamplingConfig sampling;
-  bool max_tokens_given = false;
-  bool stream = false;
-  bool include_usage = false;
+ private:
+  using Digest = std::array<unsigned char, 32>;
+  static Digest digest(std::string_view s) {
+    Digest d{};
+    unsigned int n = 0;
+    if (EVP_Digest(s.data(), s.size(), d.data(), &n, EVP_sha256(), nullptr) != 1) fail("serve: SHA-256 failed (OpenSSL)");
+    return d;
+  }
+  std::vector<Digest> digests_;
 };
 
-// The fields both endpoints share (OpenAI's names; top_k, min_p, min_tokens, repetition_penalty as vLLM
-// and llama-server add them).
-const std::set<std::string> kCommonKeys = {
-    "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n",
-    "user", "frequency_penalty", "presence_penalty", "repetition_penalty", "min_tokens", "logprobs"};
+namespace {
 
-void read_sampling(const json& b, Ask& a) {
-  auto& s = a.sampling;
-  if (present(b, "temperature")) s.temperature = static_cast<float>(read_number(b, "temperature", 0, 2));
-  if (present(b, "top_p")) {
-    s.top_p = static_cast<float>(read_number(b, "top_p", 0, 1));
-    if (s.top_p <= 0) bad("'top_p' must be above 0 (1 = off)", "top_p");
-  }
-  if (present(b, "top_k")) {
-    const int64_t k = read_int(b, "top_k", -1, std::numeric_limits<int32_t>::max());
-    s.top_k = k < 0 ? 0 : static_cast<int32_t>(k);  // -1: off, as vLLM
-  }
-  if (present(b, "min_p")) s.min_p = static_cast<float>(read_number(b, "min_p", 0, 1));
-  if (present(b, "repetition_penalty"))
-    s.repetition_penalty = static_cast<float>(read_number(b, "repetition_penalty", 0.01, 100));
-  if (present(b, "seed"))
-    s.seed = static_cast<uint64_t>(read_int(b, "seed", std::numeric_limits<int64_t>::min(), std::numeric_limits<int64_t>::max()));
-  for (const char* key : {"max_tokens", "max_completion_tokens"}) {
-    if (!present(b, key)) continue;
-    s.max_tokens = static_cast<int>(read_int(b, key, 1, std::numeric_limits<int32_t>::max()));
-    a.max_tokens_given = true;
-  }
-  if (present(b, "min_tokens")) s.min_tokens = static_cast<int32_t>(read_int(b, "min_tokens", 0, std::numeric_limits<int32_t>::max()));
-  if (present(b, "stop")) {
-    const json& v = b["stop"];
-    s.stop.clear();
-    if (v.is_string()) {
-      s.stop.push_back(v.get<std::string>());
-    } else if (v.is_array()) {
-      if (v.size() > 4) bad("'stop' holds at most 4 strings", "stop");
-      for (const auto& item : v) s.stop.push_back(read_string(item, "stop"));
+enum class Route { None, Health, Metrics, Models, Model, Chat, Completions, Tokenize, Detokenize };
+
+Route route_of(std::string_view path) {
+  if (path == "/health") return Route::Health;
+  if (path == "/metrics") return Route::Metrics;
+  if (path == "/v1/models") return Route::Models;
+  if (path.rfind("/v1/models/", 0) == 0 && path.size() > 11) return Route::Model;
+  if (path == "/v1/chat/completions") return Route::Chat;
+  if (path == "/v1/completions") return Route::Completions;
+  if (path == "/tokenize") return Route::Tokenize;
+  if (path == "/detokenize") return Route::Detokenize;
+  return Route::None;
+}
+
+bool is_post(Route r) { return r == Route::Chat || r == Route::Completions || r == Route::Tokenize || r == Route::Detokenize; }
+
+// "%2F" and the like in a model id taken from the path.
+std::string percent_decoded(std::string_view s) {
+  std::string out;
+  for (size_t i = 0; i < s.size(); ++i) {
+    if (s[i] == '%' && i + 2 < s.size() && std::isxdigit(static_cast<unsigned char>(s[i + 1])) &&
+        std::isxdigit(static_cast<unsigned char>(s[i + 2]))) {
+      out += static_cast<char>(std::stoi(std::string(s.substr(i + 1, 2)), nullptr, 16));
+      i += 2;
     } else {
-      bad(fmt::format("'stop' must be a string or a list of strings, got {}", dump(v)), "stop");
+      out += s[i];
     }
-    for (const auto& stop : s.stop)
-      if (stop.empty()) bad("'stop' strings must not be empty", "stop");
-  }
-  if (present(b, "n") && read_int(b, "n", 1, 128) != 1) bad("only n = 1 is supported", "n");
-  for (const char* key : {"frequency_penalty", "presence_penalty"}) {
-    if (present(b, key) && read_number(b, key, -2, 2) != 0)
-      bad(fmt::format("'{}' is not supported; use repetition_penalty", key), key);
-  }
-  if (present(b, "logprobs")) {
-    const json& v = b["logprobs"];
-    if (!(v.is_boolean() && !v.get<bool>()) && !(v.is_number_integer() && v.get<int64_t>() == 0))
-      bad("'logprobs' is not supported", "logprobs");
-  }
-  if (present(b, "user")) read_string(b["user"], "user");
-  read_bool(b, "stream", a.stream);
-  if (present(b, "stream_options")) {
-    const json& o = b["stream_options"];
-    if (!o.is_object()) bad("'stream_options' must be an object", "stream_options");
-    if (!a.stream) bad("'stream_options' is only allowed with \"stream\": true", "stream_options");
-    only_keys(o, {"include_usage"});
-    read_bool(o, "include_usage", a.include_usage);
-  }
-}
-
-std::string message_content(const json& m, size_t i) {
-  const std::string where = fmt::format("messages[{}].content", i);
-  if (!m.contains("content") || m["content"].is_null()) return {};
-  const json& c = m["content"];
-  if (c.is_string()) return c.get<std::string>();
-  if (!c.is_array()) bad(fmt::format("'{}' must be a string or a list of text parts", where), where);
-  std::string text;
-  for (const auto& part : c) {
-    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
-      bad(fmt::format("'{}': only parts {{\"type\": \"text\", \"text\": ...}} are supported", where), where);
-    text += part["text"].get<std::string>();
-  }
-  return text;
-}
-
-std::vector<api::ChatMessage> read_messages(const json& b) {
-  if (!b.contains("messages")) bad("'messages' is required", "messages");
-  const json& ms = b["messages"];
-  if (!ms.is_array() || ms.empty()) bad("'messages' must be a non-empty list of {\"role\", \"content\"}", "messages");
-  std::vector<api::ChatMessage> out;
-  for (size_t i = 0; i < ms.size(); ++i) {
-    const json& m = ms[i];
-    const std::string where = fmt::format("messages[{}]", i);
-    if (!m.is_object() || !m.contains("role")) bad(fmt::format("'{}' must be an object with a role", where), where);
-    std::string role = read_string(m["role"], where + ".role");
-    if (role == "developer") role = "system";  // OpenAI's newer name for it
-    if (role != "system" && role != "user" && role != "assistant")
-      bad(fmt::format("'{}.role' must be system, user or assistant, got '{}'", where, role), where + ".role");
-    for (const auto& [key, value] : m.items())
-      if (key != "role" && key != "content" && key != "name") bad(fmt::format("unknown field '{}.{}'", where, key), where + "." + key);
-    out.push_back({role, message_content(m, i)});
   }
   return out;
 }
 
-std::string finish_reason_of(const Job& job) { return job.finish_reason == "abort" ? "stop" : job.finish_reason; }
+// application/json, with or without parameters (charset=utf-8). Requiring it makes a browser preflight
+// a cross-origin POST, which fails unless --cors-origin allows the page: no web page a user opens can
+// drive the server with a "simple" form or text/plain request.
+bool is_json(std::string_view content_type) {
+  std::string_view type = content_type.substr(0, content_type.find(';'));
+  while (!type.empty() && type.back() == ' ') type.remove_suffix(1);
+  constexpr std::string_view kJson = "application/json";
+  if (type.size() != kJson.size()) return false;
+  for (size_t i = 0; i < type.size(); ++i)
+    if (std::tolower(static_cast<unsigned char>(type[i])) != kJson[i]) return false;
+  return true;
+}
+
+// An exchange whose answers carry extra headers (CORS).
+class WithHeaders final : public http::Exchange {
+ public:
+  WithHeaders(std::shared_ptr<http::Exchange> inner, std::vector<Header> headers)
+      : inner_(std::move(inner)), headers_(std::move(headers)) {}
+  void respond(http::Response r) override { inner_->respond(add(std::move(r))); }
+  void begin_stream(http::Response head) override { inner_->begin_stream(add(std::move(head))); }
+  void send(std::string piece) override { inner_->send(std::move(piece)); }
+  void end() override { inner_->end(); }
+  void run(std::function<void()> work) override { inner_->run(std::move(work)); }
+
+ private:
+  http::Response add(http::Response r) const {
+    r.headers.insert(r.headers.end(), headers_.begin(), headers_.end());
+    return r;
+  }
+  std::shared_ptr<http::Exchange> inner_;
+  std::vector<Header> headers_;
+};
 
 }  // namespace
 
-struct Server::Routes {
-  Server& s;
+// Writes one completion request's answer as its job produces it: server-sent events as the text comes
+// (one `data: {chunk}` per piece, the finish chunk, the usage chunk when asked, `data: [DONE]`), or the
+// whole answer at the end. The scheduler's thread only hands the job's updates over (watch()); the
+// answer is written on the I/O thread, off the generation's path. The connection owns the answer while
+// it answers (a client that leaves takes it along); the job only points at it.
+class CompletionAnswer : public std::enable_shared_from_this<CompletionAnswer> {
+ public:
+  CompletionAnswer(std::shared_ptr<Job> job, std::shared_ptr<http::Exchange> exchange, bool chat, std::string model)
+      : job_(std::move(job)), exchange_(std::move(exchange)), chat_(chat), id_(request_id(chat ? "chatcmpl" : "cmpl")),
+        model_(std::move(model)), created_(static_cast<int64_t>(std::time(nullptr))) {}
 
-  std::shared_ptr<api::Model> model() {
-    std::lock_guard lock(s.mu_);
-    return s.model_;
-  }
-  std::shared_ptr<Scheduler> scheduler() {
-    std::lock_guard lock(s.mu_);
-    return s.scheduler_;
-  }
-  // The loaded model, or 503 while loading / shutting down.
-  std::shared_ptr<api::Model> ready() {
-    if (s.shutting_down_) throw HttpError{503, "the server is shutting down", "service_unavailable", "", "shutting_down"};
-    auto m = model();
-    if (!m) throw HttpError{503, "the model is loading; retry when GET /health answers 200", "service_unavailable", "", "loading"};
-    return m;
-  }
-  void check_model_name(const json& b) {
-    if (!present(b, "model")) return;
-    const std::string name = read_string(b["model"], "model");
-    if (name != s.model_name_)
-      throw HttpError{404, fmt::format("the model '{}' does not exist; this server serves '{}' (GET /v1/models)", name,
-                                       s.model_name_), "invalid_request_error", "model", "model_not_found"};
+  // What the request asks for; then the job's updates are handed to the I/O thread (before it is submitted).
+  void watch(const CompletionRequest& r) {
+    stream_ = r.stream;
+    include_usage_ = r.include_usage;
+    reasoning_ = r.sampling.reasoning;
+    job_->on_update = [answer = weak_from_this(), exchange = exchange_] {
+      exchange->run([answer] {
+        if (auto a = answer.lock()) a->pump();
+      });
+    };
   }
 
-  Ask read_completion(const json& b, bool chat, const api::Model& m) {
-    std::set<std::string> keys = kCommonKeys;
-    if (chat) keys.insert({"messages", "max_completion_tokens", "include_reasoning", "chat_template_kwargs", "response_format"});
-    else keys.insert({"prompt", "echo", "suffix", "best_of"});
-    only_keys(b, keys);
-    check_model_name(b);
-    Ask a;
-    a.chat = chat;
-    a.sampling = m.default_sampling();
-    read_sampling(b, a);
-    if (chat) {
-      const auto messages = read_messages(b);
-      std::optional<bool> thinking;
-      if (present(b, "chat_template_kwargs")) {
-        const json& k = b["chat_template_kwargs"];
-        if (!k.is_object()) bad("'chat_template_kwargs' must be an object", "chat_template_kwargs");
-        only_keys(k, {"enable_thinking"});
-        bool t = false;
-        read_bool(k, "enable_thinking", t);
-        if (present(k, "enable_thinking")) thinking = t;
-      }
-      read_bool(b, "include_reasoning", a.sampling.reasoning);
-      if (present(b, "response_format")) {
-        const json& f = b["response_format"];
-        if (!f.is_object() || f.value("type", "") != "text") bad("only response_format {\"type\": \"text\"} is supported", "response_format");
-      }
-      try {
-        a.prompt = m.chat_prompt(messages, thinking);
-      } catch (const std::exception& e) {  // the chat format's own errors (a plugin's Error type)
-        bad(e.what(), "messages");
-      }
-    } else {
-      if (!b.contains("prompt")) bad("'prompt' is required", "prompt");
-      json p = b["prompt"];
-      if (p.is_array() && p.size() == 1 && p[0].is_string()) p = p[0];
-      if (p.is_string()) {
-        if (p.get<std::string>().empty()) bad("'prompt' is empty", "prompt");
-        a.prompt = m.tokenize(p.get<std::string>(), true);
-      } else if (p.is_array() && !p.empty() && std::all_of(p.begin(), p.end(), [](const json& v) { return v.is_number_integer(); })) {
-        const int64_t vocab = m.info().vocab_size;
-        for (const auto& v : p) {
-          const int64_t id = v.get<int64_t>();
-          if (id < 0 || id >= vocab) bad(fmt::format("'prompt' token id {} is outside the vocabulary of {} tokens", id, vocab), "prompt");
-          a.prompt.push_back(static_cast<int32_t>(id));
-        }
-      } else {
-        bad("'prompt' must be a string, a list of one string, or a list of token ids", "prompt");
-      }
-      bool echo = false;
-      read_bool(b, "echo", echo);
-      if (echo) bad("'echo' is not supported", "echo");
-      if (present(b, "suffix")) bad("'suffix' is not supported", "suffix");
-      if (present(b, "best_of") && read_int(b, "best_of", 1, 128) != 1) bad("only best_of = 1 is supported", "best_of");
+  const std::shared_ptr<Job>& job() const { return job_; }
+
+  // The stream's status, headers and first event (chat: the assistant's role).
+  http::Response stream_head() const {
+    http::Response head{200, "text/event-stream", {}, {{"Cache-Control", "no-cache"}}, false};
+    if (chat_) head.body = event(chunk({{"role", "assistant"}, {"content", ""}}, nullptr));
+    return head;
+  }
+
+  // What the job produced since the last call, written; the end once it is done.
+  void pump() {
+    if (ended_) return;
+    try {
+      write_output();
+    } catch (const std::exception& e) {  // (nothing may escape into the I/O loop)
+      ended_ = true;
+      exchange_->respond(error_response({500, e.what(), "server_error", "", ""}));
     }
-    if (a.prompt.empty()) bad("the prompt is empty after tokenization", chat ? "messages" : "prompt");
-    const int64_t capacity = m.context_length();
-    const int64_t n = static_cast<int64_t>(a.prompt.size());
-    if (!a.max_tokens_given) a.sampling.max_tokens = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(a.sampling.max_tokens, capacity - n)));
-    if (n >= capacity || n + a.sampling.max_tokens > capacity)
-      throw HttpError{400, fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens "
-                                       "({} in the prompt, {} in the completion). Please reduce the length of the {} or "
-                                       "the completion.", capacity, n + a.sampling.max_tokens, n, a.sampling.max_tokens,
-                                       chat ? "messages" : "prompt"),
-                      "invalid_request_error", chat ? "messages" : "prompt", "context_length_exceeded"};
-    return a;
   }
 
-  json usage(const api::Result& r) const {
+ private:
+  void write_output() {
+    Job::Output out = job_->take();
+    if (stream_) {
+      std::string events;
+      if (!out.reasoning.empty()) events += event(chunk(json{{"reasoning_content", out.reasoning}}, nullptr));
+      if (!out.text.empty()) events += event(chunk(chat_ ? json{{"content", out.text}} : json(out.text), nullptr));
+      if (!events.empty()) exchange_->send(std::move(events));
+    } else {
+      text_ += out.text;
+      reasoning_text_ += out.reasoning;
+    }
+    if (!out.done) return;
+    ended_ = true;
+    std::lock_guard lock(job_->mu);
+    stream_ ? end_stream() : respond();
+  }
+
+  static std::string event(const json& j) { return "data: " + dump(j) + "\n\n"; }
+
+  json chunk(json delta_or_text, json finish) const {
+    json choice = {{"index", 0}, {"finish_reason", std::move(finish)}, {"logprobs", nullptr}};
+    choice[chat_ ? "delta" : "text"] = std::move(delta_or_text);
+    json c = {{"id", id_}, {"object", chat_ ? "chat.completion.chunk" : "text_completion"}, {"created", created_},
+              {"model", model_}, {"choices", json::array({std::move(choice)})}};
+    if (include_usage_) c["usage"] = nullptr;
+    return c;
+  }
+
+  static json usage(const api::Result& r) {
     const auto prompt = r.stats.prompt_tokens + r.cached_tokens;
     const auto completion = static_cast<int64_t>(r.tokens.size());
     return {{"prompt_tokens", prompt},
@@ -309,260 +242,349 @@ struct Server::Routes {
             {"prompt_tokens_details", {{"cached_tokens", r.cached_tokens}}}};
   }
 
-  void completion(const httplib::Request& req, httplib::Response& res, bool chat) {
-    auto m = ready();
-    const json body = parse_body(req);
-    Ask ask = read_completion(body, chat, *m);
-    auto sched = scheduler();
-    if (!sched) throw HttpError{503, "the model is loading", "service_unavailable", "", "loading"};
-    auto job = std::make_shared<Job>();
-    job->prompt = std::move(ask.prompt);
-    job->sampling = ask.sampling;
-    switch (sched->submit(job)) {
-      case Scheduler::Admission::Queued: break;
-      case Scheduler::Admission::QueueFull:
-        s.metrics_.rejected("queue_full");
-        throw HttpError{429, "the server's request queue is full; retry later", "rate_limit_exceeded", "", "queue_full"};
-      case Scheduler::Admission::ShuttingDown:
-        s.metrics_.rejected("shutting_down");
-        throw HttpError{503, "the server is shutting down", "service_unavailable", "", "shutting_down"};
-    }
-    const std::string id = fmt::format("{}-{}", chat ? "chatcmpl" : "cmpl", s.next_id_++);
-    const int64_t created = static_cast<int64_t>(std::time(nullptr));
-    const std::string name = s.model_name_;
-    const bool reasoning = ask.sampling.reasoning;
-
-    if (!ask.stream) {
-      // Bounded by the request itself; a lost client is noticed only when the answer is written.
-      while (true) {
-        job->wait_done(std::chrono::milliseconds(1000));
-        std::lock_guard lock(job->mu);
-        if (job->done) break;
-      }
-      std::lock_guard lock(job->mu);
-      if (!job->result) {
-        throw HttpError{job->finish_reason == "abort" ? 503 : 500, job->error.empty() ? "the request was cancelled" : job->error,
-                        job->finish_reason == "abort" ? "service_unavailable" : "server_error", "", ""};
-      }
-      const api::Result& r = *job->result;
-      json choice = {{"index", 0}, {"finish_reason", finish_reason_of(*job)}, {"logprobs", nullptr}};
-      if (chat) {
-        json message = {{"role", "assistant"}, {"content", r.text}};
-        if (reasoning) message["reasoning_content"] = r.reasoning;
-        choice["message"] = message;
-      } else {
-        choice["text"] = r.text;
-      }
-      json out = {{"id", id}, {"object", chat ? "chat.completion" : "text_completion"}, {"created", created},
-                  {"model", name}, {"choices", json::array({choice})}, {"usage", usage(r)}};
-      res.set_content(dump(out), "application/json");
-      return;
-    }
-
-    // Server-sent events: one `data: {chunk}` per piece of text, the finish chunk, the usage chunk when
-    // asked, then `data: [DONE]`.
-    const bool include_usage = ask.include_usage;
-    auto chunk = [=](json delta_or_text, json finish) {
-      json choice = {{"index", 0}, {"finish_reason", finish}, {"logprobs", nullptr}};
-      if (chat) choice["delta"] = std::move(delta_or_text);
-      else choice["text"] = std::move(delta_or_text);
-      json c = {{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
-                {"model", name}, {"choices", json::array({choice})}};
-      if (include_usage) c["usage"] = nullptr;
-      return c;
-    };
-    auto started = std::make_shared<bool>(false);
-    res.set_header("Cache-Control", "no-cache");
-    res.set_chunked_content_provider(
-        "text/event-stream",
-        [=, this](size_t, httplib::DataSink& sink) {
-          auto write = [&](const json& j) {
-            const std::string line = "data: " + dump(j) + "\n\n";
-            if (!sink.write(line.data(), line.size())) {
-              job->cancel = true;  // the client went away: free the slot
-              return false;
-            }
-            return true;
-          };
-          if (chat && !*started) {
-            *started = true;
-            return write(chunk({{"role", "assistant"}, {"content", ""}}, nullptr));
-          }
-          Job::Output out = job->take(std::chrono::milliseconds(100));
-          if (!out.reasoning.empty() && !write(chunk(json{{"reasoning_content", out.reasoning}}, nullptr))) return false;
-          if (!out.text.empty() && !write(chunk(chat ? json{{"content", out.text}} : json(out.text), nullptr))) return false;
-          if (!out.done) return true;
-          std::lock_guard lock(job->mu);
-          if (!job->result) {
-            const json err = {{"error", {{"message", job->error.empty() ? "the request was cancelled" : job->error},
-                                         {"type", "server_error"}, {"param", nullptr}, {"code", nullptr}}}};
-            if (!write(err)) return false;
-          } else {
-            if (!write(chunk(chat ? json::object() : json(""), finish_reason_of(*job)))) return false;
-            if (include_usage) {
-              json u = {{"id", id}, {"object", chat ? "chat.completion.chunk" : "text_completion"}, {"created", created},
-                        {"model", name}, {"choices", json::array()}, {"usage", usage(*job->result)}};
-              if (!write(u)) return false;
-            }
-          }
-          static const std::string kDone = "data: [DONE]\n\n";
-          if (!sink.write(kDone.data(), kDone.size())) return false;
-          sink.done();
-          return true;
-        },
-        [job](bool success) {
-          if (!success) job->cancel = true;
-        });
+  // Cut short by shutdown (503) or a failure (500): never passed off as a complete answer.
+  bool cut() const { return job_->finish_reason == "abort" || job_->finish_reason == "error"; }
+  HttpError cut_error() const {
+    const bool shutdown = job_->finish_reason == "abort";
+    return {shutdown ? 503 : 500, job_->error.empty() ? "the request ended early" : job_->error,
+            shutdown ? "service_unavailable" : "server_error", "", shutdown ? "shutting_down" : ""};
   }
 
-  void tokenize(const httplib::Request& req, httplib::Response& res) {
-    auto m = ready();
-    const json b = parse_body(req);
-    only_keys(b, {"model", "content", "prompt", "messages", "add_special", "with_pieces"});
-    check_model_name(b);
-    bool with_pieces = false, add_special = false;
-    read_bool(b, "with_pieces", with_pieces);
-    read_bool(b, "add_special", add_special);
-    std::vector<int32_t> ids;
-    if (b.contains("messages")) {
-      try {
-        ids = m->chat_prompt(read_messages(b));
-      } catch (const std::exception& e) {  // the chat format's own errors (a plugin's Error type)
-        bad(e.what(), "messages");
-      }
+  void end_stream() {
+    std::string events;
+    if (cut()) {
+      events += "data: " + error_body(cut_error()) + "\n\n";
     } else {
-      const char* key = b.contains("content") ? "content" : "prompt";
-      if (!b.contains(key)) bad("give 'content' (text) or 'messages'", "content");
-      ids = m->tokenize(read_string(b[key], key), true);
-      if (add_special) ids.insert(ids.begin(), m->built().target->tokenizer()->bos());
+      events += event(chunk(chat_ ? json::object() : json(""), job_->finish_reason));
+      if (include_usage_ && job_->result) {
+        events += event({{"id", id_}, {"object", chat_ ? "chat.completion.chunk" : "text_completion"}, {"created", created_},
+                         {"model", model_}, {"choices", json::array()}, {"usage", usage(*job_->result)}});
+      }
     }
-    json tokens = json::array();
-    const auto tok = m->built().target->tokenizer();
-    for (int32_t id : ids) {
-      if (with_pieces) tokens.push_back({{"id", id}, {"piece", tok->token_bytes(id)}});
-      else tokens.push_back(id);
+    exchange_->send(events + "data: [DONE]\n\n");
+    exchange_->end();
+  }
+
+  void respond() {
+    const api::Result* r = job_->result ? &*job_->result : nullptr;
+    json choice = {{"index", 0}, {"finish_reason", cut() ? "abort" : job_->finish_reason}, {"logprobs", nullptr}};
+    if (chat_) {
+      json message = {{"role", "assistant"}, {"content", r ? r->text : text_}};
+      if (reasoning_) message["reasoning_content"] = r ? r->reasoning : reasoning_text_;
+      choice["message"] = std::move(message);
+    } else {
+      choice["text"] = r ? r->text : text_;
     }
-    res.set_content(dump({{"tokens", tokens}, {"count", ids.size()}, {"max_model_len", m->context_length()}}),
-                    "application/json");
-  }
-
-  void detokenize(const httplib::Request& req, httplib::Response& res) {
-    auto m = ready();
-    const json b = parse_body(req);
-    only_keys(b, {"model", "tokens"});
-    check_model_name(b);
-    if (!b.contains("tokens") || !b["tokens"].is_array()) bad("'tokens' must be a list of token ids", "tokens");
-    std::vector<int32_t> ids;
-    const int64_t vocab = m->info().vocab_size;
-    for (const auto& v : b["tokens"]) {
-      if (!v.is_number_integer()) bad(fmt::format("'tokens' must hold integers, got {}", dump(v)), "tokens");
-      const int64_t id = v.get<int64_t>();
-      if (id < 0 || id >= vocab) bad(fmt::format("token id {} is outside the vocabulary of {} tokens", id, vocab), "tokens");
-      ids.push_back(static_cast<int32_t>(id));
+    json out = {{"id", id_}, {"object", chat_ ? "chat.completion" : "text_completion"}, {"created", created_},
+                {"model", model_}, {"choices", json::array({std::move(choice)})}, {"usage", r ? usage(*r) : json()}};
+    int status = 200;
+    if (cut()) {  // the answer so far, marked "abort", with the error that cut it, under its status
+      const HttpError e = cut_error();
+      status = e.status;
+      out["error"] = json::parse(error_body(e))["error"];
     }
-    res.set_content(dump({{"content", m->detokenize(ids, false)}}), "application/json");
+    exchange_->respond(json_response(status, out));
   }
 
-  void models(httplib::Response& res) {
-    auto m = ready();
-    json entry = {{"id", s.model_name_}, {"object", "model"}, {"created", 0}, {"owned_by", "specula"},
-                  {"max_model_len", m->context_length()}};
-    res.set_content(dump({{"object", "list"}, {"data", json::array({entry})}}), "application/json");
+  std::shared_ptr<Job> job_;
+  std::shared_ptr<http::Exchange> exchange_;
+  bool chat_, stream_ = false, include_usage_ = false, reasoning_ = false;
+  std::string id_, model_;
+  int64_t created_;
+  std::string text_, reasoning_text_;  // a plain answer's output so far
+  bool ended_ = false;
+};
+
+struct Server::Impl final : http::Handler {
+  explicit Impl(ServerOptions o)
+      : options(std::move(o)), keys(options.api_keys), workers(2), http(options.limits, *this) {}
+
+  ServerOptions options;
+  ApiKeys keys;
+  Metrics metrics;
+  // Request bodies into prompts (parsing and tokenizing up to --max-body-mib), so that this holds up
+  // neither the I/O thread (which answers /health) nor the scheduler's thread (which generates).
+  net::thread_pool workers;
+  http::Server http;
+  int port = 0;
+  std::atomic<bool> ready{false}, shutting_down{false};
+  std::mutex shutdown_mu;  // a second shutdown() waits for the first
+  bool stopped = false;
+  std::mutex mu;  // the three below
+  std::shared_ptr<api::Model> model;
+  std::shared_ptr<const ServedModel> served;
+  std::shared_ptr<Scheduler> scheduler;
+
+  struct Loaded {
+    std::shared_ptr<api::Model> model;
+    std::shared_ptr<const ServedModel> served;
+    std::shared_ptr<Scheduler> scheduler;
+  };
+  Loaded loaded() {
+    std::lock_guard lock(mu);
+    return {model, served, scheduler};
   }
 
-  void health(httplib::Response& res) {
-    const char* status = s.shutting_down_ ? "shutting_down" : model() ? "ok" : "loading";
-    res.status = std::string(status) == "ok" ? 200 : 503;
-    res.set_content(dump({{"status", status}}), "application/json");
+  // The CORS headers a request's Origin earns: none unless --cors-origin names it (or "*").
+  std::vector<Header> cors(const http::Request& h, bool preflight) const {
+    const auto origin = h[bhttp::field::origin];
+    if (options.cors_origins.empty() || origin.empty()) return {};
+    const bool any = std::count(options.cors_origins.begin(), options.cors_origins.end(), "*") > 0;
+    if (!any && std::count(options.cors_origins.begin(), options.cors_origins.end(), origin) == 0) return {};
+    std::vector<Header> out = {{"Access-Control-Allow-Origin", any ? "*" : std::string(origin)}, {"Vary", "Origin"}};
+    if (preflight) {
+      out.push_back({"Access-Control-Allow-Methods", "GET, POST, OPTIONS"});
+      out.push_back({"Access-Control-Allow-Headers", "Authorization, Content-Type"});
+      out.push_back({"Access-Control-Max-Age", "600"});
+    }
+    return out;
   }
 
-  void metrics(httplib::Response& res) {
-    auto sched = scheduler();
-    Gauges g = sched ? sched->gauges() : Gauges{};
-    res.set_content(s.metrics_.render(g), "text/plain; version=0.0.4; charset=utf-8");
+  std::optional<http::Response> refuse(const http::Request& h, const HttpError& e) {
+    http::Response r = error_response(e);
+    for (auto& header : cors(h, false)) r.headers.push_back(std::move(header));
+    return r;
+  }
+
+  // ---- http::Handler ----
+
+  std::optional<http::Response> on_header(const http::Request& h) override {
+    const std::string_view target = h.target();
+    const std::string_view path = target.substr(0, target.find('?'));
+    const Route route = route_of(path);
+    if (route == Route::None)
+      return refuse(h, {404, fmt::format("{} {}: no such endpoint", std::string_view(h.method_string()).substr(0, 16),
+                                         path.substr(0, 80)), "invalid_request_error", "", ""});
+    if (h.method() == bhttp::verb::options) return std::nullopt;  // CORS preflight: carries no key
+    const bhttp::verb method = is_post(route) ? bhttp::verb::post : bhttp::verb::get;
+    if (h.method() != method) {
+      auto r = refuse(h, {405, fmt::format("{} takes {} requests", path, bhttp::to_string(method)), "invalid_request_error",
+                          "", ""});
+      r->headers.emplace_back("Allow", std::string(bhttp::to_string(method)) + ", OPTIONS");
+      return r;
+    }
+    const bool open = route == Route::Health || (route == Route::Metrics && !options.protect_metrics);
+    if (!open && !keys.empty() && !keys.accept(h[bhttp::field::authorization]))
+      return refuse(h, {401, "a valid API key is required: send the header 'Authorization: Bearer KEY'",
+                        "invalid_request_error", "", "invalid_api_key"});
+    if (method == bhttp::verb::post && !is_json(h[bhttp::field::content_type]))
+      return refuse(h, {415, "the request body must be JSON: send the header 'Content-Type: application/json'",
+                        "invalid_request_error", "", "unsupported_media_type"});
+    if (route == Route::Health || route == Route::Metrics) return std::nullopt;
+    if (shutting_down) {
+      if (route == Route::Chat || route == Route::Completions) metrics.rejected("shutting_down");
+      return refuse(h, kShuttingDown);
+    }
+    auto l = loaded();
+    if (!l.scheduler) return refuse(h, kLoading);
+    if ((route == Route::Chat || route == Route::Completions) && l.scheduler->full()) {
+      metrics.rejected("queue_full");
+      return refuse(h, queue_full());
+    }
+    return std::nullopt;
+  }
+
+  void on_request(http::Request request, std::shared_ptr<http::Exchange> exchange,
+                  std::function<void()>& on_abandon) override {
+    const std::string_view target = request.target();
+    const std::string path(target.substr(0, target.find('?')));
+    const bool preflight = request.method() == bhttp::verb::options;
+    if (auto headers = cors(request, preflight); !headers.empty())
+      exchange = std::make_shared<WithHeaders>(std::move(exchange), std::move(headers));
+    if (preflight) return exchange->respond({204, "", "", {{"Allow", "GET, POST, OPTIONS"}}, false});
+    switch (route_of(path)) {
+      case Route::Health: return health(*exchange);
+      case Route::Metrics: return metrics_page(*exchange);
+      case Route::Models:
+      case Route::Model: return models(path, *exchange);
+      case Route::Chat: return completion(std::move(request.body()), std::move(exchange), on_abandon, true);
+      case Route::Completions: return completion(std::move(request.body()), std::move(exchange), on_abandon, false);
+      case Route::Tokenize:
+      case Route::Detokenize: return tokens(route_of(path), std::move(request.body()), std::move(exchange));
+      case Route::None: break;
+    }
+  }
+
+  http::Response error(int status, std::string message) override {
+    return error_response({status, std::move(message), "invalid_request_error", "", ""});
+  }
+
+  void on_status(int status) override { metrics.response(status); }
+
+  // ---- endpoints ----
+
+  static HttpError queue_full() {
+    return {429, "the server holds as many requests as --parallel and --queue-limit allow; retry later", "rate_limit_exceeded",
+            "", "queue_full"};
+  }
+
+  // On the I/O thread and touching only atomics: no request load can hold it up.
+  void health(http::Exchange& ex) {
+    const char* status = shutting_down ? "shutting_down" : ready ? "ok" : "loading";
+    ex.respond(json_response(std::string_view(status) == "ok" ? 200 : 503, {{"status", status}}));
+  }
+
+  void metrics_page(http::Exchange& ex) {
+    auto l = loaded();
+    Gauges g = l.scheduler ? l.scheduler->gauges() : Gauges{};
+    g.connections = http.connections();
+    ex.respond({200, "text/plain; version=0.0.4; charset=utf-8", metrics.render(g, l.served ? l.served->name : ""), {}, false});
+  }
+
+  void models(const std::string& path, http::Exchange& ex) {
+    auto l = loaded();
+    if (shutting_down || !l.served) return ex.respond(error_response(shutting_down ? kShuttingDown : kLoading));
+    const json entry = {{"id", l.served->name}, {"object", "model"}, {"created", 0}, {"owned_by", "specula"},
+                        {"max_model_len", l.served->context_length}};
+    if (route_of(path) == Route::Models) return ex.respond(json_response(200, {{"object", "list"}, {"data", json::array({entry})}}));
+    const std::string id = percent_decoded(std::string_view(path).substr(11));
+    if (id != l.served->name)
+      return ex.respond(error_response({404, fmt::format("the model {} does not exist; this server serves '{}'",
+                                                         json_text(json(id), 40), l.served->name),
+                                        "invalid_request_error", "model", "model_not_found"}));
+    ex.respond(json_response(200, entry));
+  }
+
+  void completion(std::string body, std::shared_ptr<http::Exchange> ex, std::function<void()>& on_abandon, bool chat) {
+    auto l = loaded();
+    if (!l.scheduler) return ex->respond(error_response(kLoading));
+    Scheduler::Ticket ticket = l.scheduler->reserve();
+    if (!ticket) {
+      metrics.rejected(shutting_down ? "shutting_down" : "queue_full");
+      return ex->respond(error_response(shutting_down ? kShuttingDown : queue_full()));
+    }
+    auto job = std::make_shared<Job>();
+    auto answer = std::make_shared<CompletionAnswer>(job, ex, chat, l.served->name);
+    // A client that left frees its slot after the current step; till then the connection keeps the answer.
+    on_abandon = [job, answer] { job->cancel = true; };
+    net::post(workers, [this, answer, ex, chat, l, body = std::move(body), ticket = std::move(ticket)]() mutable {
+      try {
+        prepare(*answer, ex, chat, l, std::move(body), std::move(ticket));
+      } catch (const std::exception& e) {  // (nothing may escape into the worker pool)
+        ex->respond(error_response({500, e.what(), "server_error", "", ""}));
+      }
+    });
+  }
+
+  // On a worker: the body read into a prompt, the stream begun, the job submitted.
+  void prepare(CompletionAnswer& answer, std::shared_ptr<http::Exchange> ex, bool chat, const Loaded& l, std::string body,
+               Scheduler::Ticket ticket) {
+    CompletionRequest r;
+    try {
+      r = read_completion(parse_json_body(body), chat, *l.served, random_u64());
+    } catch (const HttpError& e) {
+      return ex->respond(error_response(e));
+    } catch (const Error& e) {  // the tokenizer's or chat format's errors: the request's text
+      return ex->respond(error_response({400, e.what(), "invalid_request_error", "", ""}));
+    }
+    body = {};
+    const auto& job = answer.job();
+    job->prompt = std::move(r.prompt);
+    job->sampling = r.sampling;
+    answer.watch(r);
+    if (r.stream) ex->begin_stream(answer.stream_head());
+    if (l.scheduler->submit(job, std::move(ticket)) == Scheduler::Admission::ShuttingDown) {
+      metrics.rejected("shutting_down");
+      if (r.stream) {
+        ex->send("data: " + error_body(kShuttingDown) + "\n\ndata: [DONE]\n\n");
+        return ex->end();
+      }
+      return ex->respond(error_response(kShuttingDown));
+    }
+  }
+
+  void tokens(Route route, std::string body, std::shared_ptr<http::Exchange> ex) {
+    net::post(workers, [ex, route, l = loaded(), body = std::move(body)] {
+      try {
+        const json b = parse_json_body(body);
+        if (route == Route::Detokenize)
+          return ex->respond(json_response(200, {{"content", l.model->detokenize(read_detokenize(b, *l.served), false)}}));
+        const TokenizeRequest t = read_tokenize(b, *l.served);
+        json tokens = json::array();
+        const auto tok = l.model->built().target->tokenizer();
+        for (int32_t id : t.tokens) {
+          if (t.with_pieces) tokens.push_back({{"id", id}, {"piece", tok->token_bytes(id)}});
+          else tokens.push_back(id);
+        }
+        ex->respond(json_response(200, {{"tokens", tokens}, {"count", t.tokens.size()}, {"max_model_len", l.served->context_length}}));
+      } catch (const HttpError& e) {
+        ex->respond(error_response(e));
+      } catch (const std::exception& e) {
+        ex->respond(error_response({400, e.what(), "invalid_request_error", "", ""}));
+      }
+    });
   }
 };
 
-Server::Server(ServerOptions options) : options_(std::move(options)), http_(std::make_unique<httplib::Server>()) {
-  if (options_.parallel < 1) fail("--parallel must be at least 1, got {}", options_.parallel);
-  if (options_.queue_limit < 0) fail("--queue-limit must not be negative, got {}", options_.queue_limit);
-  // A client that goes away mid-stream must fail a write, not kill the process.
-  ::signal(SIGPIPE, SIG_IGN);
-  const int threads = options_.http_threads > 0 ? options_.http_threads : options_.parallel + options_.queue_limit + 4;
-  http_->new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
-  http_->set_payload_max_length(16u << 20);  // 16 MiB: a long conversation, not a flood
-  http_->set_read_timeout(30);
-  http_->set_write_timeout(30);
-
-  auto routes = std::make_shared<Routes>(Routes{*this});
-  // Every handler answers errors as OpenAI does; nothing a client sends escapes as an exception.
-  auto guarded = [](auto fn) {
-    return [fn](const httplib::Request& req, httplib::Response& res) {
-      try {
-        fn(req, res);
-      } catch (const HttpError& e) {
-        send_error(res, e);
-      } catch (const Error& e) {
-        send_error(res, {400, e.what(), "invalid_request_error", "", ""});
-      } catch (const std::exception& e) {
-        send_error(res, {500, e.what(), "server_error", "", ""});
-      }
-    };
-  };
-  http_->Post("/v1/chat/completions", guarded([routes](const auto& q, auto& r) { routes->completion(q, r, true); }));
-  http_->Post("/v1/completions", guarded([routes](const auto& q, auto& r) { routes->completion(q, r, false); }));
-  http_->Post("/tokenize", guarded([routes](const auto& q, auto& r) { routes->tokenize(q, r); }));
-  http_->Post("/detokenize", guarded([routes](const auto& q, auto& r) { routes->detokenize(q, r); }));
-  http_->Get("/v1/models", guarded([routes](const auto&, auto& r) { routes->models(r); }));
-  http_->Get("/health", guarded([routes](const auto&, auto& r) { routes->health(r); }));
-  http_->Get("/metrics", guarded([routes](const auto&, auto& r) { routes->metrics(r); }));
-  http_->set_error_handler([](const httplib::Request& req, httplib::Response& res) {
-    if (!res.body.empty()) return;
-    HttpError e{res.status, fmt::format("{} {}: no such endpoint", req.method, req.path), "invalid_request_error", "", ""};
-    if (res.status == 413) e.message = "the request body is too large (16 MiB at most)";
-    send_error(res, e);
-  });
+Server::Server(ServerOptions options) {
+  if (options.parallel < 1) fail("--parallel must be at least 1, got {}", options.parallel);
+  if (options.queue_limit < 0) fail("--queue-limit must not be negative, got {}", options.queue_limit);
+  // Connections being answered are never closed to make room: the limit must leave room beyond them for
+  // health probes and idle clients.
+  const int answering = options.parallel + options.queue_limit;
+  if (options.limits.max_connections <= answering + 8)
+    fail("--max-connections {} leaves no room beside the {} requests --parallel and --queue-limit admit; give at least {}",
+         options.limits.max_connections, answering, answering + 9);
+  for (const auto& k : options.api_keys)
+    if (k.empty()) fail("an API key is empty; give a non-empty --api-key, --api-key-file line or SPECULA_API_KEY");
+  impl_ = std::make_unique<Impl>(std::move(options));
 }
 
 Server::~Server() { shutdown(); }
 
 int Server::start() {
-  if (thread_.joinable()) fail("the server is already started");
-  port_ = options_.port == 0 ? http_->bind_to_any_port(options_.host) : (http_->bind_to_port(options_.host, options_.port) ? options_.port : -1);
-  if (port_ < 0)
-    fail("cannot listen on {}:{} (in use, or not an address of this machine); pick another --host/--port", options_.host,
-         options_.port);
-  thread_ = std::thread([this] { http_->listen_after_bind(); });
-  return port_;
+  impl_->port = impl_->http.listen(impl_->options.host, impl_->options.port);
+  impl_->http.start();
+  return impl_->port;
 }
 
+int Server::port() const { return impl_->port; }
+
 void Server::set_model(std::shared_ptr<api::Model> model) {
+  auto& o = impl_->options;
   SchedulerOptions so;
-  so.parallel = options_.parallel;
-  so.queue_limit = options_.queue_limit;
-  auto scheduler = std::make_shared<Scheduler>(model, so, metrics_);
-  std::string name = options_.model_name;
-  if (name.empty()) name = model->pipeline().target.model.stem().string();
-  std::lock_guard lock(mu_);
-  model_name_ = name;
-  scheduler_ = std::move(scheduler);
-  model_ = std::move(model);
+  so.parallel = o.parallel;
+  so.queue_limit = o.queue_limit;
+  auto scheduler = std::make_shared<Scheduler>(model, so, impl_->metrics);
+  auto served = std::make_shared<ServedModel>();
+  served->name = o.model_name.empty() ? model->pipeline().target.model.stem().string() : o.model_name;
+  served->vocab_size = model->info().vocab_size;
+  served->context_length = model->context_length();
+  served->bos = model->built().target->tokenizer()->bos();
+  served->defaults = model->default_sampling();
+  if (model->built().target->chat_format()) {
+    const auto content = o.control_tokens_in_content ? api::ContentTokens::Parsed : api::ContentTokens::Text;
+    served->chat_prompt = [model, content](std::span<const ChatMessage> m, std::optional<bool> thinking) {
+      return model->chat_prompt(m, thinking, content);
+    };
+  }
+  served->tokenize = [model](std::string_view text) { return model->tokenize(text, true); };
+  {
+    std::lock_guard lock(impl_->mu);
+    impl_->served = std::move(served);
+    impl_->scheduler = std::move(scheduler);
+    impl_->model = std::move(model);
+  }
+  impl_->ready = true;
 }
 
 void Server::shutdown() {
-  if (shutting_down_.exchange(true)) {
-    if (thread_.joinable()) thread_.join();
-    return;
-  }
-  if (auto sched = [&] { std::lock_guard lock(mu_); return scheduler_; }()) sched->drain(options_.drain_timeout);
-  http_->stop();
-  if (thread_.joinable()) thread_.join();
-  std::shared_ptr<Scheduler> sched;
+  auto& s = *impl_;
+  std::lock_guard once(s.shutdown_mu);
+  if (s.stopped) return;
+  s.stopped = true;
+  s.shutting_down = true;
+  auto l = s.loaded();
+  // Queued and running requests finish (or are cut as "abort" after drain_timeout); their answers are
+  // written as they end, and the HTTP server lets connections that are answering finish.
+  if (l.scheduler) l.scheduler->drain(s.options.drain_timeout);
+  s.http.stop(std::chrono::seconds(5));
   {
-    std::lock_guard lock(mu_);
-    sched = std::move(scheduler_);
+    std::lock_guard lock(s.mu);
+    s.scheduler.reset();
   }
-  sched.reset();  // joins the scheduler thread
+  l.scheduler.reset();  // joins the scheduler's thread
+  s.workers.join();
 }
 
 }  // namespace specula::serve

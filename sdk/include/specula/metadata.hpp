@@ -3,9 +3,12 @@
 // error names the file, the key, the value found and what was expected.
 #pragma once
 
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -69,11 +72,20 @@ class JsonFields {
   JsonFields(const nlohmann::json& object, std::string where, std::string prefix = "")
       : object_(object), where_(std::move(where)), prefix_(std::move(prefix)) {}
 
-  // The field, or `fallback` when it is absent or null; a field of another type is an error.
+  // The field, or `fallback` when it is absent or null; a field of another type is an error, and so is a
+  // float outside an integer field's range (nlohmann would convert it with a cast: undefined behaviour).
   template <typename T>
   T get(const char* key, T fallback) const {
     auto it = object_.find(key);
     if (it == object_.end() || it->is_null()) return fallback;
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      if (it->is_number_float()) {
+        const double d = it->template get<double>();
+        const double limit = std::ldexp(1.0, std::numeric_limits<T>::digits);  // 2^digits, exact in a double
+        if (!(d >= (std::is_signed_v<T> ? -limit : 0.0) && d < limit))
+          fail("{}: {}{} is {}, outside the range of an integer", where_, prefix_, key, json_text(*it));
+      }
+    }
     try {
       return it->template get<T>();
     } catch (const nlohmann::json::exception&) {

@@ -14,6 +14,11 @@ namespace specula {
 
 class ModelFile;
 
+// A byte range [begin, end) of a text.
+struct TextRange {
+  size_t begin = 0, end = 0;
+};
+
 class Tokenizer {
  public:
   virtual ~Tokenizer() = default;
@@ -22,6 +27,11 @@ class Tokenizer {
   // otherwise it is tokenized as plain text. No BOS is added unless `add_bos`.
   virtual std::vector<int32_t> encode(std::string_view text, bool add_bos = false,
                                       bool parse_special = false) const = 0;
+  // A rendered chat prompt: special tokens parsed in the template's own text, but inside `literal`
+  // (byte ranges of `text`, sorted and disjoint: the messages' contents) text that spells a special token
+  // stays text, as encode(..., parse_special = false) has it. What a user writes never becomes a control
+  // token; outside those ranges the ids equal encode(text, false, true).
+  virtual std::vector<int32_t> encode_prompt(std::string_view text, std::span<const TextRange> literal) const = 0;
   // The bytes of one token (byte-fallback tokens give their raw byte; may be invalid UTF-8 alone).
   virtual std::string token_bytes(int32_t id) const = 0;
   virtual std::string piece(int32_t id) const = 0;   // the vocabulary entry as stored
@@ -40,13 +50,25 @@ struct ChatMessage {
   std::string content;
 };
 
+// A conversation rendered: the prompt text, and where in it the messages' contents went (what
+// Tokenizer::encode_prompt keeps as text).
+struct RenderedChat {
+  std::string text;
+  std::vector<TextRange> content;
+};
+
 // Renders a conversation in a model's chat format and filters what the model writes back.
 class ChatFormat {
  public:
   virtual ~ChatFormat() = default;
-  // The prompt text (with the BOS spelled as text) ending with the generation prompt.
-  virtual std::string render(std::span<const ChatMessage> messages, bool add_generation_prompt,
-                             bool enable_thinking) const = 0;
+  // The prompt text (with the BOS spelled as text) ending with the generation prompt, and the byte
+  // ranges of the messages' contents in it.
+  virtual RenderedChat render_chat(std::span<const ChatMessage> messages, bool add_generation_prompt,
+                                   bool enable_thinking) const = 0;
+  // The prompt text alone.
+  std::string render(std::span<const ChatMessage> messages, bool add_generation_prompt, bool enable_thinking) const {
+    return render_chat(messages, add_generation_prompt, enable_thinking).text;
+  }
   // Streams the visible text of generated tokens: thought channel and special tokens removed,
   // bytes held back until they form valid UTF-8.
   class AnswerFilter {

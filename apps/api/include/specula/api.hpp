@@ -37,6 +37,11 @@ namespace specula::api {
 
 using ChatMessage = specula::ChatMessage;  // {role: "system" | "user" | "assistant", content}
 
+// How a chat prompt tokenizes what the messages say: as text (a control token's spelling, "<|turn>",
+// stays text: no message can open a turn of another role), or with the special tokens it spells parsed
+// (for callers trusted to write the format themselves).
+enum class ContentTokens { Text, Parsed };
+
 // The seed's ChatSamplingConfig. Model::default_sampling() fills it from the pipeline's sampler section
 // (and, for a model opened from its path, from its generation_config.json).
 struct SamplingConfig {
@@ -112,8 +117,10 @@ class Model {
   // chat.system is added when `messages` hold no system message. Needs a chat format.
   // `enable_thinking` overrides the pipeline's chat.enable_thinking.
   std::string render(std::span<const ChatMessage> messages, std::optional<bool> enable_thinking = {}) const;
-  // render() tokenized (special tokens parsed), ready for Session::generate.
-  std::vector<int32_t> chat_prompt(std::span<const ChatMessage> messages, std::optional<bool> enable_thinking = {}) const;
+  // render() tokenized, ready for Session::generate: the template's special tokens parsed, the messages'
+  // contents as `content` says.
+  std::vector<int32_t> chat_prompt(std::span<const ChatMessage> messages, std::optional<bool> enable_thinking = {},
+                                   ContentTokens content = ContentTokens::Text) const;
 
   std::unique_ptr<Session> new_session();
 
@@ -128,6 +135,7 @@ class Model {
  private:
   friend class Session;
   explicit Model(std::shared_ptr<Impl> impl);
+  RenderedChat rendered(std::span<const ChatMessage> messages, std::optional<bool> enable_thinking) const;
   std::shared_ptr<Impl> impl_;
 };
 

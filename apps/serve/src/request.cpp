@@ -1,0 +1,399 @@
+#include "request.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <set>
+
+#include <fmt/format.h>
+
+#include "specula/error.hpp"
+#include "specula/metadata.hpp"
+
+namespace specula::serve {
+
+using json = nlohmann::json;
+
+void bad_request(std::string message, std::string param, std::string code) {
+  throw HttpError{400, std::move(message), "invalid_request_error", std::move(param), std::move(code)};
+}
+
+std::string error_body(const HttpError& e) {
+  const json err = {{"message", e.message},
+                    {"type", e.type},
+                    {"param", e.param.empty() ? json() : json(e.param)},
+                    {"code", e.code.empty() ? json() : json(e.code)}};
+  return json{{"error", err}}.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+namespace {
+
+// A value as an error message quotes it: never more than a short prefix of what the client sent.
+std::string quote(const json& v) { return json_text(v, 40); }
+
+// Where the parser is, for naming the field of an error found while parsing ("messages[2].content").
+// nlohmann's parser callback reports each container's start and end, each key and each scalar; the
+// callback throws to stop the parse at kMaxJsonDepth.
+class ParsePosition {
+ public:
+  struct TooDeep {};
+
+  bool on_event(int depth, json::parse_event_t event, const json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start:
+      case json::parse_event_t::array_start:
+        if (depth >= kMaxJsonDepth) throw TooDeep{};
+        frames_.push_back({event == json::parse_event_t::array_start, 0, {}});
+        break;
+      case json::parse_event_t::key: frames_.back().key = parsed.get<std::string>(); break;
+      case json::parse_event_t::object_end:
+      case json::parse_event_t::array_end:
+        frames_.pop_back();
+        completed_element();
+        break;
+      case json::parse_event_t::value: completed_element(); break;
+    }
+    return true;
+  }
+
+  // The path of the value being read, its first `levels` levels ("messages[2].content").
+  std::string path(size_t levels = 6) const {
+    std::string out;
+    for (size_t i = 0; i < frames_.size() && i < levels; ++i) {
+      const Frame& f = frames_[i];
+      if (f.array) out += fmt::format("[{}]", f.elements);
+      else if (!f.key.empty()) out += (out.empty() ? "" : ".") + f.key.substr(0, 40);
+    }
+    return out;
+  }
+
+ private:
+  struct Frame {
+    bool array = false;
+    size_t elements = 0;  // completed elements of an array: the one being read is at this index
+    std::string key;      // the key being read in an object
+  };
+  void completed_element() {
+    if (!frames_.empty() && frames_.back().array) ++frames_.back().elements;
+  }
+  std::vector<Frame> frames_;
+};
+
+// nlohmann's parse error text without its exception id and its "last read: '...'", which quotes the input.
+std::string parse_error_reason(const json::exception& e) {
+  std::string what = e.what();
+  if (const size_t at = what.find("; last read"); at != std::string::npos) what.resize(at);
+  if (const size_t id = what.find("] "); id != std::string::npos) what.erase(0, id + 2);
+  return what.substr(0, 160);
+}
+
+// ---- typed readers: a missing or null field keeps the default ----
+
+bool present(const json& b, const char* key) {
+  auto it = b.find(key);
+  return it != b.end() && !it->is_null();
+}
+
+void only_keys(const json& object, const std::set<std::string>& allowed, const std::string& where = {}) {
+  for (const auto& [key, value] : object.items()) {
+    if (allowed.count(key)) continue;
+    const std::string name = where.empty() ? key : where + "." + key;
+    bad_request(fmt::format("unknown field '{}'", name.substr(0, 80)), name.substr(0, 80));
+  }
+}
+
+void read_bool(const json& b, const char* key, bool& out) {
+  if (!present(b, key)) return;
+  const json& v = b[key];
+  if (!v.is_boolean()) bad_request(fmt::format("'{}' must be a boolean, got {}", key, quote(v)), key);
+  out = v.get<bool>();
+}
+
+double read_number(const json& v, const std::string& name, double lo, double hi) {
+  if (!v.is_number()) bad_request(fmt::format("'{}' must be a number, got {}", name, quote(v)), name);
+  const double d = v.get<double>();
+  if (!std::isfinite(d) || d < lo || d > hi)
+    bad_request(fmt::format("'{}' must be between {} and {}, got {}", name, lo, hi, quote(v)), name);
+  return d;
+}
+
+int64_t read_int(const json& v, const std::string& name, int64_t lo, int64_t hi) {
+  if (!v.is_number_integer()) bad_request(fmt::format("'{}' must be an integer, got {}", name, quote(v)), name);
+  const bool huge = v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(std::numeric_limits<int64_t>::max());
+  const int64_t i = huge ? std::numeric_limits<int64_t>::max() : v.get<int64_t>();
+  if (huge || i < lo || i > hi)
+    bad_request(fmt::format("'{}' must be an integer between {} and {}, got {}", name, lo, hi, quote(v)), name);
+  return i;
+}
+
+std::string read_string(const json& v, const std::string& name) {
+  if (!v.is_string()) bad_request(fmt::format("'{}' must be a string, got {}", name, quote(v)), name);
+  return v.get<std::string>();
+}
+
+const json& read_object(const json& v, const std::string& name) {
+  if (!v.is_object()) bad_request(fmt::format("'{}' must be an object, got {}", name, quote(v)), name);
+  return v;
+}
+
+void check_model_name(const json& b, const ServedModel& model) {
+  if (!present(b, "model")) return;
+  const std::string name = read_string(b["model"], "model");
+  if (name != model.name)
+    throw HttpError{404, fmt::format("the model {} does not exist; this server serves '{}' (GET /v1/models)", quote(name),
+                                     model.name),
+                    "invalid_request_error", "model", "model_not_found"};
+}
+
+// The fields both completion endpoints share (OpenAI's names; top_k, min_p, min_tokens, repetition_penalty
+// as vLLM and llama-server add them).
+const std::set<std::string> kCommonKeys = {
+    "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n",
+    "user", "frequency_penalty", "presence_penalty", "repetition_penalty", "min_tokens", "logprobs"};
+
+constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
+
+// Returns whether max_tokens was given.
+bool read_sampling(const json& b, CompletionRequest& r, uint64_t unseeded) {
+  auto& s = r.sampling;
+  if (present(b, "temperature")) s.temperature = static_cast<float>(read_number(b["temperature"], "temperature", 0, 2));
+  if (present(b, "top_p")) {
+    s.top_p = static_cast<float>(read_number(b["top_p"], "top_p", 0, 1));
+    if (s.top_p <= 0) bad_request("'top_p' must be above 0 (1 = off)", "top_p");
+  }
+  if (present(b, "top_k")) {
+    const int64_t k = read_int(b["top_k"], "top_k", -1, kMaxInt32);
+    s.top_k = k < 0 ? 0 : static_cast<int32_t>(k);  // -1: off, as vLLM
+  }
+  if (present(b, "min_p")) s.min_p = static_cast<float>(read_number(b["min_p"], "min_p", 0, 1));
+  if (present(b, "repetition_penalty"))
+    s.repetition_penalty = static_cast<float>(read_number(b["repetition_penalty"], "repetition_penalty", 0.01, 100));
+  // A request without a seed draws its own: the pipeline's seed would make every such request alike.
+  s.seed = unseeded;
+  if (present(b, "seed")) {
+    const json& v = b["seed"];
+    s.seed = v.is_number_unsigned() ? v.get<uint64_t>()
+                                    : static_cast<uint64_t>(read_int(v, "seed", std::numeric_limits<int64_t>::min(),
+                                                                     std::numeric_limits<int64_t>::max()));
+  }
+  bool max_given = false;
+  for (const char* key : {"max_tokens", "max_completion_tokens"}) {
+    if (!present(b, key)) continue;
+    s.max_tokens = static_cast<int>(read_int(b[key], key, 1, kMaxInt32));
+    max_given = true;
+  }
+  if (present(b, "min_tokens")) s.min_tokens = static_cast<int32_t>(read_int(b["min_tokens"], "min_tokens", 0, kMaxInt32));
+  if (present(b, "stop")) {
+    const json& v = b["stop"];
+    s.stop.clear();
+    if (v.is_string()) {
+      s.stop.push_back(v.get<std::string>());
+    } else if (v.is_array()) {
+      if (v.size() > 4) bad_request(fmt::format("'stop' holds at most 4 strings, got {}", v.size()), "stop");
+      for (const auto& item : v) s.stop.push_back(read_string(item, "stop"));
+    } else {
+      bad_request(fmt::format("'stop' must be a string or a list of strings, got {}", quote(v)), "stop");
+    }
+    for (const auto& stop : s.stop) {
+      if (stop.empty()) bad_request("'stop' strings must not be empty", "stop");
+      if (stop.size() > kMaxStopBytes)
+        bad_request(fmt::format("'stop' strings hold at most {} bytes, got one of {}", kMaxStopBytes, stop.size()), "stop");
+    }
+  }
+  if (present(b, "n") && read_int(b["n"], "n", 1, 128) != 1) bad_request("only n = 1 is supported", "n");
+  for (const char* key : {"frequency_penalty", "presence_penalty"}) {
+    if (present(b, key) && read_number(b[key], key, -2, 2) != 0)
+      bad_request(fmt::format("'{}' is not supported; use repetition_penalty", key), key);
+  }
+  if (present(b, "logprobs")) {
+    const json& v = b["logprobs"];
+    if (!(v.is_boolean() && !v.get<bool>()) && !(v.is_number_integer() && v.get<int64_t>() == 0))
+      bad_request("'logprobs' is not supported", "logprobs");
+  }
+  if (present(b, "user")) read_string(b["user"], "user");
+  read_bool(b, "stream", r.stream);
+  if (present(b, "stream_options")) {
+    const json& o = read_object(b["stream_options"], "stream_options");
+    if (!r.stream) bad_request("'stream_options' is only allowed with \"stream\": true", "stream_options");
+    only_keys(o, {"include_usage"}, "stream_options");
+    read_bool(o, "include_usage", r.include_usage);
+  }
+  return max_given;
+}
+
+std::string message_content(const json& m, const std::string& where) {
+  auto it = m.find("content");
+  if (it == m.end() || it->is_null()) return {};
+  if (it->is_string()) return it->get<std::string>();
+  if (!it->is_array())
+    bad_request(fmt::format("'{}' must be a string or a list of text parts, got {}", where, quote(*it)), where);
+  std::string text;
+  for (size_t i = 0; i < it->size(); ++i) {
+    const json& part = (*it)[i];
+    const std::string at = fmt::format("{}[{}]", where, i);
+    const bool text_part = part.is_object() && part.size() == 2 && part.contains("type") && part["type"] == "text" &&
+                           part.contains("text") && part["text"].is_string();
+    if (!text_part) bad_request(fmt::format("'{}': only parts {{\"type\": \"text\", \"text\": STRING}} are supported", at), at);
+    text += part["text"].get_ref<const std::string&>();
+  }
+  return text;
+}
+
+std::vector<ChatMessage> read_messages(const json& b) {
+  if (!b.contains("messages")) bad_request("'messages' is required", "messages");
+  const json& ms = b["messages"];
+  if (!ms.is_array() || ms.empty())
+    bad_request(fmt::format("'messages' must be a non-empty list of {{\"role\", \"content\"}}, got {}", quote(ms)), "messages");
+  std::vector<ChatMessage> out;
+  for (size_t i = 0; i < ms.size(); ++i) {
+    const json& m = ms[i];
+    const std::string where = fmt::format("messages[{}]", i);
+    if (!m.is_object() || !m.contains("role")) bad_request(fmt::format("'{}' must be an object with a role", where), where);
+    std::string role = read_string(m["role"], where + ".role");
+    if (role == "developer") role = "system";  // OpenAI's newer name for it
+    if (role != "system" && role != "user" && role != "assistant")
+      bad_request(fmt::format("'{}.role' must be system, developer, user or assistant, got {}", where, quote(role)),
+                  where + ".role");
+    only_keys(m, {"role", "content", "name"}, where);
+    if (present(m, "name")) read_string(m["name"], where + ".name");
+    out.push_back({role, message_content(m, where + ".content")});
+  }
+  return out;
+}
+
+std::vector<int32_t> token_ids(const json& v, const std::string& name, int64_t vocab) {
+  std::vector<int32_t> ids;
+  ids.reserve(v.size());
+  for (const auto& id : v) {
+    const int64_t i = read_int(id, name, 0, vocab - 1);
+    ids.push_back(static_cast<int32_t>(i));
+  }
+  return ids;
+}
+
+std::vector<int32_t> chat_prompt(const ServedModel& model, const std::vector<ChatMessage>& messages,
+                                 std::optional<bool> thinking) {
+  if (!model.chat_prompt) bad_request("the model has no chat format; use /v1/completions with a prompt", "messages");
+  try {
+    return model.chat_prompt(messages, thinking);
+  } catch (const std::exception& e) {  // the chat format's own errors (a plugin's Error type)
+    bad_request(e.what(), "messages");
+  }
+}
+
+}  // namespace
+
+json parse_json_body(std::string_view body) {
+  if (body.empty()) bad_request("the request body is empty; send a JSON object");
+  ParsePosition position;
+  json j;
+  try {
+    j = json::parse(body.begin(), body.end(),
+                    [&](int depth, json::parse_event_t event, json& parsed) { return position.on_event(depth, event, parsed); });
+  } catch (const ParsePosition::TooDeep&) {
+    const std::string field = position.path(1);
+    bad_request(fmt::format("the request body nests deeper than {} levels (at '{}')", kMaxJsonDepth, position.path()), field);
+  } catch (const json::out_of_range&) {  // a number beyond the double range (1e400)
+    const std::string at = position.path();
+    bad_request(fmt::format("'{}' is out of range: a number beyond the range of a double (about 1.8e308)", at), at);
+  } catch (const json::exception& e) {
+    bad_request(fmt::format("the request body is not valid JSON: {}", parse_error_reason(e)));
+  }
+  if (!j.is_object()) bad_request(fmt::format("the request body must be a JSON object, got {}", quote(j)));
+  return j;
+}
+
+CompletionRequest read_completion(const json& b, bool chat, const ServedModel& model, uint64_t unseeded) {
+  std::set<std::string> keys = kCommonKeys;
+  if (chat) keys.insert({"messages", "max_completion_tokens", "include_reasoning", "chat_template_kwargs", "response_format"});
+  else keys.insert({"prompt", "echo", "suffix", "best_of"});
+  only_keys(b, keys);
+  check_model_name(b, model);
+  CompletionRequest r;
+  r.chat = chat;
+  r.sampling = model.defaults;
+  const bool max_given = read_sampling(b, r, unseeded);
+  const char* prompt_field = chat ? "messages" : "prompt";
+  if (chat) {
+    const auto messages = read_messages(b);
+    std::optional<bool> thinking;
+    if (present(b, "chat_template_kwargs")) {
+      const json& k = read_object(b["chat_template_kwargs"], "chat_template_kwargs");
+      only_keys(k, {"enable_thinking"}, "chat_template_kwargs");
+      if (present(k, "enable_thinking")) {
+        bool t = false;
+        read_bool(k, "enable_thinking", t);
+        thinking = t;
+      }
+    }
+    read_bool(b, "include_reasoning", r.sampling.reasoning);
+    if (present(b, "response_format")) {
+      const json& f = read_object(b["response_format"], "response_format");
+      if (f.size() != 1 || !f.contains("type") || f["type"] != "text")
+        bad_request("only response_format {\"type\": \"text\"} is supported", "response_format");
+    }
+    r.prompt = chat_prompt(model, messages, thinking);
+  } else {
+    if (!b.contains("prompt")) bad_request("'prompt' is required", "prompt");
+    const json* p = &b["prompt"];
+    if (p->is_array() && p->size() == 1 && (*p)[0].is_string()) p = &(*p)[0];
+    if (p->is_string()) {
+      if (p->get_ref<const std::string&>().empty()) bad_request("'prompt' is empty", "prompt");
+      r.prompt = model.tokenize(p->get_ref<const std::string&>());
+    } else if (p->is_array() && !p->empty() && (*p)[0].is_number()) {
+      r.prompt = token_ids(*p, "prompt", model.vocab_size);
+    } else {
+      bad_request(fmt::format("'prompt' must be a string, a list of one string, or a list of token ids, got {}", quote(*p)),
+                  "prompt");
+    }
+    bool echo = false;
+    read_bool(b, "echo", echo);
+    if (echo) bad_request("'echo' is not supported", "echo");
+    if (present(b, "suffix")) bad_request("'suffix' is not supported", "suffix");
+    if (present(b, "best_of") && read_int(b["best_of"], "best_of", 1, 128) != 1)
+      bad_request("only best_of = 1 is supported", "best_of");
+  }
+  if (r.prompt.empty()) bad_request("the prompt is empty after tokenization", prompt_field);
+
+  auto& s = r.sampling;
+  const int64_t capacity = model.context_length;
+  const int64_t n = static_cast<int64_t>(r.prompt.size());
+  if (!max_given) s.max_tokens = static_cast<int>(std::clamp<int64_t>(capacity - n, 1, s.max_tokens));
+  if (n >= capacity || n + s.max_tokens > capacity)
+    throw HttpError{400, fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens "
+                                     "({} in the prompt, {} in the completion). Please reduce the length of the {} or "
+                                     "the completion.", capacity, n + s.max_tokens, n, s.max_tokens, prompt_field),
+                    "invalid_request_error", prompt_field, "context_length_exceeded"};
+  if (s.min_tokens > s.max_tokens)
+    bad_request(fmt::format("'min_tokens' ({}) must not exceed max_tokens ({})", s.min_tokens, s.max_tokens), "min_tokens");
+  return r;
+}
+
+TokenizeRequest read_tokenize(const json& b, const ServedModel& model) {
+  only_keys(b, {"model", "content", "prompt", "messages", "add_special", "with_pieces"});
+  check_model_name(b, model);
+  TokenizeRequest r;
+  bool add_special = false;
+  read_bool(b, "with_pieces", r.with_pieces);
+  read_bool(b, "add_special", add_special);
+  if (b.contains("messages")) {
+    r.tokens = chat_prompt(model, read_messages(b), std::nullopt);
+    return r;
+  }
+  const char* key = b.contains("content") ? "content" : "prompt";
+  if (!b.contains(key)) bad_request("give 'content' (text) or 'messages'", "content");
+  r.tokens = model.tokenize(read_string(b[key], key));
+  if (add_special) r.tokens.insert(r.tokens.begin(), model.bos);
+  return r;
+}
+
+std::vector<int32_t> read_detokenize(const json& b, const ServedModel& model) {
+  only_keys(b, {"model", "tokens"});
+  check_model_name(b, model);
+  if (!b.contains("tokens") || !b["tokens"].is_array())
+    bad_request(fmt::format("'tokens' must be a list of token ids, got {}", b.contains("tokens") ? quote(b["tokens"]) : "nothing"),
+                "tokens");
+  return token_ids(b["tokens"], "tokens", model.vocab_size);
+}
+
+}  // namespace specula::serve
