@@ -885,7 +885,7 @@ TEST(ValidateCli, RefusesWhatRunRefusesWithTheSameMessage) {
   };
   if (host().find("vulkan")) {  // refused by the host before a Vulkan device is looked for
     cases.push_back({pipeline("vk", "vulkan, options: {bogus_opt: 1}", "{}"), "",
-                     "unknown option 'bogus_opt' of backend plugin 'vulkan' (valid options: device, max_binding_bytes, subgroups)"});
+                     "unknown option 'bogus_opt' of backend plugin 'vulkan' (valid options: device, max_binding_bytes, subgroups, cooperative_matrix, profile)"});
   }
   for (const auto& c : cases) {
     int status = 0;
