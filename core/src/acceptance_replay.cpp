@@ -91,8 +91,9 @@ std::vector<int32_t> AcceptanceReplay::plan(std::span<const int32_t> history, in
   for (size_t i = 0; i < drafts.size(); ++i) {
     // Past the greedy run's end generation has stopped: nothing there is emitted, any token serves.
     const int32_t next = greedy_[std::min(history.size() + i, greedy_.size() - 1)];
-    const double before = i ? profile_[i - 1] : 1.0;
-    const double a = i < profile_.size() ? profile_[i] : 0.0;
+    // a_i past the profile's last entry is 0 (so is a_(i-1) one further on).
+    auto a_at = [&](size_t k) { return k == 0 ? 1.0 : k - 1 < profile_.size() ? profile_[k - 1] : 0.0; };
+    const double before = a_at(i), a = a_at(i + 1);
     accepted = accepted && before > 0 && uniform() < a / before;
     drafts[i] = accepted ? next : (next > 0 ? next - 1 : next + 1);
   }

@@ -54,7 +54,6 @@ class AcceptanceReplay {
   std::vector<int32_t> greedy_;
   uint64_t state_;
   ComputeBackend* backend_;
-  size_t checked_ = 0;  // tokens of history already compared with greedy_
 };
 
 }  // namespace specula::core
