@@ -1,5 +1,6 @@
 // `specula bench`: prompt-processing and token-generation speed of a target (llama-bench's pp/tg
-// measures), plus speculative decoding with the pipeline's drafter. bench/compare_llama.sh runs it next
+// measures), plus speculative decoding with the pipeline's drafter, real or replayed at a given acceptance
+// (core/include/specula/core/acceptance_replay.hpp). bench/compare_llama.sh runs it next
 // to llama.cpp on the same file and prints the ratios.
 #include <sys/resource.h>
 
@@ -7,13 +8,17 @@
 #include <cmath>
 #include <chrono>
 #include <cstdint>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "cli_common.hpp"
 #include "command.hpp"
+#include "specula/core/acceptance_replay.hpp"
 #include "specula/core/generator.hpp"
 #include "specula/error.hpp"
 #include "specula/log.hpp"
@@ -63,14 +68,17 @@ int run_bench(const std::vector<std::string>& args) {
   int64_t prompt_tokens = 512, gen_tokens = 128;
   int repetitions = 3, sequences = 1;
   bool as_json = false, no_drafter = false, profile = false, verify = false;
+  std::string acceptance_profile;
+  uint64_t replay_seed = 1;
   cli::po::options_description desc(
       "usage: specula bench PIPELINE.yaml [options]\n"
       "       specula bench --model PATH [--backend NAME] [options]\n\n"
       "Measures, on a fixed synthetic prompt, prompt processing (one forward over -p/--prompt-tokens, as\n"
       "llama-bench's pp) and token generation (-n/--gen-tokens single-token forwards, greedy, as its tg),\n"
       "each --repetitions times on a fresh context; reports the median (min-max). With a drafter in the\n"
-      "pipeline it also times greedy speculative generation and its acceptance. The first, untimed run\n"
-      "pages the weights in.\n\noptions");
+      "pipeline it also times greedy speculative generation and its acceptance; with --acceptance-profile\n"
+      "it replays that acceptance instead (greedy; every line says \"replay\") against plain decoding through\n"
+      "the same engine. The first, untimed run pages the weights in.\n\noptions");
   desc.add_options()("help,h", "show this help")(
       "prompt-tokens,p", cli::po::value(&prompt_tokens)->default_value(prompt_tokens), "prompt length (llama-bench -p)")(
       "gen-tokens,n", cli::po::value(&gen_tokens)->default_value(gen_tokens), "tokens generated (llama-bench -n)")(
@@ -83,11 +91,22 @@ int run_bench(const std::vector<std::string>& args) {
       "verify", cli::po::bool_switch(&verify),
       "time verification forwards of 2..9 tokens against a decode step (always with a drafter: the MTP cost model)")(
       "profile", cli::po::bool_switch(&profile),
-      "print time per op kind, weight and layer when the backend ends (CPU backend: host clock; Vulkan: GPU timestamps; includes the untimed run)");
+      "print time per op kind, weight and layer when the backend ends (CPU backend: host clock; Vulkan: GPU timestamps; includes the untimed run)")(
+      "acceptance-profile", cli::po::value(&acceptance_profile),
+      "replay this acceptance with the drafter: a1,a2,... (entry i: the fraction of rounds whose first i drafts are "
+      "all accepted; 0 rejects every draft). Each round drafts and verifies as always, but its drafts are replaced "
+      "first by the target's own greedy tokens or by tokens it rejects (docs/performance.md, \"Acceptance replay\")")(
+      "replay-seed", cli::po::value(&replay_seed)->default_value(replay_seed), "seed of the replay's draws");
   cli::po::variables_map vm;
   if (!cli::parse_model_command(args, desc, model, vm, false)) return 0;
   if (prompt_tokens < 1 || gen_tokens < 1 || repetitions < 1 || sequences < 1)
     specula::fail("--prompt-tokens, --gen-tokens, --repetitions and --sequences must be at least 1");
+  const bool replaying = !acceptance_profile.empty();
+  const std::vector<double> replay_profile =
+      replaying ? specula::core::AcceptanceReplay::parse_profile(acceptance_profile) : std::vector<double>{};
+  if (replaying && (no_drafter || sequences > 1))
+    specula::fail("--acceptance-profile replays the speculative loop of one sequence with a drafter; it does not "
+                  "combine with {}", no_drafter ? "--no-drafter" : "--sequences (a plain batched measurement)");
   if (sequences > 1) no_drafter = true, verify = false;
   if (profile) model.overrides.push_back({"backend.options.profile", "true", "command line (--profile)"});
 
@@ -99,12 +118,17 @@ int run_bench(const std::vector<std::string>& args) {
   specula::core::BuiltPipeline built = specula::core::build_pipeline(pipeline, *host, build);
   const double load_seconds = seconds_since(t_load);
   auto& target = built.target;
+  if (replaying && !built.drafter)
+    specula::fail("--acceptance-profile replays the speculative loop: the pipeline has no drafter (give --drafter)");
 
   const int64_t vocab = target->info().vocab_size;
   const int draft = built.drafter ? (pipeline.drafter ? pipeline.drafter->draft_tokens : 3) : 0;
+  const int longest = built.drafter && pipeline.drafter && pipeline.drafter->draft_auto ? pipeline.drafter->draft_max : draft;
   specula::ContextOptions copts;
-  // The smallest context that holds the run, or the one asked for (llama-bench allocates n_ctx 4096).
-  const int64_t needed = prompt_tokens + std::max<int64_t>(gen_tokens + draft + 1, verify || built.drafter ? kMaxVerify : 0);
+  // The smallest context that holds the run, or the one asked for (llama-bench allocates n_ctx 4096); a
+  // replay's greedy run goes a draft and a token further (llama.cpp's loop may pass -n by that much).
+  const int64_t needed = prompt_tokens + std::max<int64_t>(gen_tokens + longest + (replaying ? 2 : 1),
+                                                           verify || built.drafter ? kMaxVerify : 0);
   const int64_t asked = pipeline.target.context_length;
   copts.context_length = std::max(needed, asked);
   const int64_t limit = asked > 0 ? asked : target->info().context_length;
@@ -192,19 +216,37 @@ int run_bench(const std::vector<std::string>& args) {
     }
   }
 
-  nlohmann::json spec = nullptr;
+  nlohmann::json spec = nullptr, replay = nullptr;
   if (built.drafter) {
     // Greedy speculative generation; a model's end token may stop it early, so the rate is per token made.
     specula::SamplingParams greedy_params;  // temperature 0: greedy
     auto greedy = host->make_sampler(pipeline.sampler.plugin, greedy_params, pipeline.sampler.options);
-    specula::core::Generator generator(target, greedy, built.drafter);
+    specula::core::Generator generator(target, greedy, built.drafter), plain(target, greedy);
     specula::core::GenerationOptions o;
     o.max_tokens = static_cast<int>(gen_tokens);
     o.draft_tokens = draft;
     specula::core::apply_drafting(pipeline, o);
-    std::vector<double> rate;
+    // The replay plants tokens of one plain greedy run (untimed), as long as the replayed run may go.
+    std::vector<int32_t> greedy_run;
+    if (replaying) {
+      specula::core::GenerationOptions go;
+      go.max_tokens = static_cast<int>(gen_tokens) + longest + 1;
+      const auto r = plain.generate(prompt, go, {}, copts.context_length);
+      greedy_run = prompt;
+      greedy_run.insert(greedy_run.end(), r.tokens.begin(), r.tokens.end());
+      if (r.stop_reason == specula::core::StopReason::EndToken) greedy_run.push_back(r.stop_token);
+    }
+    std::vector<double> rate, plain_rate;
     specula::core::GenerationStats last;
     for (int r = 0; r < repetitions; ++r) {
+      std::optional<specula::core::AcceptanceReplay> replayed;
+      if (replaying) {  // plain decoding through the same engine, alternating with the replay
+        specula::core::GenerationOptions po;
+        po.max_tokens = static_cast<int>(gen_tokens);
+        plain_rate.push_back(plain.generate(prompt, po, {}, copts.context_length).stats.decode_tokens_per_second());
+        replayed.emplace(replay_profile, greedy_run, replay_seed, built.backend.get());
+        o.replay = &*replayed;
+      }
       auto result = generator.generate(prompt, o, {}, copts.context_length);
       last = result.stats;
       rate.push_back(last.decode_tokens_per_second());
@@ -223,6 +265,27 @@ int run_bench(const std::vector<std::string>& args) {
             {"acceptance_rate", last.acceptance_rate()}, {"tokens_per_step", last.tokens_per_step()},
             {"mean_accepted_length", last.mean_accepted_length()},
             {"speedup_vs_tg", s.median / tgs.median}};
+    if (replaying) {
+      // Per round = per target forward of the decode loop (plain steps of draft_tokens: auto included).
+      int64_t rounds = 0;
+      double expected = 0;
+      for (size_t k = 0; k < last.steps_by_draft_length.size(); ++k) {
+        rounds += last.steps_by_draft_length[k];
+        expected += static_cast<double>(last.steps_by_draft_length[k]) * specula::core::AcceptanceReplay::expected_tokens(replay_profile, static_cast<int>(k));
+      }
+      std::vector<double> measured;
+      for (size_t i = 0; i < last.drafted_by_position.size(); ++i)
+        measured.push_back(last.drafted_by_position[i] ? double(last.accepted_by_position[i]) / last.drafted_by_position[i] : 0.0);
+      const double plain_median = summarize(plain_rate).median;
+      replay = {{"replay_profile", replay_profile},
+                {"replay_seed", replay_seed},
+                {"replay_speedup", s.median / plain_median},
+                {"replay_plain_tokens_per_second", plain_median},
+                {"replay_tokens_per_round", rounds ? 1.0 + double(last.accepted_tokens) / rounds : 0.0},
+                {"replay_expected_tokens_per_round", rounds ? expected / rounds : 0.0},
+                {"replay_mean_draft_tokens", rounds ? double(last.drafted_tokens) / rounds : 0.0},
+                {"replay_accepted_fraction_by_position", measured}};
+    }
   }
 
   const auto& dev = built.backend->device();
@@ -245,31 +308,47 @@ int run_bench(const std::vector<std::string>& args) {
                         {"peak_rss_mib", peak_rss_mib()},
                         {"speculative", spec},
                         {"verify_costs", costs}};
+    if (replaying) j.update(replay);
     fmt::print("{}\n", j.dump(2));
     return 0;
   }
-  fmt::print("model    {}\nbackend  {} ({})\nload     {:.2f} s, peak RSS {:.0f} MiB\n", pipeline.target.model.string(),
-             built.backend->name(), dev.name, load_seconds, peak_rss_mib());
-  fmt::print("pp{:<6} {:8.2f} tok/s  ({:.2f}-{:.2f})\n", prompt_tokens, pps.median, pps.min, pps.max);
-  fmt::print("tg{:<6} {:8.2f} tok/s  ({:.2f}-{:.2f}){}\n", gen_tokens, tgs.median, tgs.min, tgs.max,
-             sequences > 1 ? fmt::format(", {} sequences in one batch (aggregate)", sequences) : "");
+  // A replay's lines all say so: its acceptance is planted, not the drafter's.
+  const auto say = [&](const std::string& line) { fmt::print("{}{}\n", replaying ? "replay   " : "", line); };
+  say(fmt::format("model    {}", pipeline.target.model.string()));
+  say(fmt::format("backend  {} ({})", built.backend->name(), dev.name));
+  say(fmt::format("load     {:.2f} s, peak RSS {:.0f} MiB", load_seconds, peak_rss_mib()));
+  say(fmt::format("pp{:<6} {:8.2f} tok/s  ({:.2f}-{:.2f})", prompt_tokens, pps.median, pps.min, pps.max));
+  say(fmt::format("tg{:<6} {:8.2f} tok/s  ({:.2f}-{:.2f}){}", gen_tokens, tgs.median, tgs.min, tgs.max,
+                  sequences > 1 ? fmt::format(", {} sequences in one batch (aggregate)", sequences) : ""));
   if (!costs.is_null()) {
-    fmt::print("{:<8} {:>10} {:>8} {:>10} {:>8} {:>11}\n", "draft K", "verify ms", "steps", "draft ms", "round", "break-even");
+    say(fmt::format("{:<8} {:>10} {:>8} {:>10} {:>8} {:>11}", "draft K", "verify ms", "steps", "draft ms", "round", "break-even"));
     for (const auto& c : costs) {
       const auto& a = c["break_even_acceptance"];
-      fmt::print("{:<8} {:>10.1f} {:>8.2f} {:>10.1f} {:>8.2f} {:>11}\n", c["draft_tokens"].get<int>(),
-                 c["verify_ms"].get<double>(), c["verify_steps"].get<double>(), c["draft_ms"].get<double>(),
-                 c["round_steps"].get<double>(), a.is_number() ? fmt::format("{:.0f}%", 100 * a.get<double>()) : "never");
+      say(fmt::format("{:<8} {:>10.1f} {:>8.2f} {:>10.1f} {:>8.2f} {:>11}", c["draft_tokens"].get<int>(),
+                      c["verify_ms"].get<double>(), c["verify_steps"].get<double>(), c["draft_ms"].get<double>(),
+                      c["round_steps"].get<double>(), a.is_number() ? fmt::format("{:.0f}%", 100 * a.get<double>()) : "never"));
     }
   }
-  if (!spec.is_null())
-    fmt::print("spec{:<4} {:8.2f} tok/s  ({:.2f}-{:.2f}), draft {}, acceptance {:.1f}%, {:.2f} tokens/step, x{:.2f} vs tg\n",
-               gen_tokens, spec["tokens_per_second"].get<double>(), spec["min"].get<double>(),
-               spec["max"].get<double>(),
-               spec["draft_tokens"].is_string() ? fmt::format("auto (mean {:.2f})", spec["mean_draft_length"].get<double>())
-                                                : std::to_string(draft),
-               100 * spec["acceptance_rate"].get<double>(),
-               spec["tokens_per_step"].get<double>(), spec["speedup_vs_tg"].get<double>());
+  if (spec.is_null()) return 0;
+  const std::string length = spec["draft_tokens"].is_string()
+                                 ? fmt::format("auto (mean {:.2f})", spec["mean_draft_length"].get<double>())
+                                 : std::to_string(draft);
+  if (!replaying) {
+    say(fmt::format("spec{:<4} {:8.2f} tok/s  ({:.2f}-{:.2f}), draft {}, acceptance {:.1f}%, {:.2f} tokens/step, x{:.2f} vs tg",
+                    gen_tokens, spec["tokens_per_second"].get<double>(), spec["min"].get<double>(),
+                    spec["max"].get<double>(), length, 100 * spec["acceptance_rate"].get<double>(),
+                    spec["tokens_per_step"].get<double>(), spec["speedup_vs_tg"].get<double>()));
+    return 0;
+  }
+  say(fmt::format("spec{:<4} {:8.2f} tok/s  ({:.2f}-{:.2f}), draft {}, profile {}", gen_tokens,
+                  spec["tokens_per_second"].get<double>(), spec["min"].get<double>(), spec["max"].get<double>(), length,
+                  fmt::join(replay_profile, ",")));
+  say(fmt::format("rounds   {:.2f} tokens (the profile gives {:.2f}), {:.2f} drafts; accepted by position {:.2f}",
+                  replay["replay_tokens_per_round"].get<double>(), replay["replay_expected_tokens_per_round"].get<double>(),
+                  replay["replay_mean_draft_tokens"].get<double>(),
+                  fmt::join(replay["replay_accepted_fraction_by_position"].get<std::vector<double>>(), " ")));
+  say(fmt::format("plain{:<3} {:8.2f} tok/s  (the same engine without the drafter): speed-up x{:.2f}", gen_tokens,
+                  replay["replay_plain_tokens_per_second"].get<double>(), replay["replay_speedup"].get<double>()));
   return 0;
 }
 

@@ -5,6 +5,7 @@
 #include <optional>
 #include <unordered_set>
 
+#include "specula/core/acceptance_replay.hpp"
 #include "specula/core/draft_length.hpp"
 #include "specula/core/speculative.hpp"
 #include "specula/error.hpp"
@@ -336,6 +337,10 @@ void Generation::State::begin() {
   // At temperature > 0 Specula's drafts are sampled from the drafter's distribution; otherwise greedy
   // (a point mass for the acceptance rule).
   sampled_drafts = sampler->params().temperature > 0.0f && !llamacpp;
+  if (options.replay && sampler->params().temperature > 0.0f)
+    fail("the acceptance replay runs with greedy decoding only (temperature 0, got {}): it plants the target's own "
+         "greedy tokens as drafts, and a sampled token is not known before the round",
+         sampler->params().temperature);
 
   stops.insert(info.end_tokens.begin(), info.end_tokens.end());
   if (auto cf = model->chat_format()) {
@@ -455,6 +460,11 @@ bool Generation::State::plan(bool alone) {
     // A drafter that did not use `pick` (it has no distribution) proposed a point mass.
     if (q.size() < drafts.size()) q.clear();
     q.resize(std::min(q.size(), drafts.size()));
+    // The acceptance replay plants its drafts where the verification reads them.
+    if (options.replay && pending.on_device)
+      options.replay->replace(history, static_cast<int64_t>(steps.size()), *request.device_tokens);
+    else if (options.replay)
+      options.replay->replace(history, drafts);
   }
   pending.input.push_back(last);
   pending.input.insert(pending.input.end(), drafts.begin(), drafts.end());
@@ -626,6 +636,7 @@ GenerationResult Generation::State::finish() {
   const int64_t keep = start + static_cast<int64_t>(prompt.size()) +
                        std::max<int64_t>(0, static_cast<int64_t>(result.tokens.size()) - 1);
   if (ctx.position() > keep) ctx.truncate(keep);
+  if (options.replay) options.replay->check(history);  // the last round too left plain greedy's tokens alone
   if (result.stop_reason != StopReason::StopString) {
     std::string rest = text.finish();
     if ((!rest.empty() || !held.empty()) && !deliver(-1, rest, true)) result.stop_reason = StopReason::StopString;

@@ -775,6 +775,51 @@ TEST(BenchCli, MeasuresPlainAndSpeculativeDecodingOnTheFixtures) {
   EXPECT_NE(asked.find("exceed the --context-length context of 64 tokens"), std::string::npos) << asked;
 }
 
+// --acceptance-profile: the replay's figures in --json (every draft accepted at 1,1: as many tokens per round as
+// the profile gives for the lengths run), "replay" on every line of the text, and what it does not combine with.
+TEST(BenchCli, AcceptanceReplayReportsItsRoundsAndSaysReplayOnEveryLine) {
+  const std::string common = "bench -q --plugin-path " + std::string(SPECULA_PLUGIN_DIR) + " --model " +
+                             (fixture_dir() / "model-f32.gguf").string() + " --threads 1 -p 12 ";
+  const std::string with_drafter = common + "--drafter " + (fixture_dir() / "assistant-f32.gguf").string() + " ";
+  int status = 0;
+  const std::string out = run_cli(with_drafter + "--draft-max 2 --acceptance-profile 1,1 -n 24 -r 2 --json", &status);
+  ASSERT_EQ(status, 0) << out;
+  const json j = json::parse(out);
+  EXPECT_EQ(j["replay_profile"], json::parse("[1.0, 1.0]"));
+  EXPECT_EQ(j["replay_accepted_fraction_by_position"], json::parse("[1.0, 1.0]"));
+  EXPECT_DOUBLE_EQ(j["speculative"]["acceptance_rate"].get<double>(), 1.0);
+  EXPECT_GT(j["replay_tokens_per_round"].get<double>(), 2.0);
+  EXPECT_LE(j["replay_tokens_per_round"].get<double>(), 3.0);
+  EXPECT_NEAR(j["replay_tokens_per_round"].get<double>(), j["replay_expected_tokens_per_round"].get<double>(), 1e-9);
+  EXPECT_GT(j["replay_mean_draft_tokens"].get<double>(), 1.0);
+  EXPECT_LE(j["replay_mean_draft_tokens"].get<double>(), 2.0);
+  EXPECT_GT(j["replay_plain_tokens_per_second"].get<double>(), 0.0);
+  EXPECT_NEAR(j["replay_speedup"].get<double>(),
+              j["speculative"]["tokens_per_second"].get<double>() / j["replay_plain_tokens_per_second"].get<double>(), 1e-9);
+
+  const std::string text = run_cli(with_drafter + "--draft-max auto --acceptance-profile 0 -n 16 -r 1", &status);
+  ASSERT_EQ(status, 0) << text;
+  std::istringstream lines(text);
+  int n = 0;
+  for (std::string line; std::getline(lines, line); ++n) EXPECT_EQ(line.rfind("replay ", 0), 0u) << line;
+  EXPECT_GE(n, 14) << text;
+  EXPECT_NE(text.find("draft auto (mean "), std::string::npos) << text;
+  EXPECT_NE(text.find(", profile 0\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("rounds   1.00 tokens (the profile gives 1.00)"), std::string::npos) << text;
+
+  const std::pair<std::string, const char*> refused[] = {
+      {with_drafter + "--acceptance-profile 0.5,0.7 -n 4", "entry 2 (0.7) is above entry 1 (0.5)"},
+      {with_drafter + "--acceptance-profile 0.5 --no-drafter -n 4", "it does not combine with --no-drafter"},
+      {with_drafter + "--acceptance-profile 0.5 --sequences 2 -n 4", "it does not combine with --sequences"},
+      {common + "--acceptance-profile 0.5 -n 4", "the pipeline has no drafter (give --drafter)"},
+  };
+  for (const auto& [args, want] : refused) {
+    const std::string err = run_cli(args, &status);
+    EXPECT_NE(status, 0) << args;
+    EXPECT_NE(err.find(want), std::string::npos) << err;
+  }
+}
+
 // --profile: the CPU backend's tables for decode (1 row) and the prompt (12 rows), per op, weight, layer.
 // (A table per graph kind: rows and node count, "profile: graphs of 503 nodes with 1 activation row".)
 TEST(BenchCli, ProfileNamesOpsWeightsAndLayers) {
@@ -840,7 +885,7 @@ TEST(ValidateCli, RefusesWhatRunRefusesWithTheSameMessage) {
   };
   if (host().find("vulkan")) {  // refused by the host before a Vulkan device is looked for
     cases.push_back({pipeline("vk", "vulkan, options: {bogus_opt: 1}", "{}"), "",
-                     "unknown option 'bogus_opt' of backend plugin 'vulkan' (valid options: device, max_binding_bytes, subgroups)"});
+                     "unknown option 'bogus_opt' of backend plugin 'vulkan' (valid options: device, max_binding_bytes, subgroups, cooperative_matrix, profile)"});
   }
   for (const auto& c : cases) {
     int status = 0;

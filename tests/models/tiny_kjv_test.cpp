@@ -21,6 +21,7 @@
 #include "assistant.hpp"
 #include "common/counting_backend.hpp"
 #include "common/plugins.hpp"
+#include "specula/core/acceptance_replay.hpp"
 #include "specula/core/generator.hpp"
 #include "specula/core/plugin_host.hpp"
 #include "specula/error.hpp"
@@ -266,6 +267,64 @@ TEST(TinyKjv, GreedyRoundReadsOnceFromTheBackendAndEqualsPlain) {
     EXPECT_EQ(got.stats.host_sampled_tokens, 0) << head << " K = " << k;
     EXPECT_GT(got.stats.accepted_tokens, 0) << head << " K = " << k;
   }
+}
+
+// The acceptance replay (`specula bench --acceptance-profile`) on the real pair, its rounds held on the
+// backend: the planted drafts are written into the drafts the drafter left there, every round is verified
+// there, and acceptance is the profile's: none at 0, all at 1, and per position within binomial bounds at
+// 0.8,0.5 over the eight held-out verses continued as plain text; the tokens are plain greedy decoding's.
+TEST(TinyKjv, AcceptanceReplayPlantsItsProfileInRoundsHeldOnTheBackend) {
+  auto target = target_q8();
+  auto d = drafter(kModels / kDrafter, target, "auto");
+  auto sampler = [] { return host().make_sampler("standard", specula::SamplingParams{}); };
+  specula::core::GenerationOptions o;
+  o.max_tokens = 120;
+  o.draft_tokens = 3;
+  int64_t rounds = 0, drafted[3] = {}, accepted[3] = {};
+  int prompts = 0;
+  for (const auto& text : golden("tiny-kjv-assistant.json")["held_out_prompts"]) {
+    const auto ids = target->tokenizer()->encode(text.get<std::string>(), true, false);
+    specula::core::GenerationOptions go;
+    go.max_tokens = o.max_tokens + o.draft_tokens + 1;
+    const auto plain = specula::core::Generator(target, sampler()).generate(ids, go);
+    std::vector<int32_t> greedy = ids;
+    greedy.insert(greedy.end(), plain.tokens.begin(), plain.tokens.end());
+    if (plain.stop_reason == specula::core::StopReason::EndToken) greedy.push_back(plain.stop_token);
+    const std::vector<int32_t> want(plain.tokens.begin(),
+                                    plain.tokens.begin() + std::min<size_t>(plain.tokens.size(), o.max_tokens));
+    const bool extremes = prompts++ < 2;
+    for (const std::vector<double>& profile : extremes ? std::vector<std::vector<double>>{{0}, {1, 1, 1}, {0.8, 0.5}}
+                                                       : std::vector<std::vector<double>>{{0.8, 0.5}}) {
+      specula::core::AcceptanceReplay replay(profile, greedy, 3, backend().get());
+      o.replay = &replay;
+      const auto got = specula::core::Generator(target, sampler(), d).generate(ids, o);
+      const auto& s = got.stats;
+      const std::string what = fmt::format("'{}', profile of {} entries starting {}", text.get<std::string>(),
+                                           profile.size(), profile[0]);
+      EXPECT_EQ(got.tokens, want) << what;
+      EXPECT_GT(s.speculative_steps, 0) << what;
+      EXPECT_EQ(s.device_verified_steps, s.speculative_steps) << what << ": rounds held on the backend";
+      if (profile[0] == 0) {
+        EXPECT_EQ(s.accepted_tokens, 0) << what;
+      } else if (profile[0] == 1) {
+        EXPECT_EQ(s.accepted_tokens, s.drafted_tokens) << what;
+      }
+      if (profile.size() != 2) continue;
+      rounds += s.speculative_steps;
+      for (size_t i = 0; i < 3 && i < s.drafted_by_position.size(); ++i)
+        drafted[i] += s.drafted_by_position[i], accepted[i] += s.accepted_by_position[i];
+    }
+  }
+  ASSERT_GT(rounds, 300);
+  for (int i = 0; i < 3; ++i) {
+    const double p = i == 0 ? 0.8 : i == 1 ? 0.5 : 0.0;
+    ASSERT_GT(drafted[i], 0);
+    EXPECT_NEAR(double(accepted[i]) / drafted[i], p, 4.5 * std::sqrt(p * (1 - p) / drafted[i]))
+        << "draft " << i + 1 << ": " << accepted[i] << " of " << drafted[i] << " rounds accepted it";
+  }
+  std::printf("[tiny-kjv] acceptance replay at 0.8,0.5, K = 3: %lld rounds, first drafts accepted %.3f, first two "
+              "%.3f, three %.3f\n", static_cast<long long>(rounds), double(accepted[0]) / drafted[0],
+              double(accepted[1]) / drafted[1], double(accepted[2]) / drafted[2]);
 }
 
 // A sampled round kept on the backend (docs/sampling.md, "Speculative sampling"): the drafter draws each

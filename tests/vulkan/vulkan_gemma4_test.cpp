@@ -27,6 +27,7 @@
 #include "common/counting_backend.hpp"
 #include "common/plugins.hpp"
 #include "common/sanitizers.hpp"
+#include "specula/core/acceptance_replay.hpp"
 #include "specula/core/generator.hpp"
 #include "specula/core/plugin_host.hpp"
 #include "specula/core/quantize.hpp"
@@ -287,6 +288,40 @@ TEST(VulkanGemma4, GreedySpeculativeRoundReadsOnceAndEqualsPlain) {
   std::printf("[vulkan-gemma4] tiny pair, K = 2: %lld rounds on the device, %lld of %lld drafts accepted\n",
               static_cast<long long>(got.stats.device_verified_steps), static_cast<long long>(got.stats.accepted_tokens),
               static_cast<long long>(got.stats.drafted_tokens));
+}
+
+// The acceptance replay writes its planted drafts into the drafts the drafter left on the GPU (a write the
+// verification then reads): every draft accepted at profile 1,1, none at 0, the tokens plain decoding's.
+TEST(VulkanGemma4, AcceptanceReplayPlantsDraftsHeldOnTheDevice) {
+  REQUIRE_VULKAN();
+  SKIP_UNDER_SANITIZERS();  // lavapipe JIT time; the replay runs under them on the CPU (tests/models)
+  const fs::path models = fs::path(SPECULA_SOURCE_DIR) / "models";
+  auto vk = backend("vulkan");
+  auto tf = host().open_model(models / "specula-tiny-kjv-q8_0.gguf");
+  auto target = host().find_model_loader(*tf)->load(tf, vk, json::object());
+  auto df = host().open_model(models / "specula-tiny-kjv-assistant-q8_0.gguf");
+  auto drafter = host().find_drafter_loader(*df)->load(df, vk, target->info(), json::object());
+  auto sampler = [] { return host().make_sampler("standard", specula::SamplingParams{}); };
+  const auto ids = target->tokenizer()->encode("In the beginning God created the heaven and the earth.", true, false);
+  specula::core::GenerationOptions o;
+  o.max_tokens = 16;
+  o.draft_tokens = 2;
+  specula::core::GenerationOptions go = o;
+  go.max_tokens = o.max_tokens + o.draft_tokens + 1;
+  const auto plain = specula::core::Generator(target, sampler()).generate(ids, go, {}, 256);
+  std::vector<int32_t> greedy = ids;
+  greedy.insert(greedy.end(), plain.tokens.begin(), plain.tokens.end());
+  if (plain.stop_reason == specula::core::StopReason::EndToken) greedy.push_back(plain.stop_token);
+  const std::vector<int32_t> want(plain.tokens.begin(), plain.tokens.begin() + std::min<size_t>(plain.tokens.size(), 16));
+  for (const std::vector<double>& profile : {std::vector<double>{1, 1}, std::vector<double>{0}}) {
+    specula::core::AcceptanceReplay replay(profile, greedy, 1, vk.get());
+    o.replay = &replay;
+    const auto got = specula::core::Generator(target, sampler(), drafter).generate(ids, o, {}, 256);
+    EXPECT_EQ(got.tokens, want) << "profile starting " << profile[0];
+    EXPECT_GT(got.stats.speculative_steps, 0);
+    EXPECT_EQ(got.stats.device_verified_steps, got.stats.speculative_steps);
+    EXPECT_EQ(got.stats.accepted_tokens, profile[0] == 1 ? got.stats.drafted_tokens : 0) << "profile starting " << profile[0];
+  }
 }
 
 // A sampled speculative round stays on the GPU too: the drafter draws its drafts in its graph, the target

@@ -9,12 +9,18 @@
 // trace: the drafter's logits of every draft step, captured by an eval callback on the draft context
 // ("result_output"), as their top-20 log-softmax, and the target's greedy token at every verified row.
 //
-// usage: llama-mtp-trace (--ids 2,105,... | -p TEXT) --trace FILE.jsonl [llama.cpp flags: -m TARGET -md ASSISTANT
-//        --spec-type draft-mtp --spec-draft-n-max K -n N --temp 0 -ctk f32 -ctv f32 -c 512 -t 2]
+// usage: llama-mtp-trace (--ids 2,105,... | -p TEXT) --trace FILE.jsonl [--time] [llama.cpp flags: -m TARGET
+//        -md ASSISTANT --spec-type draft-mtp --spec-draft-n-max K -n N --temp 0 -ctk f32 -ctv f32 -c 512 -t 2]
 // Output lines (tools/llama-mtp-trace/README.md, docs/cli.md "--trace-json"):
 //   {"round": r, "n_past": p, "id_last": t, "draft": [...], "ids": [...], "n_accepted": a, "steps": [...]}
 //   {"summary": {"n_predict": N, "n_drafted": D, "n_accept": A, "generated": [...], ...}}
+// --time: no logit capture (it would slow the drafter); each round line adds its times in ms (draft:
+// common_speculative_draft; verify: the target's decode of [id_last, drafts], all logits; process:
+// common_speculative_process; sample: common_sampler_sample_and_accept_n), and the summary adds their
+// medians over the rounds that drafted the full K, plus decode_ms: the median of 16 plain single-token
+// decodes timed after the loop, on the same context (bench/compare_llama.sh --mtp reads these).
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
@@ -78,6 +84,16 @@ std::string list(const std::vector<llama_token>& v) {
   return s + "]";
 }
 
+double ms_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
 std::vector<llama_token> parse_ids(const std::string& text) {
   std::vector<llama_token> ids;
   size_t at = 0;
@@ -95,10 +111,12 @@ std::vector<llama_token> parse_ids(const std::string& text) {
 int main(int argc, char** argv) {
   std::vector<llama_token> inp;
   std::string trace_path;
+  bool timing = false;
   std::vector<char*> rest{argv[0]};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
-    if (a == "--ids" && i + 1 < argc) inp = parse_ids(argv[++i]);
+    if (a == "--time") timing = true;
+    else if (a == "--ids" && i + 1 < argc) inp = parse_ids(argv[++i]);
     else if (a == "--trace" && i + 1 < argc) trace_path = argv[++i];
     else rest.push_back(argv[i]);
   }
@@ -135,8 +153,10 @@ int main(int argc, char** argv) {
   // The draft (MTP) context, with the logits capture on it only.
   Capture capture;
   common_params params_dft = common_base_params_to_speculative(params);
-  params_dft.cb_eval = capture_logits;
-  params_dft.cb_eval_user_data = &capture;
+  if (!timing) {
+    params_dft.cb_eval = capture_logits;
+    params_dft.cb_eval_user_data = &capture;
+  }
   auto init_dft = common_speculative_init_from_params(params_dft, model_tgt, ctx_tgt);
   params.speculative.draft.ctx_tgt = ctx_tgt;
   params.speculative.draft.ctx_dft = init_dft->context();
@@ -165,6 +185,8 @@ int main(int argc, char** argv) {
   int n_predict = 0, n_drafted = 0, n_accept = 0;
   std::vector<llama_token> generated;
   std::vector<int> accepted_by_position;
+  using Clock = std::chrono::steady_clock;
+  std::vector<double> draft_ms, verify_ms, process_ms, sample_ms;  // rounds that drafted the full K
   for (int round = 0;; ++round) {
     // The round's draft: at most what fits the context and the remaining budget (llama.cpp truncates
     // to that limit only when it is positive).
@@ -174,15 +196,17 @@ int main(int argc, char** argv) {
     llama_tokens draft;
     capture.logits.clear();
     common_speculative_get_draft_params(spec, seq) = {true, n_draft_max, n_past, id_last, &committed, &draft};
+    auto t = Clock::now();
     common_speculative_draft(spec);
+    const double t_draft = ms_since(t);
     llama_memory_seq_rm(llama_get_memory(ctx_dft), seq, n_past, -1);
-    if (capture.logits.size() < draft.size()) {
+    if (!timing && capture.logits.size() < draft.size()) {
       std::fprintf(stderr, "round %d: captured %zu drafter logit rows for %zu drafts\n", round, capture.logits.size(),
                    draft.size());
       return 1;
     }
     std::string steps = "[";
-    for (size_t i = 0; i < draft.size(); ++i) {
+    for (size_t i = 0; i < (timing ? 0 : draft.size()); ++i) {
       const std::vector<float>& row = capture.logits[i];
       if (static_cast<int64_t>(row.size()) != n_vocab || argmax(row.data(), n_vocab) != draft[i]) {
         std::fprintf(stderr, "round %d step %zu: the captured logits do not give the draft %d\n", round, i, draft[i]);
@@ -196,14 +220,33 @@ int main(int argc, char** argv) {
     common_batch_clear(batch);
     common_batch_add(batch, id_last, n_past, {seq}, true);
     for (size_t i = 0; i < draft.size(); ++i) common_batch_add(batch, draft[i], n_past + 1 + static_cast<llama_pos>(i), {seq}, true);
-    if (llama_decode(ctx_tgt, batch) != 0 || !common_speculative_process(spec, batch)) return 1;
+    t = Clock::now();
+    if (llama_decode(ctx_tgt, batch) != 0) return 1;
+    llama_synchronize(ctx_tgt);
+    const double t_verify = ms_since(t);
+    t = Clock::now();
+    if (!common_speculative_process(spec, batch)) return 1;
+    const double t_process = ms_since(t);
     std::vector<llama_token> greedy;
     for (size_t i = 0; i <= draft.size(); ++i) greedy.push_back(argmax(llama_get_logits_ith(ctx_tgt, static_cast<int32_t>(i)), n_vocab));
+    t = Clock::now();
     const std::vector<llama_token> ids = common_sampler_sample_and_accept_n(smpl.get(), ctx_tgt, draft);
+    const double t_sample = ms_since(t);
     const int accepted = static_cast<int>(ids.size()) - 1;
     common_speculative_accept(spec, seq, static_cast<uint16_t>(accepted));
-    std::fprintf(out, "{\"round\": %d, \"n_past\": %d, \"id_last\": %d, \"draft\": %s, \"ids\": %s, \"n_accepted\": %d, \"steps\": %s}\n",
-                 round, n_past, id_last, list(draft).c_str(), list(greedy).c_str(), accepted, steps.c_str());
+    std::string times;
+    if (timing) {
+      char buf[160];
+      std::snprintf(buf, sizeof buf, ", \"draft_ms\": %.4f, \"verify_ms\": %.4f, \"process_ms\": %.4f, \"sample_ms\": %.4f",
+                    t_draft, t_verify, t_process, t_sample);
+      times = buf;
+      if (static_cast<int>(draft.size()) == params.speculative.draft.n_max) {
+        draft_ms.push_back(t_draft), verify_ms.push_back(t_verify);
+        process_ms.push_back(t_process), sample_ms.push_back(t_sample);
+      }
+    }
+    std::fprintf(out, "{\"round\": %d, \"n_past\": %d, \"id_last\": %d, \"draft\": %s, \"ids\": %s, \"n_accepted\": %d, \"steps\": %s%s}\n",
+                 round, n_past, id_last, list(draft).c_str(), list(greedy).c_str(), accepted, steps.c_str(), times.c_str());
 
     n_past += static_cast<int>(ids.size());
     n_drafted += static_cast<int>(draft.size());
@@ -227,12 +270,33 @@ int main(int argc, char** argv) {
     llama_memory_seq_rm(llama_get_memory(ctx_dft), seq, n_past, -1);
     if ((params.n_predict >= 0 && n_predict > params.n_predict) || eos) {
       const int rounds = round + 1;
+      std::string times;
+      if (timing) {
+        // Plain decode steps on the same context: the step the rounds are measured against.
+        std::vector<double> decode_ms;
+        llama_batch one = llama_batch_init(1, 0, 1);
+        for (int i = 0; i < 16 && n_past + 1 < static_cast<int>(llama_n_ctx(ctx_tgt)); ++i, ++n_past) {
+          common_batch_clear(one);
+          common_batch_add(one, id_last, n_past, {seq}, true);
+          t = Clock::now();
+          if (llama_decode(ctx_tgt, one) != 0) return 1;
+          llama_synchronize(ctx_tgt);
+          decode_ms.push_back(ms_since(t));
+          id_last = argmax(llama_get_logits_ith(ctx_tgt, 0), n_vocab);
+        }
+        llama_batch_free(one);
+        char buf[256];
+        std::snprintf(buf, sizeof buf, ", \"timed_rounds\": %zu, \"draft_ms\": %.4f, \"verify_ms\": %.4f, "
+                      "\"process_ms\": %.4f, \"sample_ms\": %.4f, \"decode_ms\": %.4f", draft_ms.size(), median(draft_ms),
+                      median(verify_ms), median(process_ms), median(sample_ms), median(decode_ms));
+        times = buf;
+      }
       std::fprintf(out, "{\"summary\": {\"n_predict\": %d, \"n_drafted\": %d, \"n_accept\": %d, \"generated\": %s, "
                         "\"prompt\": %s, \"max_tokens\": %d, \"draft_tokens\": %d, \"rounds\": %d, "
-                        "\"accepted_by_position\": %s, \"mean_accepted_length\": %.9g}}\n",
+                        "\"accepted_by_position\": %s, \"mean_accepted_length\": %.9g%s}}\n",
                    n_predict, n_drafted, n_accept, list(generated).c_str(), list(inp).c_str(), params.n_predict,
                    params.speculative.draft.n_max, rounds, list(accepted_by_position).c_str(),
-                   static_cast<double>(n_accept) / rounds);
+                   static_cast<double>(n_accept) / rounds, times.c_str());
       break;
     }
   }

@@ -17,6 +17,8 @@
 
 namespace specula::core {
 
+class AcceptanceReplay;
+
 // How the speculative loop runs; docs/gemma4-assistant.md, "Conventions", lists every difference.
 enum class DraftConvention {
   // The whole prompt is prefilled and its last row gives the first token; a round drafts at most what
@@ -59,6 +61,9 @@ struct GenerationOptions {
   DraftConvention convention = DraftConvention::Specula;  // with a drafter: how the speculative loop runs
   // Called after every speculative round; makes the drafter return its logits (the trace's top-K).
   std::function<void(const RoundTrace&)> on_round;
+  // A benchmark (acceptance_replay.hpp): each round's drafts are replaced before verification. Greedy
+  // decoding only; must outlive the generation.
+  AcceptanceReplay* replay = nullptr;
 };
 
 struct GenerationStats {
