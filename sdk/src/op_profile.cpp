@@ -65,7 +65,8 @@ void OpProfile::record(const Graph& g, int32_t id, double seconds, const std::st
 
 std::string OpProfile::report() const {
   std::string out;
-  for (const auto& [key, t] : tables_) {
+  for (const auto& [key, table_of_key] : tables_) {
+    const auto& t = table_of_key;  // a named reference: clang 14 cannot capture a structured binding
     const auto [rows, nodes] = key;
     double total = 0;
     for (const auto& [name, e] : t.ops) total += e.seconds;
