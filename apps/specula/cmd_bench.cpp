@@ -245,7 +245,7 @@ int run_bench(const std::vector<std::string>& args) {
         po.max_tokens = static_cast<int>(gen_tokens);
         plain_rate.push_back(plain.generate(prompt, po, {}, copts.context_length).stats.decode_tokens_per_second());
         replayed.emplace(replay_profile, greedy_run, replay_seed, built.backend.get());
-        o.replay = &*replayed;
+        o.draft_hook = &*replayed;
       }
       auto result = generator.generate(prompt, o, {}, copts.context_length);
       last = result.stats;

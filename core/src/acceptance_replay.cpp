@@ -63,6 +63,13 @@ AcceptanceReplay::AcceptanceReplay(std::vector<double> profile, std::vector<int3
            "a profile given as text)", i + 1, profile_[i]);
 }
 
+void AcceptanceReplay::check(const SamplingParams& params) const {
+  if (params.temperature > 0.0f)
+    fail("the acceptance replay runs with greedy decoding only (temperature 0, got {}): it plants the target's own "
+         "greedy tokens as drafts, and a sampled token is not known before the round",
+         params.temperature);
+}
+
 double AcceptanceReplay::expected_tokens(std::span<const double> profile, int k) {
   double e = 1;
   for (int i = 0; i < k && i < static_cast<int>(profile.size()); ++i) e += profile[static_cast<size_t>(i)];

@@ -53,7 +53,7 @@ Replayed replay(const toy::Config& c, const std::vector<double>& profile, const 
                 GenerationOptions o, uint64_t seed = 1, specula::SamplingParams sp = {}) {
   auto model = std::make_shared<toy::Model>(c);
   AcceptanceReplay r(profile, greedy, seed);
-  o.replay = &r;
+  o.draft_hook = &r;
   Replayed out;
   o.on_round = [&](const RoundTrace& t) { out.rounds.push_back(t); };
   out.result = Generator(model, std::make_shared<toy::Sampler>(sp), std::make_shared<toy::Drafter>(c, 3))

@@ -296,7 +296,7 @@ TEST(TinyKjv, AcceptanceReplayPlantsItsProfileInRoundsHeldOnTheBackend) {
     for (const std::vector<double>& profile : extremes ? std::vector<std::vector<double>>{{0}, {1, 1, 1}, {0.8, 0.5}}
                                                        : std::vector<std::vector<double>>{{0.8, 0.5}}) {
       specula::core::AcceptanceReplay replay(profile, greedy, 3, backend().get());
-      o.replay = &replay;
+      o.draft_hook = &replay;
       const auto got = specula::core::Generator(target, sampler(), d).generate(ids, o);
       const auto& s = got.stats;
       const std::string what = fmt::format("'{}', profile of {} entries starting {}", text.get<std::string>(),

@@ -315,7 +315,7 @@ TEST(VulkanGemma4, AcceptanceReplayPlantsDraftsHeldOnTheDevice) {
   const std::vector<int32_t> want(plain.tokens.begin(), plain.tokens.begin() + std::min<size_t>(plain.tokens.size(), 16));
   for (const std::vector<double>& profile : {std::vector<double>{1, 1}, std::vector<double>{0}}) {
     specula::core::AcceptanceReplay replay(profile, greedy, 1, vk.get());
-    o.replay = &replay;
+    o.draft_hook = &replay;
     const auto got = specula::core::Generator(target, sampler(), drafter).generate(ids, o, {}, 256);
     EXPECT_EQ(got.tokens, want) << "profile starting " << profile[0];
     EXPECT_GT(got.stats.speculative_steps, 0);

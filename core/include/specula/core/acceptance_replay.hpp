@@ -10,7 +10,7 @@
 // speculative decoding emits exactly those tokens, so a planted token is accepted and any other is
 // rejected, and the output stays plain greedy decoding's. A rejected draft is the reference token
 // minus one (plus one for id 0). Greedy decoding only; a benchmark, which no pipeline key enables.
-// The engine consults it once per round (GenerationOptions::replay), after drafting.
+// The engine consults it once per round, after drafting, as its GenerationOptions::draft_hook.
 #pragma once
 
 #include <cstdint>
@@ -19,10 +19,11 @@
 #include <vector>
 
 #include "specula/compute.hpp"
+#include "specula/core/generator.hpp"
 
 namespace specula::core {
 
-class AcceptanceReplay {
+class AcceptanceReplay final : public DraftHook {
  public:
   // "0.844,0.599,0.385,0.271", or "0" (every draft rejected): each entry in [0, 1], none above the one
   // before. Throws specula::Error naming the entry at fault.
@@ -42,6 +43,13 @@ class AcceptanceReplay {
   void replace(std::span<const int32_t> history, int64_t n, BackendTensor& held);
   // Throws when `history` has left the greedy run (what replace() checks first).
   void check(std::span<const int32_t> history);
+
+  // As the generation's DraftHook: greedy decoding only; each round's drafts replaced; the last round
+  // too must have left plain greedy's tokens alone.
+  void check(const SamplingParams& params) const override;
+  void drafted(std::span<const int32_t> history, std::span<int32_t> drafts) override { replace(history, drafts); }
+  void drafted(std::span<const int32_t> history, int64_t n, BackendTensor& held) override { replace(history, n, held); }
+  void finished(std::span<const int32_t> history) override { check(history); }
 
   // Tokens a round of k drafts makes on average at `profile`: 1 + a_1 + ... + a_k.
   static double expected_tokens(std::span<const double> profile, int k);

@@ -1,6 +1,8 @@
 // The generation engine: prefill, then a decode loop that either samples one token per target forward
-// or, with a Drafter, runs speculative steps (draft n, verify n+1 positions in one target forward,
-// keep the longest agreeing prefix, roll the target back). See docs/architecture.md.
+// or, with a Drafter, runs speculative rounds: plan (the draft length), propose (the drafter's n drafts),
+// verify (n + 1 positions in one target forward, decided by the speculative rule), emit (the accepted
+// drafts and the correction or bonus token; the target rolled back past the rest). See
+// docs/architecture.md, "A speculative round".
 #pragma once
 
 #include <atomic>
@@ -13,11 +15,25 @@
 #include <vector>
 
 #include "specula/model.hpp"
+#include "specula/core/text_output.hpp"
 #include "specula/sampler.hpp"
 
 namespace specula::core {
 
-class AcceptanceReplay;
+// Sees each round's drafts before they are verified and may replace them: the acceptance replay
+// (acceptance_replay.hpp), a benchmark, is one.
+class DraftHook {
+ public:
+  virtual ~DraftHook() = default;
+  // Throws when the generation's sampling does not suit the hook.
+  virtual void check(const SamplingParams& params) const { (void)params; }
+  // `history`: the tokens so far, prompt first; its last one is the token the round verifies first.
+  virtual void drafted(std::span<const int32_t> history, std::span<int32_t> drafts) = 0;
+  // The same for n drafts the drafter kept on the backend (rows 0..n-1 of `held`, I32 [N >= n, 1]).
+  virtual void drafted(std::span<const int32_t> history, int64_t n, BackendTensor& held) = 0;
+  // The generation has ended with `history`.
+  virtual void finished(std::span<const int32_t> history) { (void)history; }
+};
 
 // How the speculative loop runs; docs/gemma4-assistant.md, "Conventions", lists every difference.
 enum class DraftConvention {
@@ -61,9 +77,9 @@ struct GenerationOptions {
   DraftConvention convention = DraftConvention::Specula;  // with a drafter: how the speculative loop runs
   // Called after every speculative round; makes the drafter return its logits (the trace's top-K).
   std::function<void(const RoundTrace&)> on_round;
-  // A benchmark (acceptance_replay.hpp): each round's drafts are replaced before verification. Greedy
-  // decoding only; must outlive the generation.
-  AcceptanceReplay* replay = nullptr;
+  // Sees (and may replace) each round's drafts before verification, e.g. the acceptance replay
+  // benchmark. Must outlive the generation.
+  DraftHook* draft_hook = nullptr;
 };
 
 struct GenerationStats {
@@ -181,13 +197,5 @@ class Generator {
   std::shared_ptr<Drafter> drafter_;
 };
 
-// Holds back the bytes of an incomplete UTF-8 sequence so streamed text is always valid UTF-8.
-class Utf8Stream {
- public:
-  std::string push(std::string_view bytes);  // the complete part of what has arrived so far
-  std::string finish();                      // the rest (invalid bytes replaced by U+FFFD)
- private:
-  std::string pending_;
-};
 
 }  // namespace specula::core
