@@ -98,16 +98,21 @@ test: build node-deps
 # __tls_get_addr and, under load, one of them starts near address 0: its tracer then segfaults at exit
 # in ScanRangeForPointers ("Tracer caught signal 11"), after the test passed. Reproduced with
 # Gemma4/Cache e2b beside QuantParity e2b (ctest -j2): 4 of 4 runs crashed before, 0 of 3 after.
+# Left out under the sanitizers, to keep CI within its time on 2 cores: the out-of-tree packaging tests
+# (they build projects against the installed SDK and API: CMake's part, which the plain run checks) and
+# the KV-cache suite on the MoE fixture (the cache code is the same for every variant and runs here on
+# e2b; the MoE forward runs here in the parity suites).
+ASAN_EXCLUDE := ^(Sdk\.TemplatePluginBuildsOutOfTree|ApiExample\.BuildsOutOfTree|Gemma4/Cache\..*26b)
 test-asan: build-asan
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:intercept_tls_get_addr=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
 	  LSAN_OPTIONS=suppressions=$(CURDIR)/.ci/lsan.supp \
-	  ctest --test-dir $(BUILD_ASAN) --output-on-failure -j $(JOBS)
+	  ctest --test-dir $(BUILD_ASAN) --output-on-failure -j $(JOBS) -E '$(ASAN_EXCLUDE)'
 
 # The libFuzzer targets (docs/fuzzing.md), built with clang so that they cannot rot unseen, each run for
 # FUZZ_SECONDS over its kept corpus (read only: what it finds goes to a scratch folder). A crash fails the
 # target; its input is left in $(BUILD_FUZZ)/crash-* for tests/fuzz/regressions.
 FUZZ_TARGETS := gguf safetensors tokenizer config pipeline model http_request
-FUZZ_SECONDS ?= 10
+FUZZ_SECONDS ?= 5
 $(BUILD_FUZZ)/build.ninja:
 	CC=clang CXX=clang++ cmake -S . -B $(BUILD_FUZZ) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSPECULA_FUZZ=ON $(CMAKE_ARGS)
 

@@ -3,72 +3,26 @@
 #include "names.hpp"
 #include "specula/error.hpp"
 #include "specula/log.hpp"
+#include "specula/weight_lookup.hpp"
 
 namespace specula::gemma4 {
 namespace {
 
-class Loader {
- public:
-  // Without a backend (check_weights) every tensor is looked up and shape-checked, none loaded.
-  Loader(const ModelFile& file, ComputeBackend* backend) : file_(file), backend_(backend) {
-    gguf_ = file.format() == "gguf";
-    if (!gguf_) prefix_ = text_prefix(file);
-  }
-
-  // The file's tensor for a GGUF-style name, or nullptr; `shown` receives the name as the file spells it.
-  const TensorInfo* find(const std::string& gguf_name, std::string* shown = nullptr) const {
-    for (const std::string& n : candidates(gguf_name)) {
-      if (const TensorInfo* t = file_.find(n)) {
-        if (shown) *shown = n;
-        return t;
-      }
-    }
-    if (shown) *shown = candidates(gguf_name).front();
-    return nullptr;
-  }
-
-  BackendTensorPtr need(const std::string& gguf_name, const std::vector<int64_t>& shape) {
-    std::string shown;
-    const TensorInfo* t = find(gguf_name, &shown);
-    if (!t)
-      fail("{}: tensor '{}' is missing; the model's configuration needs it with shape {}", file_.path().string(),
-           shown, shape_str(shape));
-    return load(*t, shape);
-  }
-
-  BackendTensorPtr optional(const std::string& gguf_name, const std::vector<int64_t>& shape) {
-    const TensorInfo* t = find(gguf_name);
-    return t ? load(*t, shape) : nullptr;
-  }
-
-  const TensorInfo* info(const std::string& gguf_name) const { return find(gguf_name); }
-
- private:
-  std::vector<std::string> candidates(const std::string& gguf_name) const {
-    if (gguf_) return {gguf_name};
-    if (auto it = global_names().find(gguf_name); it != global_names().end()) return {prefix_ + it->second};
-    // blk.N.suffix -> layers.N.<hf suffix>
+// The names a GGUF tensor name has in a Hugging Face / MLX checkpoint: global ones from the name table,
+// blk.N.suffix -> <prefix>layers.N.<hf suffix> (every spelling the table knows, in order).
+WeightLookup::Names file_names(const ModelFile& file) {
+  if (file.format() == "gguf") return [](const std::string& n) { return std::vector<std::string>{n}; };
+  return [prefix = text_prefix(file)](const std::string& gguf_name) {
+    if (auto it = global_names().find(gguf_name); it != global_names().end()) return std::vector<std::string>{prefix + it->second};
     const size_t dot1 = gguf_name.find('.'), dot2 = gguf_name.find('.', dot1 + 1);
     const std::string layer = gguf_name.substr(dot1 + 1, dot2 - dot1 - 1), suffix = gguf_name.substr(dot2 + 1);
-    std::vector<std::string> out;
     auto it = layer_names().find(suffix);
-    if (it == layer_names().end()) return {gguf_name};
-    for (const std::string& n : it->second) out.push_back(prefix_ + "layers." + layer + "." + n);
+    if (it == layer_names().end()) return std::vector<std::string>{gguf_name};
+    std::vector<std::string> out;
+    for (const std::string& n : it->second) out.push_back(prefix + "layers." + layer + "." + n);
     return out;
-  }
-
-  BackendTensorPtr load(const TensorInfo& t, const std::vector<int64_t>& shape) {
-    if (t.shape != shape)
-      fail("{}: tensor '{}' has shape {}, but the model's configuration needs {}", file_.path().string(), t.name,
-           shape_str(t.shape), shape_str(shape));
-    return backend_ ? backend_->load_weight(t) : nullptr;
-  }
-
-  const ModelFile& file_;
-  ComputeBackend* backend_;
-  bool gguf_ = false;
-  std::string prefix_;
-};
+  };
+}
 
 }  // namespace
 
@@ -84,17 +38,17 @@ Weights check_weights(const ModelFile& file, const Config& c) { return read_weig
 
 namespace {
 Weights read_weights(const ModelFile& file, const Config& c, ComputeBackend* backend) {
-  Loader ld(file, backend);
+  WeightLookup ld(file, backend, file_names(file), "model");
   Weights w;
   const int64_t H = c.hidden, L = static_cast<int64_t>(c.layers.size()), P = c.ple;
   w.embed = ld.need("token_embd.weight", {c.vocab, H});
-  w.embed_type = ld.info("token_embd.weight")->type;
-  if (backend && ld.info("output.weight"))
+  w.embed_type = ld.find("token_embd.weight")->type;
+  if (backend && ld.find("output.weight"))
     log_warn("{}: has an untied 'output.weight'; Gemma 4 ties the LM head to token_embd, which is used",
              file.path().string());
   w.output_norm = ld.need("output_norm.weight", {H});
   if (P > 0) {
-    const TensorInfo* t = ld.info("per_layer_token_embd.weight");
+    const TensorInfo* t = ld.find("per_layer_token_embd.weight");
     // Some ports keep more PLE rows than the vocabulary; ids never reach them.
     const int64_t rows = t && t->shape.size() == 2 && t->shape[0] >= c.vocab ? t->shape[0] : c.vocab;
     w.ple_embed = ld.need("per_layer_token_embd.weight", {rows, L * P});
@@ -115,7 +69,7 @@ Weights read_weights(const ModelFile& file, const Config& c, ComputeBackend* bac
       lw.k = ld.need(n("attn_k.weight"), {KV * D, H});
       lw.k_norm = ld.need(n("attn_k_norm.weight"), {D});
       lw.v = ld.optional(n("attn_v.weight"), {KV * D, H});
-      if (!ld.info(n("attn_v.weight")) && !(lc.full && (c.k_eq_v || file.format() == "gguf"))) {
+      if (!ld.find(n("attn_v.weight")) && !(lc.full && (c.k_eq_v || file.format() == "gguf"))) {
         std::string shown;
         ld.find(n("attn_v.weight"), &shown);
         fail("{}: tensor '{}' is missing; only full-attention layers of attention_k_eq_v models may omit V",
@@ -144,7 +98,7 @@ Weights read_weights(const ModelFile& file, const Config& c, ComputeBackend* bac
       lw.router = ld.need(n("ffn_gate_inp.weight"), {E, H});
       lw.router_scale = ld.need(n("ffn_gate_inp.scale"), {H});
       lw.expert_scale = ld.need(n("ffn_down_exps.scale"), {E});
-      if (ld.info(n("ffn_gate_up_exps.weight"))) {
+      if (ld.find(n("ffn_gate_up_exps.weight"))) {
         lw.gate_up_exps = ld.need(n("ffn_gate_up_exps.weight"), {E, 2 * Im, H});
       } else {
         lw.gate_exps = ld.need(n("ffn_gate_exps.weight"), {E, Im, H});
@@ -154,7 +108,7 @@ Weights read_weights(const ModelFile& file, const Config& c, ComputeBackend* bac
       lw.pre_ffw_norm_2 = ld.need(n("pre_ffw_norm_2.weight"), {H});
       lw.post_ffw_norm_1 = ld.need(n("post_ffw_norm_1.weight"), {H});
       lw.post_ffw_norm_2 = ld.need(n("post_ffw_norm_2.weight"), {H});
-    } else if (ld.info(n("ffn_gate_inp.weight"))) {
+    } else if (ld.find(n("ffn_gate_inp.weight"))) {
       fail("{}: layer {} has MoE router weights but the configuration has no experts", file.path().string(), l);
     }
   }

@@ -11,6 +11,7 @@
 #include "names.hpp"
 #include "specula/error.hpp"
 #include "specula/log.hpp"
+#include "specula/weight_lookup.hpp"
 
 namespace specula::gemma4_assistant {
 namespace {
@@ -21,16 +22,11 @@ struct LayerWeights {
   BackendTensorPtr attn_norm, q, q_norm, o, post_attn_norm, ffn_norm, gate, up, down, post_ffw_norm, scalar;
 };
 
-// Looks tensors up under the names of the file's layout and checks their shapes.
-class Tensors {
- public:
-  Tensors(const ModelFile& file, ComputeBackend& backend) : file_(file), backend_(backend) {
-    gguf_ = file.format() == "gguf";
-  }
-
-  // Candidate names for a logical tensor, in the order they are tried.
-  std::vector<std::string> names(const std::string& what) const {
-    if (gguf_) {
+// The names a drafter tensor has in the file's layout: GGUF (the nextn.* schema, then the assist_* one)
+// or Hugging Face / MLX (with or without the "model." prefix).
+WeightLookup::Names file_names(const ModelFile& file) {
+  if (file.format() == "gguf")
+    return [](const std::string& what) -> std::vector<std::string> {
       if (what == "embed") return {"token_embd.weight"};
       if (what == "norm") return {"output_norm.weight"};
       if (what == "pre") return {"nextn.pre_projection.weight", "assist_pre_proj.weight"};
@@ -38,7 +34,8 @@ class Tensors {
       if (what == "centroids") return {"assist_embed_centroids.weight", "masked_embd_centroids.weight"};
       if (what == "ordering") return {"assist_token_ordering.weight", "masked_embd_ordering"};
       return {what};  // blk.N.*
-    }
+    };
+  return [](const std::string& what) -> std::vector<std::string> {
     auto both = [](const std::string& n) { return std::vector<std::string>{n, "model." + n}; };
     if (what == "embed") return both("embed_tokens.weight");
     if (what == "norm") return both("norm.weight");
@@ -54,39 +51,8 @@ class Tensors {
       return {"model.layers." + idx + "." + h, "layers." + idx + "." + h};
     }
     return {what};
-  }
-
-  const TensorInfo* find(const std::string& what) const {
-    for (const std::string& n : names(what))
-      if (const TensorInfo* t = file_.find(n)) return t;
-    return nullptr;
-  }
-
-  const TensorInfo& info(const std::string& what, const std::vector<int64_t>& shape) const {
-    const TensorInfo* t = find(what);
-    if (!t) {
-      const auto n = names(what);
-      fail("{}: tensor '{}'{} is missing; the drafter's configuration needs it with shape {}", file_.path().string(),
-           n.front(), n.size() > 1 && gguf_ ? fmt::format(" (or '{}')", n[1]) : std::string(), shape_str(shape));
-    }
-    if (t->shape != shape)
-      fail("{}: tensor '{}' has shape {}, but the drafter's configuration needs {}", file_.path().string(), t->name,
-           shape_str(t->shape), shape_str(shape));
-    return *t;
-  }
-
-  BackendTensorPtr need(const std::string& what, const std::vector<int64_t>& shape) {
-    return backend_.load_weight(info(what, shape));
-  }
-  BackendTensorPtr optional(const std::string& what, const std::vector<int64_t>& shape) {
-    return find(what) ? need(what, shape) : nullptr;
-  }
-
- private:
-  const ModelFile& file_;
-  ComputeBackend& backend_;
-  bool gguf_ = false;
-};
+  };
+}
 
 // token_ordering as int32, checked to be a permutation of [0, vocab) (§2.6: row c of its [C, S] view
 // lists the vocab ids of cluster c).
@@ -165,7 +131,7 @@ class Drafter final : public AssistantDrafter {
     check_pairing(c, opt_, target, where);
     centroid_ = opt_.head == "centroid" || (opt_.head == "auto" && c.has_centroids && c.use_ordered_embeddings);
 
-    Tensors t(*file_, *backend_);
+    WeightLookup t(*file_, backend_.get(), file_names(*file_), "drafter");
     const int64_t Hd = c.hidden, Hb = c.backbone;
     pre_ = t.need("pre", {Hd, 2 * Hb});
     post_ = t.need("post", {Hb, Hd});
