@@ -9,7 +9,7 @@
 
 #include <boost/dll/shared_library.hpp>
 
-#include "specula/core/hub.hpp"
+#include "specula/core/model_ref.hpp"
 #include "specula/core/version.hpp"
 #include "specula/error.hpp"
 #include "specula/log.hpp"
@@ -424,8 +424,10 @@ std::shared_ptr<const Attention> PluginHost::make_attention(std::string_view nam
   return out;
 }
 
-std::shared_ptr<const ModelFile> PluginHost::open_model(const fs::path& given, std::string_view format) const {
-  const fs::path path = hub::local_path(given);  // an hf:// id: resolved (downloaded) into the HF cache first
+std::shared_ptr<const ModelFile> PluginHost::open_model(const fs::path& path, std::string_view format) const {
+  if (hub::is_ref(path.string()))
+    fail("model file {} is a Hugging Face id: the plugin host opens local paths (the application resolves ids with "
+         "the model hub, specula/hub.hpp)", path.string());
   std::error_code ec;
   if (!fs::exists(path, ec)) fail("model file {} does not exist", path.string());
   if (!format.empty()) {

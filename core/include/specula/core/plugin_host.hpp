@@ -6,7 +6,7 @@
 //   for (auto& p : host.plugins()) ...;          // accepted plugins, first in search order wins
 //   for (auto& r : host.rejected()) ...;         // every candidate refused, with the reason
 //   auto backend = host.make_backend("onednn", {});
-//   auto file = host.open_model("model.gguf");   // asks every format plugin's can_open
+//   auto file = host.open_model("model.gguf");   // a local path; asks every format plugin's can_open
 //   host.make_writer("gguf")->write(path, metadata, tensors);  // a format plugin that writes GGUF
 //   auto loader = host.find_model_loader(*file); // the model plugin whose loader accepts the file
 #pragma once
@@ -87,8 +87,8 @@ class PluginHost {
 
   // Opens a checkpoint with the first format plugin whose can_open accepts it, or with the named
   // format plugin when `format` is not empty. When none accepts it, throws naming the path and, for each
-  // format plugin, why it declined (the error its open() gives). `path` may be an hf:// id: it is
-  // resolved into the Hugging Face cache first, downloading what is missing (core/hub.hpp).
+  // format plugin, why it declined (the error its open() gives). `path` is a local path: an hf:// id is
+  // refused (the applications resolve ids with the model hub first, specula/hub.hpp).
   std::shared_ptr<const ModelFile> open_model(const std::filesystem::path& path, std::string_view format = {}) const;
   // The first format plugin whose ModelFormat is named `format` ("gguf") and can_write: what
   // `specula convert` and `specula quantize` write through. Throws naming the format plugins found.
