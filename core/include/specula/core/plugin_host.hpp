@@ -26,7 +26,7 @@ namespace specula::core {
 // One plugin that passed every check.
 struct PluginInfo {
   std::string name;
-  std::vector<std::string> kinds;   // "format", "backend", "model", "drafter", "sampler", "converter"
+  std::vector<std::string> kinds;   // "format", "backend", "model", ... (the host's table of kinds)
   std::string version;
   std::string description;
   std::filesystem::path file;
@@ -43,6 +43,10 @@ struct Rejection {
 // SPECULA_PLUGIN_PATH (colon-separated), then this build's plugin directory and the install one.
 // Directories that do not exist are kept (discover() skips them silently).
 std::vector<std::filesystem::path> plugin_search_path(const std::vector<std::filesystem::path>& first = {});
+
+// Whether plugins of `kind` take options a pipeline gives (and a schema may describe): not format or
+// converter, nor a kind the host does not know.
+bool kind_takes_options(std::string_view kind);
 
 class PluginHost {
  public:
@@ -64,7 +68,8 @@ class PluginHost {
   // Accepted plugins of one kind, in search order.
   std::vector<const PluginInfo*> of_kind(std::string_view kind) const;
 
-  // Factories. `name` is a plugin name; errors (unknown name, wrong kind) are specula::Error that list
+  // Factories, one per kind, all through one generic path (the host's table of kinds: plugin_host.cpp).
+  // `name` is a plugin name; errors (unknown name, wrong kind) are specula::Error that list
   // the plugins of that kind that were found. `options` are checked against the plugin's schema for
   // that kind first (specula/options.hpp; `where` locates each key in messages). The returned objects
   // pin their plugin's library.
@@ -107,6 +112,11 @@ class PluginHost {
   struct Library;
   struct Entry;
   const Entry& entry(std::string_view name, std::string_view kind) const;
+  // The generic path behind the factories: K is a row of the table of kinds.
+  template <const auto& K, typename... Args>
+  auto make(std::string_view name, const nlohmann::json& options, const OptionLocations& where, Args&&... args) const;
+  template <const auto& K>
+  auto find_accepting(const ModelFile& file, const nlohmann::json& options, const OptionLocations& where) const;
   std::vector<Entry> entries_;
   std::vector<PluginInfo> plugins_;
   std::vector<Rejection> rejected_;
