@@ -64,7 +64,7 @@ std::string config_architecture(const ModelFile& file) {
 }
 
 template <typename Factory>
-struct Kind {
+struct PluginKind {
   std::string_view name;                                    // as SpeculaPluginDescriptor::kinds spells it
   Factory PluginFactories::*factory;                        // what makes its objects
   const OptionSchema* PluginFactories::*options = nullptr;  // its option schema; null: it takes no options
@@ -72,16 +72,16 @@ struct Kind {
   std::string (*architecture_of)(const ModelFile&) = nullptr;  // FoundBy::File: for the message
 };
 
-constexpr Kind kFormat{"format", &PluginFactories::format, nullptr, FoundBy::Path};
-constexpr Kind kBackend{"backend", &PluginFactories::backend, &PluginFactories::backend_options};
-constexpr Kind kModel{"model", &PluginFactories::model, &PluginFactories::model_options, FoundBy::File,
-                      &quoted_architecture};
-constexpr Kind kDrafter{"drafter", &PluginFactories::drafter, &PluginFactories::drafter_options, FoundBy::File,
-                        &quoted_architecture};
-constexpr Kind kSampler{"sampler", &PluginFactories::sampler, &PluginFactories::sampler_options};
-constexpr Kind kConverter{"converter", &PluginFactories::converter, nullptr, FoundBy::File, &config_architecture};
-constexpr Kind kLmHead{"lm_head", &PluginFactories::lm_head, &PluginFactories::lm_head_options};
-constexpr Kind kAttention{"attention", &PluginFactories::attention, &PluginFactories::attention_options};
+constexpr PluginKind kFormat{"format", &PluginFactories::format, nullptr, FoundBy::Path};
+constexpr PluginKind kBackend{"backend", &PluginFactories::backend, &PluginFactories::backend_options};
+constexpr PluginKind kModel{"model", &PluginFactories::model, &PluginFactories::model_options, FoundBy::File,
+                            &quoted_architecture};
+constexpr PluginKind kDrafter{"drafter", &PluginFactories::drafter, &PluginFactories::drafter_options, FoundBy::File,
+                              &quoted_architecture};
+constexpr PluginKind kSampler{"sampler", &PluginFactories::sampler, &PluginFactories::sampler_options};
+constexpr PluginKind kConverter{"converter", &PluginFactories::converter, nullptr, FoundBy::File, &config_architecture};
+constexpr PluginKind kLmHead{"lm_head", &PluginFactories::lm_head, &PluginFactories::lm_head_options};
+constexpr PluginKind kAttention{"attention", &PluginFactories::attention, &PluginFactories::attention_options};
 // Every kind, in the order messages list them.
 constexpr std::tuple kKinds{kFormat, kBackend, kModel, kDrafter, kSampler, kConverter, kLmHead, kAttention};
 
