@@ -9,7 +9,7 @@
 
 #include <fmt/format.h>
 
-#include "specula/core/hub.hpp"
+#include "specula/hub.hpp"
 #include "specula/error.hpp"
 #include "specula/log.hpp"
 
@@ -71,7 +71,7 @@ void add_key(po::options_description& desc, ModelArgs& a, const char* names, con
   const std::string flag = fmt::format("command line (--{})", long_name);
   auto add = [&a, key, flag, path, append](const std::string& v) {
     std::string value = v;
-    // hf:// ids and `--drafter auto` are not paths (core/hub.hpp).
+    // hf:// ids and `--drafter auto` are not paths (specula/hub.hpp).
     const bool not_a_path = core::hub::is_ref(v) || (std::string_view(key) == "drafter.model" && v == core::kAutoDrafter);
     if (path && !v.empty() && !not_a_path) value = std::filesystem::absolute(v).lexically_normal().string();
     a.overrides.push_back({key, value, flag, append});
@@ -179,6 +179,7 @@ Session open_session(const ModelArgs& args, bool load_drafter) {
   s.host = make_host(s.pipeline, args.plugin_paths);
   core::BuildOptions options;
   options.load_drafter = load_drafter;
+  options.locate = core::hub::model_locator();  // hf:// ids and drafter auto
   s.built = core::build_pipeline(s.pipeline, *s.host, options);
   return s;
 }

@@ -21,6 +21,7 @@
 #include "specula/core/acceptance_replay.hpp"
 #include "specula/core/generator.hpp"
 #include "specula/error.hpp"
+#include "specula/hub.hpp"
 #include "specula/log.hpp"
 
 namespace {
@@ -115,6 +116,7 @@ int run_bench(const std::vector<std::string>& args) {
   auto host = cli::make_host(pipeline, model.plugin_paths);
   specula::core::BuildOptions build;
   build.load_drafter = !no_drafter;
+  build.locate = specula::core::hub::model_locator();
   specula::core::BuiltPipeline built = specula::core::build_pipeline(pipeline, *host, build);
   const double load_seconds = seconds_since(t_load);
   auto& target = built.target;

@@ -16,6 +16,7 @@
 #include "command.hpp"
 #include "specula/convert.hpp"
 #include "specula/error.hpp"
+#include "specula/hub.hpp"
 
 namespace {
 
@@ -66,7 +67,7 @@ int run_convert(const std::vector<std::string>& args) {
   const auto start = std::chrono::steady_clock::now();
   specula::core::PluginHost host;
   host.discover(specula::core::plugin_search_path({plugin_paths.begin(), plugin_paths.end()}));
-  const auto file = host.open_model(src);
+  const auto file = host.open_model(specula::core::hub::local_path(src));  // an hf:// id: resolved first
   if (file->format() == "gguf")
     specula::fail("convert: {} is already GGUF; convert reads Hugging Face and MLX checkpoints", src);
   if (!file->metadata().contains("config"))

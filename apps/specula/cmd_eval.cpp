@@ -10,6 +10,7 @@
 #include "cli_common.hpp"
 #include "command.hpp"
 #include "specula/error.hpp"
+#include "specula/hub.hpp"
 
 namespace {
 
@@ -55,7 +56,7 @@ int run_eval(const std::vector<std::string>& args) {
   const specula::core::Pipeline p = cli::resolve_pipeline(model);
   auto host = cli::make_host(p, model.plugin_paths);
   auto backend = specula::core::make_backend(p, *host);
-  auto file = specula::core::open_target(p, *host);
+  auto file = specula::core::open_target(p, *host, specula::core::hub::model_locator());
   auto loader = specula::core::target_loader(p, *host, *file);
   specula::core::check_target(p, *loader, *file, *backend);
   auto target = loader->load(file, backend, p.target.options);

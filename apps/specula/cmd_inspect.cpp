@@ -8,6 +8,7 @@
 #include "cli_common.hpp"
 #include "command.hpp"
 #include "specula/error.hpp"
+#include "specula/hub.hpp"
 #include "specula/model_file.hpp"
 
 namespace {
@@ -103,7 +104,7 @@ int run_inspect(const std::vector<std::string>& args) {
 
   specula::core::PluginHost host;
   host.discover(specula::core::plugin_search_path({plugin_paths.begin(), plugin_paths.end()}));
-  const auto file = host.open_model(path, format);
+  const auto file = host.open_model(specula::core::hub::local_path(path), format);  // an hf:// id: resolved first
 
   uint64_t total_bytes = 0, total_elems = 0;
   std::map<std::string, std::pair<uint64_t, uint64_t>> by_type;  // label -> (tensors, bytes)

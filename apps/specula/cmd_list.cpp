@@ -1,10 +1,10 @@
-// `specula list`: the models the Hugging Face cache holds (core/hub.hpp), whoever downloaded them.
+// `specula list`: the models the Hugging Face cache holds (specula/hub.hpp), whoever downloaded them.
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "cli_common.hpp"
 #include "command.hpp"
-#include "specula/core/hub.hpp"
+#include "specula/hub.hpp"
 
 namespace {
 

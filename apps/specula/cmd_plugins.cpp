@@ -23,7 +23,7 @@ int print_options(const specula::core::PluginHost& host, const std::string& name
   }
   nlohmann::json j = nlohmann::json::object();
   for (const auto& kind : info->kinds) {
-    if (kind == "format" || kind == "converter") continue;  // a pipeline has no options for these
+    if (!specula::core::kind_takes_options(kind)) continue;  // format, converter: a pipeline has no options for these
     const specula::OptionSchema* schema = host.option_schema(name, kind);
     if (as_json) {
       if (!schema) {

@@ -1,4 +1,4 @@
-// `specula pull`: download a model from the Hugging Face Hub into the Hugging Face cache (core/hub.hpp),
+// `specula pull`: download a model from the Hugging Face Hub into the Hugging Face cache (specula/hub.hpp),
 // so that a later `specula run --model hf://...` (or HF_HUB_OFFLINE=1) finds it there.
 #include <optional>
 
@@ -7,7 +7,7 @@
 
 #include "cli_common.hpp"
 #include "command.hpp"
-#include "specula/core/hub.hpp"
+#include "specula/hub.hpp"
 #include "specula/error.hpp"
 
 namespace {

@@ -1,5 +1,5 @@
 // `specula quantize IN.gguf OUT.gguf TYPE`: llama-quantize's file types and per-tensor rules
-// (core/quantize.hpp), streamed one slab of rows at a time, rows quantized on all cores. The GGUF is read
+// (specula/quantize.hpp, apps/quantize), streamed one slab of rows at a time, rows quantized on all cores. The GGUF is read
 // and written through the `gguf` format plugin.
 #include <unistd.h>
 
@@ -11,8 +11,9 @@
 #include "cli_common.hpp"
 #include "command.hpp"
 #include "specula/core/plugin_host.hpp"
-#include "specula/core/quantize.hpp"
+#include "specula/quantize.hpp"
 #include "specula/error.hpp"
+#include "specula/hub.hpp"
 #include "specula/log.hpp"
 
 namespace {
@@ -32,7 +33,7 @@ std::string mib(uint64_t bytes) { return fmt::format("{:.1f} MiB", static_cast<d
 
 // `--dry-run`: the type each tensor would get, without writing.
 void print_plan(const core::PluginHost& host, const std::string& input, const core::QuantFileType& type, bool pure) {
-  const auto file = core::open_quantize_input(host, input);
+  const auto file = core::open_quantize_input(host, core::hub::local_path(input));  // an hf:// id: resolved first
   for (const auto& p : core::plan_quantization(file->metadata(), file->tensors(), type, pure, input)) {
     std::string shape;
     for (const int64_t d : p.shape) shape += (shape.empty() ? "" : " x ") + std::to_string(d);
@@ -120,7 +121,7 @@ int run_quantize(const std::vector<std::string>& args) {
   ProgressLine progress;
   if (isatty(STDERR_FILENO) && specula::log_enabled(specula::LogLevel::Info))
     options.on_progress = [&](const core::QuantizeProgress& p) { progress(p); };
-  const core::QuantizeStats stats = core::quantize_gguf(host, input, output, options);
+  const core::QuantizeStats stats = core::quantize_gguf(host, core::hub::local_path(input), output, options);
   progress.finish();
 
   std::string counts;

@@ -1,9 +1,9 @@
-// `specula rm`: delete a model repository from the Hugging Face cache (core/hub.hpp).
+// `specula rm`: delete a model repository from the Hugging Face cache (specula/hub.hpp).
 #include <fmt/format.h>
 
 #include "cli_common.hpp"
 #include "command.hpp"
-#include "specula/core/hub.hpp"
+#include "specula/hub.hpp"
 #include "specula/error.hpp"
 
 namespace {

@@ -10,7 +10,7 @@
 
 #include "cli_common.hpp"
 #include "command.hpp"
-#include "specula/core/hub.hpp"
+#include "specula/hub.hpp"
 #include "specula/error.hpp"
 #include "specula/log.hpp"
 #include "specula/tokenizer.hpp"
@@ -56,7 +56,7 @@ std::shared_ptr<const specula::Tokenizer> open_tokenizer(const std::string& path
   std::vector<fs::path> first(plugin_paths.begin(), plugin_paths.end());
   host.discover(specula::core::plugin_search_path(first));
   try {
-    auto file = host.open_model(p);
+    auto file = host.open_model(specula::core::hub::local_path(p));  // an hf:// id: resolved first
     return specula::make_tokenizer(*file);
   } catch (const specula::Error& e) {
     // A directory with only the tokenizer files is fine for tokenizing.

@@ -7,6 +7,7 @@
 #include "cli_common.hpp"
 #include "command.hpp"
 #include "specula/error.hpp"
+#include "specula/hub.hpp"
 
 namespace {
 
@@ -117,7 +118,7 @@ int run_validate(const std::vector<std::string>& args) {
   specula::ModelInfo target_info;
   bool target_checked = false;
   if (report.check("target: " + p.target.model.string() + " opens", [&] {
-        target_file = core::open_target(p, *host);
+        target_file = core::open_target(p, *host, core::hub::model_locator());
         return fmt::format("{}, {} tensors", target_file->format(), target_file->tensors().size());
       })) {
     if (report.check("target: a model plugin accepts it, with its options", [&] {
@@ -136,7 +137,7 @@ int run_validate(const std::vector<std::string>& args) {
   if (p.drafter && !no_drafter) {
     std::shared_ptr<const specula::ModelFile> drafter_file;
     if (report.check("drafter: " + p.drafter->model.string() + " opens", [&] {
-          drafter_file = core::open_drafter(p, *host);
+          drafter_file = core::open_drafter(p, *host, core::hub::model_locator());
           return fmt::format("{}, {} tensors", drafter_file->format(), drafter_file->tensors().size());
         })) {
       std::shared_ptr<specula::DrafterLoader> loader;

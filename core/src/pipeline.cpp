@@ -12,7 +12,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include "specula/core/draft_length.hpp"
-#include "specula/core/hub.hpp"
+#include "specula/core/model_ref.hpp"
 #include "specula/core/plugin_host.hpp"
 #include "specula/error.hpp"
 #include "specula/log.hpp"
@@ -193,7 +193,7 @@ class Reader {
     if (p.empty()) fail("{}: key '{}' must be a path, got an empty string", where(n, key), key);
     return p.is_absolute() ? p : (base_ / p).lexically_normal();
   }
-  // A model: a path, an hf:// id (kept as written; PluginHost::open_model resolves it) or, for the
+  // A model: a path, an hf:// id (kept as written; the application's ModelLocator resolves it) or, for the
   // drafter, `auto` (the target's -assistant repository).
   fs::path model_path(const YAML::Node& n, const std::string& key, bool allow_auto) const {
     if (!n.IsScalar()) wrong_type(n, key, Kind::Path);
@@ -508,8 +508,16 @@ std::shared_ptr<ComputeBackend> make_backend(const Pipeline& p, const PluginHost
   return host.make_backend(p.backend.plugin, p.backend.options, p.backend.options_at);
 }
 
-std::shared_ptr<const ModelFile> open_target(const Pipeline& p, const PluginHost& host) {
-  return host.open_model(p.target.model, p.target.format);
+namespace {
+// The local path of a model the pipeline names: the locator's, else as written (PluginHost::open_model
+// refuses an id).
+fs::path locate_model(const ModelLocator& locate, const fs::path& model) {
+  return locate.model ? locate.model(model) : model;
+}
+}  // namespace
+
+std::shared_ptr<const ModelFile> open_target(const Pipeline& p, const PluginHost& host, const ModelLocator& locate) {
+  return host.open_model(locate_model(locate, p.target.model), p.target.format);
 }
 
 std::shared_ptr<ModelLoader> target_loader(const Pipeline& p, const PluginHost& host, const ModelFile& file) {
@@ -538,10 +546,12 @@ ModelInfo check_target(const Pipeline& p, const ModelLoader& loader, const Model
   return info;
 }
 
-std::shared_ptr<const ModelFile> open_drafter(const Pipeline& p, const PluginHost& host) {
-  if (p.drafter->model == kAutoDrafter)
-    return host.open_model(hub::resolve_assistant(hub::parse_ref(p.target.model.string())).path, p.drafter->format);
-  return host.open_model(p.drafter->model, p.drafter->format);
+std::shared_ptr<const ModelFile> open_drafter(const Pipeline& p, const PluginHost& host, const ModelLocator& locate) {
+  if (p.drafter->model != kAutoDrafter) return host.open_model(locate_model(locate, p.drafter->model), p.drafter->format);
+  if (!locate.assistant)
+    fail("drafter.model auto: {}'s -assistant repository is found by the model hub (specula/hub.hpp), and this "
+         "program resolves no Hugging Face id", p.target.model.string());
+  return host.open_model(locate.assistant(p.target.model), p.drafter->format);
 }
 
 std::shared_ptr<DrafterLoader> drafter_loader(const Pipeline& p, const PluginHost& host, const ModelFile& file) {
@@ -581,7 +591,7 @@ BuiltPipeline build_pipeline(const Pipeline& p, const PluginHost& host, const Bu
   ModelInfo info;
   section("backend", [&] { b.backend = make_backend(p, host); });
   section("target", [&] {
-    b.target_file = open_target(p, host);
+    b.target_file = open_target(p, host, options.locate);
     target = target_loader(p, host, *b.target_file);
     if (!p.target.lm_head.empty()) target_parts.lm_head = host.make_lm_head(p.target.lm_head);
     if (!p.target.attention.empty()) target_parts.attention = host.make_attention(p.target.attention);
@@ -590,7 +600,7 @@ BuiltPipeline build_pipeline(const Pipeline& p, const PluginHost& host, const Bu
   const bool with_drafter = p.drafter && options.load_drafter;
   if (with_drafter) {
     section("drafter", [&] {
-      b.drafter_file = open_drafter(p, host);
+      b.drafter_file = open_drafter(p, host, options.locate);
       drafter = drafter_loader(p, host, *b.drafter_file);
       if (!p.drafter->lm_head.empty()) drafter_parts.lm_head = host.make_lm_head(p.drafter->lm_head);
       if (!p.drafter->attention.empty()) drafter_parts.attention = host.make_attention(p.drafter->attention);

@@ -6,10 +6,12 @@
 #include <set>
 #include <sstream>
 #include <system_error>
+#include <tuple>
+#include <type_traits>
 
 #include <boost/dll/shared_library.hpp>
 
-#include "specula/core/hub.hpp"
+#include "specula/core/model_ref.hpp"
 #include "specula/core/version.hpp"
 #include "specula/error.hpp"
 #include "specula/log.hpp"
@@ -34,8 +36,66 @@ struct PluginHost::Entry {
 
 namespace {
 
-const std::vector<std::string_view> kKnownKinds = {"format", "backend", "model", "drafter", "sampler", "converter",
-                                                   "lm_head", "attention"};
+// ---------------------------------------------------------------------------------------------------
+// The plugin kinds: one row each, the only place the host spells a kind out. A descriptor's kinds are
+// checked against the names and each declared kind's factory must be set; make<K> makes any kind's
+// objects (the schema check when the kind has a schema, the factory, the pinning); find_accepting<K>
+// finds the plugin of a kind whose objects say whether they accept a file.
+
+// How the host picks the plugin of a kind when none is named.
+enum class FoundBy {
+  Name,  // by name only: backend, sampler, lm_head, attention
+  Path,  // the first format whose can_open accepts the path (open_model)
+  File,  // the first plugin whose object accepts the opened file (find_accepting<K>: model, drafter, converter)
+};
+
+// How a "no ... plugin accepts" message names the file's architecture.
+std::string quoted_architecture(const ModelFile& file) {
+  const std::string arch = file.architecture();
+  return fmt::format("'{}'", arch.empty() ? "not declared" : arch);
+}
+// A Hugging Face checkpoint's config.json architectures too (what a converter reads).
+std::string config_architecture(const ModelFile& file) {
+  const std::string arch = file.architecture();
+  const auto& md = file.metadata();
+  if (auto c = md.find("config"); c != md.end() && c->is_object() && c->contains("architectures"))
+    return fmt::format("architectures {}, model_type '{}'", (*c)["architectures"].dump(), arch);
+  return arch.empty() ? "not declared" : fmt::format("'{}'", arch);
+}
+
+template <typename Factory>
+struct PluginKind {
+  std::string_view name;                                    // as SpeculaPluginDescriptor::kinds spells it
+  Factory PluginFactories::*factory;                        // what makes its objects
+  const OptionSchema* PluginFactories::*options = nullptr;  // its option schema; null: it takes no options
+  FoundBy found_by = FoundBy::Name;
+  std::string (*architecture_of)(const ModelFile&) = nullptr;  // FoundBy::File: for the message
+};
+
+constexpr PluginKind kFormat{"format", &PluginFactories::format, nullptr, FoundBy::Path};
+constexpr PluginKind kBackend{"backend", &PluginFactories::backend, &PluginFactories::backend_options};
+constexpr PluginKind kModel{"model", &PluginFactories::model, &PluginFactories::model_options, FoundBy::File,
+                            &quoted_architecture};
+constexpr PluginKind kDrafter{"drafter", &PluginFactories::drafter, &PluginFactories::drafter_options, FoundBy::File,
+                              &quoted_architecture};
+constexpr PluginKind kSampler{"sampler", &PluginFactories::sampler, &PluginFactories::sampler_options};
+constexpr PluginKind kConverter{"converter", &PluginFactories::converter, nullptr, FoundBy::File, &config_architecture};
+constexpr PluginKind kLmHead{"lm_head", &PluginFactories::lm_head, &PluginFactories::lm_head_options};
+constexpr PluginKind kAttention{"attention", &PluginFactories::attention, &PluginFactories::attention_options};
+// Every kind, in the order messages list them.
+constexpr std::tuple kKinds{kFormat, kBackend, kModel, kDrafter, kSampler, kConverter, kLmHead, kAttention};
+
+// Calls fn(kind) for the row named `name`; false when no kind has that name.
+template <typename Fn>
+bool visit_kind(std::string_view name, Fn&& fn) {
+  return std::apply([&](const auto&... k) { return ((k.name == name && (fn(k), true)) || ...); }, kKinds);
+}
+
+std::string kind_names() {
+  std::string out;
+  std::apply([&](const auto&... k) { ((out += (out.empty() ? "" : ", ") + std::string(k.name)), ...); }, kKinds);
+  return out;
+}
 
 // Accepted libraries stay loaded for the life of the process even when every object and host is gone:
 // plugins may leave thread-locals, atexit handlers or objects created by plugin code (contexts,
@@ -158,6 +218,22 @@ class PinnedFormat final : public ModelFormat {
   std::shared_ptr<void> library_;
 };
 
+// What the host hands out for a factory's object: pinned to its library; formats and loaders wrapped so
+// that the files, models and drafters they create pin it too.
+template <typename T>
+std::shared_ptr<T> for_host(std::unique_ptr<T> made, const std::shared_ptr<void>& library) {
+  return pinned(std::move(made), library);
+}
+std::shared_ptr<ModelFormat> for_host(std::unique_ptr<ModelFormat> made, const std::shared_ptr<void>& library) {
+  return std::make_shared<PinnedFormat>(pinned(std::move(made), library), library);
+}
+std::shared_ptr<ModelLoader> for_host(std::unique_ptr<ModelLoader> made, const std::shared_ptr<void>& library) {
+  return std::make_shared<PinnedModelLoader>(pinned(std::move(made), library), library);
+}
+std::shared_ptr<DrafterLoader> for_host(std::unique_ptr<DrafterLoader> made, const std::shared_ptr<void>& library) {
+  return std::make_shared<PinnedDrafterLoader>(pinned(std::move(made), library), library);
+}
+
 std::string join(const std::vector<std::string>& parts, std::string_view sep) {
   std::string out;
   for (size_t i = 0; i < parts.size(); ++i) {
@@ -261,10 +337,9 @@ bool PluginHost::add_library(const fs::path& file) {
   info.file = canonical;
   if (info.kinds.empty()) return reject(fmt::format("{}: plugin '{}' declares no kind", where, info.name));
   for (const auto& k : info.kinds) {
-    if (std::find(kKnownKinds.begin(), kKnownKinds.end(), k) == kKnownKinds.end()) {
-      return reject(fmt::format("{}: plugin '{}' declares unknown kind '{}' (expected one of format, backend, "
-                                "model, drafter, sampler, converter, lm_head, attention)", where, info.name, k));
-    }
+    if (!visit_kind(k, [](const auto&) {}))
+      return reject(fmt::format("{}: plugin '{}' declares unknown kind '{}' (expected one of {})", where, info.name, k,
+                                kind_names()));
   }
   if (const PluginInfo* first = find(info.name)) {
     return reject(fmt::format("{}: plugin '{}' {} is shadowed by plugin '{}' {} from {}, found earlier in the "
@@ -278,20 +353,11 @@ bool PluginHost::add_library(const fs::path& file) {
   d->attach(&services);
   const PluginFactories* factories = d->factories();
   if (!factories) return reject(fmt::format("{}: plugin '{}' returned no factories", where, info.name));
-  auto provides = [&](const std::string& kind) {
-    if (kind == "format") return factories->format != nullptr;
-    if (kind == "backend") return factories->backend != nullptr;
-    if (kind == "model") return factories->model != nullptr;
-    if (kind == "drafter") return factories->drafter != nullptr;
-    if (kind == "converter") return factories->converter != nullptr;
-    if (kind == "lm_head") return factories->lm_head != nullptr;
-    if (kind == "attention") return factories->attention != nullptr;
-    return factories->sampler != nullptr;
-  };
   for (const auto& k : info.kinds) {
-    if (!provides(k)) {
+    bool provided = false;
+    visit_kind(k, [&](const auto& kind) { provided = factories->*kind.factory != nullptr; });
+    if (!provided)
       return reject(fmt::format("{}: plugin '{}' declares kind '{}' but has no {} factory", where, info.name, k, k));
-    }
   }
 
   log_debug("plugin '{}' {} ({}) loaded from {}", info.name, info.version, join(info.kinds, ","), where);
@@ -344,88 +410,104 @@ const PluginHost::Entry& PluginHost::entry(std::string_view name, std::string_vi
        available, rejected_note);
 }
 
+// ---------------------------------------------------------------------------------------------------
+// The generic path: every kind's objects are made by make<K> and the plugins found by find_accepting<K>.
+
+template <const auto& K, typename... Args>
+auto PluginHost::make(std::string_view name, const nlohmann::json& options, const OptionLocations& where,
+                      Args&&... args) const {
+  const Entry& e = entry(name, K.name);
+  if constexpr (K.options != nullptr) {  // the host's check of a plugin's options, before its factory sees them
+    if (const OptionSchema* schema = e.factories->*K.options)
+      check_options(*schema, options, fmt::format("{} plugin '{}'", K.name, name), where);
+  }
+  const auto factory = e.factories->*K.factory;
+  auto made = [&] {
+    if constexpr (std::is_invocable_v<decltype(factory), Args..., const nlohmann::json&>)
+      return factory(std::forward<Args>(args)..., options);
+    else
+      return factory(std::forward<Args>(args)...);  // a converter takes no options
+  }();
+  if (!made) fail("{} plugin '{}' returned no object", K.name, name);
+  return for_host(std::move(made), e.library);
+}
+
+template <const auto& K>
+auto PluginHost::find_accepting(const ModelFile& file, const nlohmann::json& options,
+                                const OptionLocations& where) const {
+  static_assert(K.found_by == FoundBy::File, "find_accepting<K> picks a plugin by what its object accepts");
+  std::vector<std::string> tried;
+  for (const auto& e : entries_) {
+    if (!e.info.has_kind(K.name)) continue;
+    auto made = make<K>(e.info.name, {}, {});  // the options are for the plugin that accepts the file
+    tried.push_back(fmt::format("{} ({})", e.info.name, made->architecture()));
+    if (!made->accepts(file)) continue;
+    if constexpr (K.options != nullptr) return make<K>(e.info.name, options, where);
+    else return made;
+  }
+  fail("no {} plugin accepts {} (its architecture: {}; {} plugins tried: {})", K.name, file.path().string(),
+       K.architecture_of(file), K.name, tried.empty() ? std::string("none was found") : join(tried, ", "));
+}
+
 std::shared_ptr<ModelFormat> PluginHost::make_format(std::string_view name, const nlohmann::json& options) const {
-  const Entry& e = entry(name, "format");
-  auto inner = pinned(e.factories->format(options), e.library);
-  if (!inner) fail("format plugin '{}' returned no object", name);
-  return std::make_shared<PinnedFormat>(std::move(inner), e.library);
+  return make<kFormat>(name, options, {});
+}
+std::shared_ptr<ComputeBackend> PluginHost::make_backend(std::string_view name, const nlohmann::json& options,
+                                                         const OptionLocations& where) const {
+  return make<kBackend>(name, options, where);
+}
+std::shared_ptr<ModelLoader> PluginHost::make_model_loader(std::string_view name, const nlohmann::json& options,
+                                                           const OptionLocations& where) const {
+  return make<kModel>(name, options, where);
+}
+std::shared_ptr<DrafterLoader> PluginHost::make_drafter_loader(std::string_view name, const nlohmann::json& options,
+                                                               const OptionLocations& where) const {
+  return make<kDrafter>(name, options, where);
+}
+std::shared_ptr<Sampler> PluginHost::make_sampler(std::string_view name, const SamplingParams& params,
+                                                  const nlohmann::json& options, const OptionLocations& where) const {
+  return make<kSampler>(name, options, where, params);
+}
+std::shared_ptr<const LmHead> PluginHost::make_lm_head(std::string_view name, const nlohmann::json& options,
+                                                       const OptionLocations& where) const {
+  return make<kLmHead>(name, options, where);
+}
+std::shared_ptr<const Attention> PluginHost::make_attention(std::string_view name, const nlohmann::json& options,
+                                                            const OptionLocations& where) const {
+  return make<kAttention>(name, options, where);
+}
+
+std::shared_ptr<ModelLoader> PluginHost::find_model_loader(const ModelFile& file, const nlohmann::json& options,
+                                                           const OptionLocations& where) const {
+  return find_accepting<kModel>(file, options, where);
+}
+std::shared_ptr<DrafterLoader> PluginHost::find_drafter_loader(const ModelFile& file, const nlohmann::json& options,
+                                                               const OptionLocations& where) const {
+  return find_accepting<kDrafter>(file, options, where);
+}
+std::shared_ptr<Converter> PluginHost::find_converter(const ModelFile& file) const {
+  return find_accepting<kConverter>(file, {}, {});
 }
 
 const OptionSchema* PluginHost::option_schema(std::string_view name, std::string_view kind) const {
   const PluginFactories* f = entry(name, kind).factories;
-  if (kind == "backend") return f->backend_options;
-  if (kind == "model") return f->model_options;
-  if (kind == "drafter") return f->drafter_options;
-  if (kind == "sampler") return f->sampler_options;
-  if (kind == "lm_head") return f->lm_head_options;
-  if (kind == "attention") return f->attention_options;
-  return nullptr;
+  const OptionSchema* schema = nullptr;
+  visit_kind(kind, [&](const auto& k) {
+    if (k.options) schema = f->*k.options;
+  });
+  return schema;
 }
 
-namespace {
-// The host's check of a plugin's options, before its factory sees them.
-void check_against(const OptionSchema* schema, const nlohmann::json& options, std::string_view kind,
-                   std::string_view name, const OptionLocations& where) {
-  if (schema) check_options(*schema, options, fmt::format("{} plugin '{}'", kind, name), where);
-}
-}  // namespace
-
-std::shared_ptr<ComputeBackend> PluginHost::make_backend(std::string_view name, const nlohmann::json& options,
-                                                         const OptionLocations& where) const {
-  const Entry& e = entry(name, "backend");
-  check_against(e.factories->backend_options, options, "backend", name, where);
-  auto out = pinned(e.factories->backend(options), e.library);
-  if (!out) fail("backend plugin '{}' returned no object", name);
-  return out;
+bool kind_takes_options(std::string_view kind) {
+  bool takes = false;
+  visit_kind(kind, [&](const auto& k) { takes = k.options != nullptr; });
+  return takes;
 }
 
-std::shared_ptr<ModelLoader> PluginHost::make_model_loader(std::string_view name, const nlohmann::json& options,
-                                                           const OptionLocations& where) const {
-  const Entry& e = entry(name, "model");
-  check_against(e.factories->model_options, options, "model", name, where);
-  auto inner = pinned(e.factories->model(options), e.library);
-  if (!inner) fail("model plugin '{}' returned no object", name);
-  return std::make_shared<PinnedModelLoader>(std::move(inner), e.library);
-}
-
-std::shared_ptr<DrafterLoader> PluginHost::make_drafter_loader(std::string_view name, const nlohmann::json& options,
-                                                               const OptionLocations& where) const {
-  const Entry& e = entry(name, "drafter");
-  check_against(e.factories->drafter_options, options, "drafter", name, where);
-  auto inner = pinned(e.factories->drafter(options), e.library);
-  if (!inner) fail("drafter plugin '{}' returned no object", name);
-  return std::make_shared<PinnedDrafterLoader>(std::move(inner), e.library);
-}
-
-std::shared_ptr<Sampler> PluginHost::make_sampler(std::string_view name, const SamplingParams& params,
-                                                  const nlohmann::json& options, const OptionLocations& where) const {
-  const Entry& e = entry(name, "sampler");
-  check_against(e.factories->sampler_options, options, "sampler", name, where);
-  auto out = pinned(e.factories->sampler(params, options), e.library);
-  if (!out) fail("sampler plugin '{}' returned no object", name);
-  return out;
-}
-
-std::shared_ptr<const LmHead> PluginHost::make_lm_head(std::string_view name, const nlohmann::json& options,
-                                                       const OptionLocations& where) const {
-  const Entry& e = entry(name, "lm_head");
-  check_against(e.factories->lm_head_options, options, "lm_head", name, where);
-  std::shared_ptr<const LmHead> out = pinned(e.factories->lm_head(options), e.library);
-  if (!out) fail("lm_head plugin '{}' returned no object", name);
-  return out;
-}
-
-std::shared_ptr<const Attention> PluginHost::make_attention(std::string_view name, const nlohmann::json& options,
-                                                            const OptionLocations& where) const {
-  const Entry& e = entry(name, "attention");
-  check_against(e.factories->attention_options, options, "attention", name, where);
-  std::shared_ptr<const Attention> out = pinned(e.factories->attention(options), e.library);
-  if (!out) fail("attention plugin '{}' returned no object", name);
-  return out;
-}
-
-std::shared_ptr<const ModelFile> PluginHost::open_model(const fs::path& given, std::string_view format) const {
-  const fs::path path = hub::local_path(given);  // an hf:// id: resolved (downloaded) into the HF cache first
+std::shared_ptr<const ModelFile> PluginHost::open_model(const fs::path& path, std::string_view format) const {
+  if (hub::is_ref(path.string()))
+    fail("model file {} is a Hugging Face id: the plugin host opens local paths (the application resolves ids with "
+         "the model hub, specula/hub.hpp)", path.string());
   std::error_code ec;
   if (!fs::exists(path, ec)) fail("model file {} does not exist", path.string());
   if (!format.empty()) {
@@ -434,7 +516,7 @@ std::shared_ptr<const ModelFile> PluginHost::open_model(const fs::path& given, s
   }
   std::vector<std::shared_ptr<PinnedFormat>> formats;
   for (const auto& e : entries_) {
-    if (!e.info.has_kind("format")) continue;
+    if (!e.info.has_kind(kFormat.name)) continue;
     auto f = std::static_pointer_cast<PinnedFormat>(make_format(e.info.name));
     if (f->can_open(path)) {
       log_debug("opening {} with format plugin '{}'", path.string(), e.info.name);
@@ -461,7 +543,7 @@ std::shared_ptr<const ModelFile> PluginHost::open_model(const fs::path& given, s
 std::shared_ptr<const ModelFormat> PluginHost::make_writer(std::string_view format) const {
   std::vector<std::string> formats;
   for (const auto& e : entries_) {
-    if (!e.info.has_kind("format")) continue;
+    if (!e.info.has_kind(kFormat.name)) continue;
     auto f = make_format(e.info.name);
     if (f->name() == format && f->can_write()) return f;
     formats.push_back(fmt::format("{} ({}{})", e.info.name, f->name(), f->can_write() ? ", writes" : ", reads only"));
@@ -469,53 +551,6 @@ std::shared_ptr<const ModelFormat> PluginHost::make_writer(std::string_view form
   fail("no format plugin writes {} files (format plugins found: {}); run `specula plugins` to see the search path "
        "and rejections",
        format, formats.empty() ? std::string("none") : join(formats, ", "));
-}
-
-std::shared_ptr<ModelLoader> PluginHost::find_model_loader(const ModelFile& file, const nlohmann::json& options,
-                                                           const OptionLocations& where) const {
-  std::vector<std::string> tried;
-  for (const auto& e : entries_) {
-    if (!e.info.has_kind("model")) continue;
-    auto loader = make_model_loader(e.info.name);  // the options are for the plugin that accepts the file
-    tried.push_back(fmt::format("{} ({})", e.info.name, loader->architecture()));
-    if (loader->accepts(file)) return make_model_loader(e.info.name, options, where);
-  }
-  std::string arch = file.architecture();
-  fail("no model plugin accepts {} (its architecture: '{}'; model plugins tried: {})", file.path().string(),
-       arch.empty() ? "not declared" : arch, tried.empty() ? std::string("none was found") : join(tried, ", "));
-}
-
-std::shared_ptr<Converter> PluginHost::find_converter(const ModelFile& file) const {
-  std::vector<std::string> tried;
-  for (const auto& e : entries_) {
-    if (!e.info.has_kind("converter")) continue;
-    auto converter = pinned(std::shared_ptr<Converter>(e.factories->converter()), e.library);
-    if (!converter) fail("converter plugin '{}' returned no object", e.info.name);
-    tried.push_back(fmt::format("{} ({})", e.info.name, converter->architecture()));
-    if (converter->accepts(file)) return converter;
-  }
-  std::string declared = file.architecture();
-  const auto& md = file.metadata();
-  if (auto c = md.find("config"); c != md.end() && c->is_object() && c->contains("architectures"))
-    declared = fmt::format("architectures {}, model_type '{}'", (*c)["architectures"].dump(), declared);
-  else
-    declared = declared.empty() ? "not declared" : fmt::format("'{}'", declared);
-  fail("no converter plugin accepts {} (its architecture: {}; converter plugins tried: {})", file.path().string(),
-       declared, tried.empty() ? std::string("none was found") : join(tried, ", "));
-}
-
-std::shared_ptr<DrafterLoader> PluginHost::find_drafter_loader(const ModelFile& file, const nlohmann::json& options,
-                                                               const OptionLocations& where) const {
-  std::vector<std::string> tried;
-  for (const auto& e : entries_) {
-    if (!e.info.has_kind("drafter")) continue;
-    auto loader = make_drafter_loader(e.info.name);  // the options are for the plugin that accepts the file
-    tried.push_back(fmt::format("{} ({})", e.info.name, loader->architecture()));
-    if (loader->accepts(file)) return make_drafter_loader(e.info.name, options, where);
-  }
-  std::string arch = file.architecture();
-  fail("no drafter plugin accepts {} (its architecture: '{}'; drafter plugins tried: {})", file.path().string(),
-       arch.empty() ? "not declared" : arch, tried.empty() ? std::string("none was found") : join(tried, ", "));
 }
 
 }  // namespace specula::core

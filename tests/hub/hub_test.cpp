@@ -13,7 +13,7 @@
 
 #include "hub_server.hpp"
 #include "specula/api.hpp"
-#include "specula/core/hub.hpp"
+#include "specula/hub.hpp"
 #include "specula/core/pipeline.hpp"
 #include "specula/error.hpp"
 

@@ -25,7 +25,7 @@
 #include "common/sha256.hpp"
 #include "gguf_io.hpp"         // plugins/gguf (specula_gguf_io): reads outputs, writes inputs
 #include "safetensors_io.hpp"  // plugins/safetensors (specula_safetensors_io)
-#include "specula/core/quantize.hpp"
+#include "specula/quantize.hpp"
 #include "specula/error.hpp"
 #include "specula/log.hpp"
 #include "specula/mapped_file.hpp"

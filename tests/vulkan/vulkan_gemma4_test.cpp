@@ -30,7 +30,7 @@
 #include "specula/core/acceptance_replay.hpp"
 #include "specula/core/generator.hpp"
 #include "specula/core/plugin_host.hpp"
-#include "specula/core/quantize.hpp"
+#include "specula/quantize.hpp"
 #include "specula/error.hpp"
 #include "specula/model.hpp"
 

@@ -4,7 +4,7 @@
 #include <mutex>
 #include <optional>
 
-#include "specula/core/hub.hpp"
+#include "specula/hub.hpp"
 #include "specula/core/plugin_host.hpp"
 #include "specula/error.hpp"
 #include "specula/log.hpp"
@@ -88,6 +88,7 @@ std::shared_ptr<Model> Model::from_pipeline(core::Pipeline pipeline, const OpenO
   for (const auto& r : impl->host->rejected()) log_debug("{}", r.reason);
   core::BuildOptions build;
   build.load_drafter = options.load_drafter;
+  build.locate = core::hub::model_locator();  // hf:// ids: resolved into the Hugging Face cache
   impl->built = core::build_pipeline(impl->pipeline, *impl->host, build);
   if (!impl->built.target->tokenizer())
     fail("{}: the model has no tokenizer; the application API works on text", impl->pipeline.target.model.string());

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -36,11 +37,11 @@ struct BackendConfig {
   OptionLocations options_at;          // where each option was written, for the host's schema check
 };
 
-// drafter.model: auto (--drafter auto): the -assistant repository of an hf:// target (core/hub.hpp).
+// drafter.model: auto (--drafter auto): the -assistant repository of an hf:// target (specula/hub.hpp).
 inline constexpr const char* kAutoDrafter = "auto";
 
 struct TargetConfig {
-  std::filesystem::path model;         // required: GGUF file, safetensors directory or hf:// id (core/hub.hpp)
+  std::filesystem::path model;         // required: GGUF file, safetensors directory or hf:// id (core/model_ref.hpp)
   std::string format;                  // format plugin; "" = the first whose can_open accepts the file
   std::string plugin;                  // model plugin; "" = the first whose loader accepts the file
   std::string lm_head;                 // lm_head plugin; "" = the standard head (specula/lm_head.hpp)
@@ -127,8 +128,21 @@ struct BuiltPipeline {
   std::shared_ptr<Sampler> sampler;
 };
 
+// How the builder turns the models a pipeline names (a path, an hf:// id, drafter `auto`) into the local
+// paths the plugin host opens. The core resolves no id: unset, a path is used as written and an id is an
+// error; the applications pass the model hub's (apps/hub: hub::model_locator()), which downloads into
+// the Hugging Face cache. Called where the model is opened, inside its section's step, so that a failure
+// reads "FILE: section 'target': ..." and comes after the backend's checks.
+struct ModelLocator {
+  // target.model, or drafter.model when it is not `auto`: the local path of a path or an id.
+  std::function<std::filesystem::path(const std::filesystem::path& model)> model;
+  // drafter.model auto: the local path of the -assistant drafter of the target id `target`.
+  std::function<std::filesystem::path(const std::filesystem::path& target)> assistant;
+};
+
 struct BuildOptions {
   bool load_drafter = true;
+  ModelLocator locate;
 };
 
 // Creates backend, opens and loads the target (and drafter), creates the sampler. Every check of the
@@ -139,13 +153,13 @@ BuiltPipeline build_pipeline(const Pipeline& pipeline, const PluginHost& host, c
 // The steps of build_pipeline before any weight is read, one per check, so that `specula validate`
 // reports each with the message `run` would give. Each throws specula::Error.
 std::shared_ptr<ComputeBackend> make_backend(const Pipeline& p, const PluginHost& host);
-std::shared_ptr<const ModelFile> open_target(const Pipeline& p, const PluginHost& host);
+std::shared_ptr<const ModelFile> open_target(const Pipeline& p, const PluginHost& host, const ModelLocator& locate = {});
 // target.plugin (or the first model plugin accepting the file), its options checked against its schema.
 std::shared_ptr<ModelLoader> target_loader(const Pipeline& p, const PluginHost& host, const ModelFile& file);
 // ModelLoader::check (options, configuration, cache dtype against the backend), then the context length
 // against the model's. Returns the ModelInfo the loaded model will report.
 ModelInfo check_target(const Pipeline& p, const ModelLoader& loader, const ModelFile& file, const ComputeBackend& backend);
-std::shared_ptr<const ModelFile> open_drafter(const Pipeline& p, const PluginHost& host);
+std::shared_ptr<const ModelFile> open_drafter(const Pipeline& p, const PluginHost& host, const ModelLocator& locate = {});
 std::shared_ptr<DrafterLoader> drafter_loader(const Pipeline& p, const PluginHost& host, const ModelFile& file);
 // DrafterLoader::check: options and the pairing with the target.
 void check_drafter(const Pipeline& p, const DrafterLoader& loader, const ModelFile& file, const ComputeBackend& backend,

@@ -6,7 +6,7 @@
 //   for (auto& p : host.plugins()) ...;          // accepted plugins, first in search order wins
 //   for (auto& r : host.rejected()) ...;         // every candidate refused, with the reason
 //   auto backend = host.make_backend("onednn", {});
-//   auto file = host.open_model("model.gguf");   // asks every format plugin's can_open
+//   auto file = host.open_model("model.gguf");   // a local path; asks every format plugin's can_open
 //   host.make_writer("gguf")->write(path, metadata, tensors);  // a format plugin that writes GGUF
 //   auto loader = host.find_model_loader(*file); // the model plugin whose loader accepts the file
 #pragma once
@@ -26,7 +26,7 @@ namespace specula::core {
 // One plugin that passed every check.
 struct PluginInfo {
   std::string name;
-  std::vector<std::string> kinds;   // "format", "backend", "model", "drafter", "sampler", "converter"
+  std::vector<std::string> kinds;   // "format", "backend", "model", ... (the host's table of kinds)
   std::string version;
   std::string description;
   std::filesystem::path file;
@@ -43,6 +43,10 @@ struct Rejection {
 // SPECULA_PLUGIN_PATH (colon-separated), then this build's plugin directory and the install one.
 // Directories that do not exist are kept (discover() skips them silently).
 std::vector<std::filesystem::path> plugin_search_path(const std::vector<std::filesystem::path>& first = {});
+
+// Whether plugins of `kind` take options a pipeline gives (and a schema may describe): not format or
+// converter, nor a kind the host does not know.
+bool kind_takes_options(std::string_view kind);
 
 class PluginHost {
  public:
@@ -64,7 +68,8 @@ class PluginHost {
   // Accepted plugins of one kind, in search order.
   std::vector<const PluginInfo*> of_kind(std::string_view kind) const;
 
-  // Factories. `name` is a plugin name; errors (unknown name, wrong kind) are specula::Error that list
+  // Factories, one per kind, all through one generic path (the host's table of kinds: plugin_host.cpp).
+  // `name` is a plugin name; errors (unknown name, wrong kind) are specula::Error that list
   // the plugins of that kind that were found. `options` are checked against the plugin's schema for
   // that kind first (specula/options.hpp; `where` locates each key in messages). The returned objects
   // pin their plugin's library.
@@ -87,8 +92,8 @@ class PluginHost {
 
   // Opens a checkpoint with the first format plugin whose can_open accepts it, or with the named
   // format plugin when `format` is not empty. When none accepts it, throws naming the path and, for each
-  // format plugin, why it declined (the error its open() gives). `path` may be an hf:// id: it is
-  // resolved into the Hugging Face cache first, downloading what is missing (core/hub.hpp).
+  // format plugin, why it declined (the error its open() gives). `path` is a local path: an hf:// id is
+  // refused (the applications resolve ids with the model hub first, specula/hub.hpp).
   std::shared_ptr<const ModelFile> open_model(const std::filesystem::path& path, std::string_view format = {}) const;
   // The first format plugin whose ModelFormat is named `format` ("gguf") and can_write: what
   // `specula convert` and `specula quantize` write through. Throws naming the format plugins found.
@@ -107,6 +112,11 @@ class PluginHost {
   struct Library;
   struct Entry;
   const Entry& entry(std::string_view name, std::string_view kind) const;
+  // The generic path behind the factories: K is a row of the table of kinds.
+  template <const auto& K, typename... Args>
+  auto make(std::string_view name, const nlohmann::json& options, const OptionLocations& where, Args&&... args) const;
+  template <const auto& K>
+  auto find_accepting(const ModelFile& file, const nlohmann::json& options, const OptionLocations& where) const;
   std::vector<Entry> entries_;
   std::vector<PluginInfo> plugins_;
   std::vector<Rejection> rejected_;

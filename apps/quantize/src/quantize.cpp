@@ -1,6 +1,6 @@
 // GGUF quantization with llama.cpp's rules (src/llama-quant.cpp of the release Specula tracks,
 // re-derived): which tensors are quantized, which type each gets, the output order and metadata.
-#include "specula/core/quantize.hpp"
+#include "specula/quantize.hpp"
 
 #include <sys/mman.h>
 #include <unistd.h>
@@ -20,7 +20,6 @@
 
 #include <fmt/format.h>
 
-#include "specula/core/hub.hpp"
 #include "specula/core/plugin_host.hpp"
 #include "specula/error.hpp"
 #include "specula/log.hpp"
@@ -372,8 +371,7 @@ std::vector<TensorPlan> plan_quantization(const json& metadata, const std::vecto
   return plan;
 }
 
-std::shared_ptr<const ModelFile> open_quantize_input(const PluginHost& host, const fs::path& input) {
-  const fs::path path = hub::local_path(input);  // an hf:// id: resolved (downloaded) into the HF cache first
+std::shared_ptr<const ModelFile> open_quantize_input(const PluginHost& host, const fs::path& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) fail("{}: cannot open: {}", path.string(), std::strerror(ENOENT));
   auto file = host.open_model(path);

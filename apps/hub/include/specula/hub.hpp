@@ -1,6 +1,6 @@
-// The model hub: a model named by its Hugging Face id instead of a path.
+// The model hub (apps/hub, library specula_hub): a model named by its Hugging Face id instead of a path.
 //
-//   hf://OWNER/REPO[@REVISION][:FILE-or-QUANT]
+//   hf://OWNER/REPO[@REVISION][:FILE-or-QUANT]      (the syntax: specula/core/model_ref.hpp, in the core)
 //
 // resolves through the Hub's HTTP API (or a mirror: HF_ENDPOINT) into the standard Hugging Face cache,
 // laid out exactly as huggingface_hub lays it out, so that files either tool fetched are reused by the
@@ -15,9 +15,12 @@
 // is checked against the Hub's metadata (sha256 for LFS files, the git blob id otherwise) and only then
 // renamed and linked into the snapshot: nothing half-written or unverified is ever opened.
 //
-// PluginHost::open_model accepts these ids wherever it accepts a path (pipeline target.model and
-// drafter.model, --model, --drafter, `specula inspect`); `drafter.model: auto` pairs an hf:// target with
-// its OWNER/REPO-assistant repository. Every function throws specula::Error naming the id and the file.
+// The core opens local paths only. The applications take these ids wherever they take a path (pipeline
+// target.model and drafter.model, --model, --drafter, `specula inspect`, Model::open) by resolving them
+// here first: `local_path` for one model, `model_locator()` for core::build_pipeline; `drafter.model:
+// auto` pairs an hf:// target with its OWNER/REPO-assistant repository. The library links libcurl and
+// OpenSSL's libcrypto; the namespace is still the one it had in the core. Every function throws
+// specula::Error naming the id and the file.
 #pragma once
 
 #include <cstdint>
@@ -28,25 +31,10 @@
 #include <string_view>
 #include <vector>
 
+#include "specula/core/model_ref.hpp"
+#include "specula/core/pipeline.hpp"
+
 namespace specula::core::hub {
-
-inline constexpr std::string_view kScheme = "hf://";
-
-// One model id.
-struct ModelRef {
-  std::string repo;               // OWNER/REPO
-  std::string revision = "main";  // branch, tag or commit hash
-  std::string selector;           // a file of the repo or a GGUF quantization (Q4_K_M); "" = what the format needs
-  bool explicit_revision = false; // @REVISION was written
-
-  std::string str() const;        // hf://OWNER/REPO[@REVISION][:SELECTOR]
-};
-
-// Whether `text` is an id (starts with hf://).
-bool is_ref(std::string_view text);
-// Parses hf://OWNER/REPO[@REVISION][:SELECTOR]; with `scheme_optional` also OWNER/REPO... (`specula pull`).
-// Throws naming what is wrong with it.
-ModelRef parse_ref(std::string_view text, bool scheme_optional = false);
 
 // Where and how: from the environment as huggingface_hub reads it.
 struct Settings {
@@ -88,6 +76,9 @@ Resolved resolve_assistant(const ModelRef& target, const Settings& settings = Se
 // Without `settings`, the environment is read only for an id (a local path never depends on HF_*).
 std::filesystem::path local_path(const std::filesystem::path& path_or_ref, const Settings& settings);
 std::filesystem::path local_path(const std::filesystem::path& path_or_ref);
+// What core::build_pipeline (core::open_target, core::open_drafter) calls to turn a pipeline's models into
+// local paths: local_path for a path or an id, resolve_assistant for `drafter.model: auto`.
+core::ModelLocator model_locator();
 
 // The files a format needs, from a repository's file list (exposed for tests and `specula pull`):
 // config.json, generation_config.json, tokenizer files, *.safetensors and their index; or the GGUF file

@@ -5,6 +5,9 @@
 // the GGUF format and llama.cpp's tensor names, not of one model. The input is opened and the output
 // written through the `gguf` format plugin (the plugin host's open_model and make_writer): the input is
 // memory-mapped and the output streamed, so memory stays at about one slab of rows, never the model.
+// A library of the applications (apps/quantize, specula_quantize), not of the core: it reads and writes
+// local files only (`specula quantize` resolves an hf:// input with the model hub first); the namespace
+// is still the one it had in the core.
 #pragma once
 
 #include <atomic>
@@ -81,7 +84,7 @@ struct QuantizeStats {
   double seconds = 0;
 };
 
-// The input of quantize_gguf, opened through `host`'s format plugins (`input` may be an hf:// id): a GGUF
+// The input of quantize_gguf, opened through `host`'s format plugins (a local path): a GGUF
 // file with its typed keys (ModelFile::gguf_metadata). Throws naming the file when it is missing, when
 // it is a checkpoint of another format (convert it first) or one shard of a split model.
 std::shared_ptr<const ModelFile> open_quantize_input(const PluginHost& host, const std::filesystem::path& input);
