@@ -508,6 +508,28 @@ class Lowering {
     emit(d);
   }
 
+  // Few queries x heads over many slots (decode): the slots split into chunks, one workgroup each,
+  // so a GPU has kAttentionWorkgroups to run instead of Hq; attention_combine.comp merges them.
+  // {chunks per (query, head), slots per chunk}: {1, 0} when the slots are not split.
+  static std::pair<int64_t, int64_t> attention_chunks(int64_t T, int64_t Hq, int64_t S) {
+    const int64_t rows = T <= kAttentionRowQueries ? Hq : T * Hq;
+    const int64_t chunks = S > kAttentionChunk ? std::clamp<int64_t>(kAttentionWorkgroups / std::max<int64_t>(rows, 1), 1,
+                                                                     (S + kAttentionChunk - 1) / kAttentionChunk)
+                                               : 1;
+    return {chunks, chunks > 1 ? ((S + chunks - 1) / chunks + 63) / 64 * 64 : 0};
+  }
+  void check_attention_loops(const Node& n, int64_t T, int64_t S, int64_t D, int64_t Dv, int64_t chunks,
+                             int64_t chunk) const {
+    // attention.comp's loops per tile of 64 slots: the dots (eight groups, 64 values a step), the
+    // partials' sums, the output update, the reductions; attention_combine.comp's per chunk.
+    const int64_t per_tile = 8 * ((D + 63) / 64 + 4 + D % 2 * D / 8) + 8 + (Dv + 7) / 8 + 2 * ((Dv + 63) / 64) + 40;
+    const int64_t slots = chunks > 1 ? chunk : S;
+    check_cpu_device_loops(dev_, n, std::max((slots + 63) / 64 * per_tile, chunks * (3 + (Dv + 63) / 64)),
+                           fmt::format("over {} cache slots (head dims {} / {}) for {} queries", S, D, Dv, T),
+                           fmt::format("use a context of at most {} tokens here, or shorter prompt chunks",
+                                       kLoopBudget / per_tile * 64));
+  }
+
   // Attention: q [T, Hq, D] over the K/V cache's S slots; decode's few queries split the slots into
   // chunks whose partial results attention_combine.comp merges.
   void attention(int32_t i, const Node& n) {
@@ -519,23 +541,8 @@ class Lowering {
         fail("Vulkan backend: Attention '{}': '{}' is {}; {}", n.name, kv->name, dtype_name(kv->type),
              backend_.supports(Op::Attention, kv->type).reason);
     const int64_t T = q.shape[0], Hq = q.shape[1], S = k.shape[0], D = q.shape[2], Dv = v.shape[2];
-    // Few queries x heads over many slots (decode): the slots split into chunks, one workgroup each,
-    // so a GPU has kAttentionWorkgroups to run instead of Hq; attention_combine.comp merges them.
-    const int64_t rows = T <= kAttentionRowQueries ? Hq : T * Hq;
-    const int64_t chunks = S > kAttentionChunk ? std::clamp<int64_t>(kAttentionWorkgroups / std::max<int64_t>(rows, 1), 1,
-                                                                     (S + kAttentionChunk - 1) / kAttentionChunk)
-                                               : 1;
-    const int64_t chunk = chunks > 1 ? ((S + chunks - 1) / chunks + 63) / 64 * 64 : 0;
-    {
-      // attention.comp's loops per tile of 64 slots: the dots (eight groups, 64 values a step), the
-      // partials' sums, the output update, the reductions; attention_combine.comp's per chunk.
-      const int64_t per_tile = 8 * ((D + 63) / 64 + 4 + D % 2 * D / 8) + 8 + (Dv + 7) / 8 + 2 * ((Dv + 63) / 64) + 40;
-      const int64_t slots = chunks > 1 ? chunk : S;
-      check_cpu_device_loops(dev_, n, std::max((slots + 63) / 64 * per_tile, chunks * (3 + (Dv + 63) / 64)),
-                             fmt::format("over {} cache slots (head dims {} / {}) for {} queries", S, D, Dv, T),
-                             fmt::format("use a context of at most {} tokens here, or shorter prompt chunks",
-                                         kLoopBudget / per_tile * 64));
-    }
+    const auto [chunks, chunk] = attention_chunks(T, Hq, S);
+    check_attention_loops(n, T, S, D, Dv, chunks, chunk);
     Dispatch d = dispatch(i, "attention");
     d.bind[0] = as_f32(i, n, 0);
     d.bind[1] = operand(n, 1);
