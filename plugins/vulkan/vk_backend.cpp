@@ -212,6 +212,132 @@ DeviceFeatures device_features(VkInstance instance, VkPhysicalDevice phys, bool 
   else if (!allowed) d += " (off: option cooperative_matrix)";
   return out;
 }
+
+// The backend's options (docs/backends.md), checked.
+struct BackendOptions {
+  nlohmann::json device;     // an index, a name substring, or null: the best device
+  uint64_t max_binding = 0;  // 0: the device's maxStorageBufferRange
+  bool subgroups = true, profile = false, coopmat = true;
+};
+
+BackendOptions parse_options(const nlohmann::json& options) {
+  BackendOptions o;
+  if (options.is_object()) {
+    for (const auto& [key, value] : options.items()) {
+      if (key == "device") {
+        o.device = value;
+      } else if (key == "max_binding_bytes") {
+        if (!value.is_number_integer() || value.get<int64_t>() < 4096)
+          fail("vulkan backend: option 'max_binding_bytes' = {} must be an integer >= 4096", value.dump());
+        o.max_binding = value.get<uint64_t>();
+      } else if (key == "subgroups") {
+        if (!value.is_boolean()) fail("vulkan backend: option 'subgroups' = {} must be true or false", value.dump());
+        o.subgroups = value.get<bool>();
+      } else if (key == "cooperative_matrix") {
+        if (!value.is_boolean())
+          fail("vulkan backend: option 'cooperative_matrix' = {} must be true or false", value.dump());
+        o.coopmat = value.get<bool>();
+      } else if (key == "profile") {
+        if (!value.is_boolean()) fail("vulkan backend: option 'profile' = {} must be true or false", value.dump());
+        o.profile = value.get<bool>();
+      } else {
+        fail("vulkan backend: unknown option '{}' (known: device, max_binding_bytes, subgroups, cooperative_matrix, profile)", key);
+      }
+    }
+  } else if (!options.is_null()) {
+    fail("vulkan backend: options must be a mapping, got {}", options.dump());
+  }
+  if (!o.device.is_null() && !o.device.is_string() && !(o.device.is_number_integer() && o.device.get<int64_t>() >= 0))
+    fail("vulkan backend: option 'device' = {} must be a device index (0, 1, ...) or a name substring", o.device.dump());
+  return o;
+}
+
+// The device option `want` names (an index or a name substring), else the best type with Vulkan 1.2.
+int pick_device(const nlohmann::json& want, const std::vector<VkPhysicalDeviceProperties>& props, const std::string& listing) {
+  const uint32_t count = static_cast<uint32_t>(props.size());
+  int pick = -1;
+  if (want.is_number_integer()) {
+    const int64_t idx = want.get<int64_t>();
+    if (idx >= count) fail("vulkan backend: option 'device' = {} but there are {} Vulkan devices ({})", idx, count, listing);
+    pick = static_cast<int>(idx);
+  } else if (want.is_string()) {
+    const std::string name = want.get<std::string>();
+    for (uint32_t i = 0; i < count && pick < 0; ++i)
+      if (std::string(props[i].deviceName).find(name) != std::string::npos) pick = static_cast<int>(i);
+    if (pick < 0) fail("vulkan backend: option 'device' = '{}' names none of the Vulkan devices ({})", name, listing);
+  } else {
+    for (uint32_t i = 0; i < count; ++i)
+      if (props[i].apiVersion >= VK_API_VERSION_1_2 &&
+          (pick < 0 || type_rank(props[i].deviceType) > type_rank(props[static_cast<size_t>(pick)].deviceType)))
+        pick = static_cast<int>(i);
+    if (pick < 0) fail("vulkan backend: no device supports Vulkan 1.2 ({})", listing);
+  }
+  return pick;
+}
+
+// What the shaders may use on dev.phys: the binding limit, subgroup shuffles, cooperative matrices.
+void read_capabilities(Device& dev, const BackendOptions& o) {
+  vkGetPhysicalDeviceMemoryProperties(dev.phys, &dev.mem_props);
+  dev.max_binding = dev.props.limits.maxStorageBufferRange;
+  if (o.max_binding > 0) dev.max_binding = std::min<VkDeviceSize>(dev.max_binding, o.max_binding);
+  VkPhysicalDeviceSubgroupProperties sub{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
+  VkPhysicalDeviceProperties2 props2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
+  props2.pNext = &sub;
+  vkGetPhysicalDeviceProperties2(dev.phys, &props2);
+  dev.subgroup_shuffle = o.subgroups && (sub.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
+                         (sub.supportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT) && sub.subgroupSize >= 2;
+  dev.subgroup_size = sub.subgroupSize;
+  const DeviceFeatures features = device_features(dev.instance, dev.phys, o.coopmat);
+  dev.coopmat = features.coopmat;
+  dev.coopmat_m = features.m;
+  dev.coopmat_n = features.n;
+  dev.coopmat_k = features.k;
+  dev.capabilities = fmt::format("subgroups of {}{}", sub.subgroupSize, features.description);
+}
+
+// The logical device on dev.phys (device `pick`) with one compute queue, its command pool and fence.
+void create_device(Device& dev, int pick, bool profile) {
+  uint32_t qcount = 0;
+  vkGetPhysicalDeviceQueueFamilyProperties(dev.phys, &qcount, nullptr);
+  std::vector<VkQueueFamilyProperties> qf(qcount);
+  vkGetPhysicalDeviceQueueFamilyProperties(dev.phys, &qcount, qf.data());
+  int family = -1;
+  for (uint32_t i = 0; i < qcount && family < 0; ++i)
+    if (qf[i].queueFlags & VK_QUEUE_COMPUTE_BIT) family = static_cast<int>(i);
+  if (family < 0) fail("vulkan backend: device {} ({}) has no compute queue", pick, dev.props.deviceName);
+  dev.queue_family = static_cast<uint32_t>(family);
+  if (profile && (qf[static_cast<size_t>(family)].timestampValidBits == 0 || dev.props.limits.timestampPeriod <= 0))
+    fail("vulkan backend: option 'profile' needs GPU timestamps, which device {} ({}) does not have on its compute "
+         "queue; profile on the CPU backend instead", pick, dev.props.deviceName);
+  const float prio = 1.0f;
+  VkDeviceQueueCreateInfo qi{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
+  qi.queueFamilyIndex = dev.queue_family;
+  qi.queueCount = 1;
+  qi.pQueuePriorities = &prio;
+  VkDeviceCreateInfo di{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
+  di.queueCreateInfoCount = 1;
+  di.pQueueCreateInfos = &qi;
+  // Cooperative matrices: the extension, its feature and fp16 arithmetic in shaders.
+  VkPhysicalDeviceVulkan12Features enable12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
+  VkPhysicalDeviceCooperativeMatrixFeaturesNV enable_cm{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
+  const char* cm_ext = VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME;
+  if (dev.coopmat) {
+    enable12.shaderFloat16 = VK_TRUE;
+    enable12.pNext = &enable_cm;
+    enable_cm.cooperativeMatrix = VK_TRUE;
+    di.pNext = &enable12;
+    di.enabledExtensionCount = 1;
+    di.ppEnabledExtensionNames = &cm_ext;
+  }
+  check(vkCreateDevice(dev.phys, &di, nullptr, &dev.dev), "vkCreateDevice");
+  vkGetDeviceQueue(dev.dev, dev.queue_family, 0, &dev.queue);
+  VkCommandPoolCreateInfo ci{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
+  ci.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
+  ci.queueFamilyIndex = dev.queue_family;
+  check(vkCreateCommandPool(dev.dev, &ci, nullptr, &dev.cmd_pool), "vkCreateCommandPool");
+  VkFenceCreateInfo fi{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
+  check(vkCreateFence(dev.dev, &fi, nullptr, &dev.fence), "vkCreateFence");
+}
 }  // namespace
 
 bool vulkan_cooperative_matrix(const ComputeBackend& backend) {
@@ -221,37 +347,7 @@ bool vulkan_cooperative_matrix(const ComputeBackend& backend) {
 }
 
 std::unique_ptr<ComputeBackend> make_vulkan_backend(const nlohmann::json& options) {
-  nlohmann::json device_opt;
-  uint64_t max_binding = 0;
-  bool subgroups = true, profile = false, coopmat = true;
-  if (options.is_object()) {
-    for (const auto& [key, value] : options.items()) {
-      if (key == "device") {
-        device_opt = value;
-      } else if (key == "max_binding_bytes") {
-        if (!value.is_number_integer() || value.get<int64_t>() < 4096)
-          fail("vulkan backend: option 'max_binding_bytes' = {} must be an integer >= 4096", value.dump());
-        max_binding = value.get<uint64_t>();
-      } else if (key == "subgroups") {
-        if (!value.is_boolean()) fail("vulkan backend: option 'subgroups' = {} must be true or false", value.dump());
-        subgroups = value.get<bool>();
-      } else if (key == "cooperative_matrix") {
-        if (!value.is_boolean())
-          fail("vulkan backend: option 'cooperative_matrix' = {} must be true or false", value.dump());
-        coopmat = value.get<bool>();
-      } else if (key == "profile") {
-        if (!value.is_boolean()) fail("vulkan backend: option 'profile' = {} must be true or false", value.dump());
-        profile = value.get<bool>();
-      } else {
-        fail("vulkan backend: unknown option '{}' (known: device, max_binding_bytes, subgroups, cooperative_matrix, profile)", key);
-      }
-    }
-  } else if (!options.is_null()) {
-    fail("vulkan backend: options must be a mapping, got {}", options.dump());
-  }
-  if (!device_opt.is_null() && !device_opt.is_string() && !(device_opt.is_number_integer() && device_opt.get<int64_t>() >= 0))
-    fail("vulkan backend: option 'device' = {} must be a device index (0, 1, ...) or a name substring", device_opt.dump());
-
+  const BackendOptions opts = parse_options(options);
   const char* no_device = "no Vulkan device: install mesa-vulkan-drivers for the CPU implementation, or a GPU driver";
   auto dev = std::make_shared<Device>();
   VkApplicationInfo app{VK_STRUCTURE_TYPE_APPLICATION_INFO};
@@ -275,88 +371,17 @@ std::unique_ptr<ComputeBackend> make_vulkan_backend(const nlohmann::json& option
   }
   if (count == 0) fail("vulkan backend: {}", no_device);
 
-  int pick = -1;
-  if (device_opt.is_number_integer()) {
-    const int64_t idx = device_opt.get<int64_t>();
-    if (idx >= count) fail("vulkan backend: option 'device' = {} but there are {} Vulkan devices ({})", idx, count, listing);
-    pick = static_cast<int>(idx);
-  } else if (device_opt.is_string()) {
-    const std::string want = device_opt.get<std::string>();
-    for (uint32_t i = 0; i < count && pick < 0; ++i)
-      if (std::string(props[i].deviceName).find(want) != std::string::npos) pick = static_cast<int>(i);
-    if (pick < 0) fail("vulkan backend: option 'device' = '{}' names none of the Vulkan devices ({})", want, listing);
-  } else {
-    for (uint32_t i = 0; i < count; ++i)
-      if (props[i].apiVersion >= VK_API_VERSION_1_2 &&
-          (pick < 0 || type_rank(props[i].deviceType) > type_rank(props[static_cast<size_t>(pick)].deviceType)))
-        pick = static_cast<int>(i);
-    if (pick < 0) fail("vulkan backend: no device supports Vulkan 1.2 ({})", listing);
-  }
+  const int pick = pick_device(opts.device, props, listing);
   dev->phys = phys[static_cast<size_t>(pick)];
   dev->props = props[static_cast<size_t>(pick)];
   if (dev->props.apiVersion < VK_API_VERSION_1_2)
     fail("vulkan backend: device {} ({}) supports Vulkan {}.{}, below the 1.2 this backend needs", pick,
          dev->props.deviceName, VK_API_VERSION_MAJOR(dev->props.apiVersion), VK_API_VERSION_MINOR(dev->props.apiVersion));
-  vkGetPhysicalDeviceMemoryProperties(dev->phys, &dev->mem_props);
-  dev->max_binding = dev->props.limits.maxStorageBufferRange;
-  if (max_binding > 0) dev->max_binding = std::min<VkDeviceSize>(dev->max_binding, max_binding);
-  VkPhysicalDeviceSubgroupProperties sub{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_PROPERTIES};
-  VkPhysicalDeviceProperties2 props2{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2};
-  props2.pNext = &sub;
-  vkGetPhysicalDeviceProperties2(dev->phys, &props2);
-  dev->subgroup_shuffle = subgroups && (sub.supportedStages & VK_SHADER_STAGE_COMPUTE_BIT) &&
-                          (sub.supportedOperations & VK_SUBGROUP_FEATURE_SHUFFLE_BIT) && sub.subgroupSize >= 2;
-  dev->subgroup_size = sub.subgroupSize;
-  const DeviceFeatures features = device_features(dev->instance, dev->phys, coopmat);
-  dev->coopmat = features.coopmat;
-  dev->coopmat_m = features.m;
-  dev->coopmat_n = features.n;
-  dev->coopmat_k = features.k;
-  dev->capabilities = fmt::format("subgroups of {}{}", sub.subgroupSize, features.description);
-
-  uint32_t qcount = 0;
-  vkGetPhysicalDeviceQueueFamilyProperties(dev->phys, &qcount, nullptr);
-  std::vector<VkQueueFamilyProperties> qf(qcount);
-  vkGetPhysicalDeviceQueueFamilyProperties(dev->phys, &qcount, qf.data());
-  int family = -1;
-  for (uint32_t i = 0; i < qcount && family < 0; ++i)
-    if (qf[i].queueFlags & VK_QUEUE_COMPUTE_BIT) family = static_cast<int>(i);
-  if (family < 0) fail("vulkan backend: device {} ({}) has no compute queue", pick, dev->props.deviceName);
-  dev->queue_family = static_cast<uint32_t>(family);
-  if (profile && (qf[static_cast<size_t>(family)].timestampValidBits == 0 || dev->props.limits.timestampPeriod <= 0))
-    fail("vulkan backend: option 'profile' needs GPU timestamps, which device {} ({}) does not have on its compute "
-         "queue; profile on the CPU backend instead", pick, dev->props.deviceName);
-  const float prio = 1.0f;
-  VkDeviceQueueCreateInfo qi{VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO};
-  qi.queueFamilyIndex = dev->queue_family;
-  qi.queueCount = 1;
-  qi.pQueuePriorities = &prio;
-  VkDeviceCreateInfo di{VK_STRUCTURE_TYPE_DEVICE_CREATE_INFO};
-  di.queueCreateInfoCount = 1;
-  di.pQueueCreateInfos = &qi;
-  // Cooperative matrices: the extension, its feature and fp16 arithmetic in shaders.
-  VkPhysicalDeviceVulkan12Features enable12{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_1_2_FEATURES};
-  VkPhysicalDeviceCooperativeMatrixFeaturesNV enable_cm{VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_NV};
-  const char* cm_ext = VK_NV_COOPERATIVE_MATRIX_EXTENSION_NAME;
-  if (dev->coopmat) {
-    enable12.shaderFloat16 = VK_TRUE;
-    enable12.pNext = &enable_cm;
-    enable_cm.cooperativeMatrix = VK_TRUE;
-    di.pNext = &enable12;
-    di.enabledExtensionCount = 1;
-    di.ppEnabledExtensionNames = &cm_ext;
-  }
-  check(vkCreateDevice(dev->phys, &di, nullptr, &dev->dev), "vkCreateDevice");
-  vkGetDeviceQueue(dev->dev, dev->queue_family, 0, &dev->queue);
-  VkCommandPoolCreateInfo ci{VK_STRUCTURE_TYPE_COMMAND_POOL_CREATE_INFO};
-  ci.flags = VK_COMMAND_POOL_CREATE_RESET_COMMAND_BUFFER_BIT;
-  ci.queueFamilyIndex = dev->queue_family;
-  check(vkCreateCommandPool(dev->dev, &ci, nullptr, &dev->cmd_pool), "vkCreateCommandPool");
-  VkFenceCreateInfo fi{VK_STRUCTURE_TYPE_FENCE_CREATE_INFO};
-  check(vkCreateFence(dev->dev, &fi, nullptr, &dev->fence), "vkCreateFence");
+  read_capabilities(*dev, opts);
+  create_device(*dev, pick, opts.profile);
   log_debug("vulkan backend: device {} of [{}]; subgroup shuffles {}; {}", pick, listing,
             dev->subgroup_shuffle ? "on" : "off", dev->capabilities);
-  return std::make_unique<VulkanBackend>(std::move(dev), profile);
+  return std::make_unique<VulkanBackend>(std::move(dev), opts.profile);
 }
 
 }  // namespace specula::vulkan

@@ -39,7 +39,7 @@ inline bool decodable(DType t) {
       return false;
   }
 }
-bool plain_float(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
+inline bool plain_float(DType t) { return t == DType::F32 || t == DType::F16 || t == DType::BF16; }
 
 inline size_t plain_size(DType t) {
   const DTypeTraits* tr = dtype_traits(t);
