@@ -1,4 +1,4 @@
-// Instruction-set dispatch of the CPU backend's matrix kernels. The same kernel source (qkernels.cpp) is
+// Instruction-set dispatch of the CPU backend's matrix kernels. The same kernel sources (qkernels*.cpp) are
 // compiled once per instruction set; the backend picks the best set the CPU has when it is created, or
 // the one an option or SPECULA_CPU_ISA asks for. Every set computes bit-identical results: integer block
 // dots are exact, and float accumulation uses the same lanes and the same reduction order everywhere
