@@ -1,19 +1,24 @@
 // Matrix kernels for K-quant weights (Q4_K, Q5_K, Q6_K): 256-value super-blocks.
 // Compiled once per instruction set (qkernels.hpp, isa.hpp).
+#include <utility>
+
 #include "qkernels.hpp"
 
 namespace specula::cpu::SPECULA_ISA_NS {
 namespace {
 
 // q: int8[cols] | scale: float[cols / 256] | bsums: int16[cols / 16] (sums of 16 codes, for the offsets)
+// | bsums32: int16[cols / 32] (sums of 32 codes: the packed Q4_K panels' mins meet them in pairs)
 size_t xk_bytes(int64_t cols) {
-  return align64(static_cast<size_t>(cols) + static_cast<size_t>(cols) / 64 + static_cast<size_t>(cols) / 8);
+  const size_t c = static_cast<size_t>(cols);
+  return align64(c + c / 64 + c / 8 + c / 16);
 }
 
 void quantize_xk(const float* x, int64_t cols, std::byte* rec) {
   auto* q = reinterpret_cast<int8_t*>(rec);
   auto* scale = reinterpret_cast<float*>(rec + cols);
   auto* bsums = reinterpret_cast<int16_t*>(rec + cols + cols / 64);
+  auto* bsums32 = reinterpret_cast<int16_t*>(rec + cols + cols / 64 + cols / 8);
   for (int64_t b = 0; b < cols / 256; ++b) {
     const float* xb = x + 256 * b;
     float amax = 0.0f;
@@ -29,6 +34,7 @@ void quantize_xk(const float* x, int64_t cols, std::byte* rec) {
       }
       bsums[16 * b + g] = static_cast<int16_t>(sum);
     }
+    for (int g = 0; g < 8; ++g) bsums32[8 * b + g] = static_cast<int16_t>(bsums[16 * b + 2 * g] + bsums[16 * b + 2 * g + 1]);
   }
 }
 
@@ -36,10 +42,11 @@ struct XK {
   const int8_t* q;
   const float* d;
   const int16_t* bsums;
+  const int16_t* bsums32;
 };
 inline XK xk(const std::byte* x, size_t xs, int r, int64_t cols) {
   const std::byte* p = x + r * xs;
-  return {at<int8_t>(p, 0), at<float>(p, cols), at<int16_t>(p, cols + cols / 64)};
+  return {at<int8_t>(p, 0), at<float>(p, cols), at<int16_t>(p, cols + cols / 64), at<int16_t>(p, cols + cols / 64 + cols / 8)};
 }
 
 // Q4_K and Q5_K: f16 d, f16 dmin, 12 bytes of 6-bit scales and mins for 8 sub-blocks of 32 values
@@ -530,6 +537,368 @@ void rows_kpanel(const std::byte* w, size_t wrb, int64_t nw, const std::byte* x,
 }
 #endif
 
+// ---- packed K-quants: 16-row panels built once, read by every product -----------------------------------
+// As the packed Q8_0 / Q4_0 panels (qkernels_x32.cpp): each super-block of 16 weight rows is laid out once
+// so that one dpbusd with the activation's 4 bytes broadcast advances 16 dot products (AVX2: maddubs on
+// 8), with the scales beside the codes as bytes, so the panel is about the file's size. Per super-block
+// and row the sum is an exact integer, sum_j scale_j * dot_j (and sum_j min_j * bsum_j, or the Q6_K
+// offset): AVX-512 multiplies each sub-block's dpbusd sum by its scale (vpmulld), AVX2 adds its maddubs
+// pairs as 16-bit integers and multiplies them by the scale with madd; both exact, so both give the same
+// integers. Then two float steps per super-block and row, the same on both sets and for every row count:
+// a row's bits depend on nothing else in the batch, and not on the set.
+//
+// Q4_K block (2368 bytes): nibbles [32 n][16 rows][4]: dword n of a row is the file's code bytes
+//   4n..4n+3 (n = 8c + k: low nibbles values 64c + 4k.., sub-block 2c; high nibbles 64c + 32 + 4k..,
+//   sub-block 2c + 1) | scale u8[8 sub-blocks][16 rows] | min u8[4 pairs][16 rows][2] | d f16[16] |
+//   dmin f16[16]
+// Q6_K block (3392 bytes): low nibbles [32 n][16 rows][4] (low: value 4n + b, high: 128 + 4n + b) |
+//   high parts [16 m][16 rows][4] (byte b, bits 2t..2t+1: value 4(m + 16t) + b) | scale i8[8 pairs]
+//   [16 rows][2] | d f16[16] | 32 bytes of padding (64-byte blocks)
+struct PackedQ4_K {
+  static constexpr size_t kSuperBlockBytes = 144;
+  static constexpr size_t kBlock = 2368, kScale = 2048, kMin = 2176, kD = 2304, kDmin = 2336;
+  static void pack(const std::byte* wb, std::byte* blk, int i) {
+    for (int n = 0; n < 32; ++n) std::memcpy(blk + 64 * n + 4 * i, wb + 16 + 4 * n, 4);
+    uint64_t sc, mn;
+    K4<false>::scales(wb, sc, mn);
+    for (int j = 0; j < 8; ++j) {
+      blk[kScale + 16 * j + i] = static_cast<std::byte>(sc >> (8 * j));
+      blk[kMin + 32 * (j / 2) + 2 * i + j % 2] = static_cast<std::byte>(mn >> (8 * j));
+    }
+    std::memcpy(blk + kD + 2 * i, wb, 2);
+    std::memcpy(blk + kDmin + 2 * i, wb + 2, 2);
+  }
+};
+
+struct PackedQ6_K {
+  static constexpr size_t kSuperBlockBytes = 210;
+  static constexpr size_t kBlock = 3392, kHigh = 2048, kScale = 3072, kD = 3328;
+  static void pack(const std::byte* wb, std::byte* blk, int i) {
+    alignas(32) uint8_t c[256];
+    float unused[16];
+    Q6_KPack::unpack(wb, c, unused, nullptr);
+    for (int n = 0; n < 32; ++n)
+      for (int b = 0; b < 4; ++b)
+        blk[64 * n + 4 * i + b] = static_cast<std::byte>((c[4 * n + b] & 15) | (c[128 + 4 * n + b] & 15) << 4);
+    for (int m = 0; m < 16; ++m)
+      for (int b = 0; b < 4; ++b) {
+        int v = 0;
+        for (int t = 0; t < 4; ++t) v |= (c[4 * (m + 16 * t) + b] >> 4) << (2 * t);
+        blk[kHigh + 64 * m + 4 * i + b] = static_cast<std::byte>(v);
+      }
+    for (int j = 0; j < 16; ++j) blk[kScale + 32 * (j / 2) + 2 * i + j % 2] = wb[192 + j];
+    std::memcpy(blk + kD + 2 * i, wb + 208, 2);
+  }
+};
+
+// Super-blocks prefetched ahead: a panel's super-block (2-3 KB) takes less time to compute at a few
+// activation rows than memory takes to deliver it, so one block ahead left the two serialised.
+#ifndef SPECULA_KPF
+#define SPECULA_KPF 2
+#endif
+constexpr ptrdiff_t kKPrefetch = SPECULA_KPF;
+// Line `line` of the super-block kKPrefetch blocks ahead, issued as the same line of this one is read: spread
+// over the block, where one burst of 37-53 prefetches per block filled the miss queue.
+template <class P>
+[[gnu::always_inline]] inline void prefetch_line(const std::byte* blk, int line) {
+  if (64 * static_cast<size_t>(line) < P::kBlock)
+    _mm_prefetch(reinterpret_cast<const char*>(blk) + kKPrefetch * P::kBlock + 64 * line, _MM_HINT_T0);
+}
+
+template <class P>
+size_t packed_k_panel_bytes(int64_t cols) {
+  return P::kBlock * static_cast<size_t>(cols / 256);
+}
+
+// Weight rows [0, nw) into ceil(nw / 16) panels at out (zeroed by the caller).
+template <class P>
+void pack_k_weights(const std::byte* w, size_t wrb, int64_t nw, int64_t cols, std::byte* out) {
+  const int64_t nsb = cols / 256;
+  for (int64_t o = 0; o < nw; o += kPanelRows) {
+    const int rows = static_cast<int>(nw - o < kPanelRows ? nw - o : kPanelRows);
+    std::byte* panel = out + static_cast<size_t>(o / kPanelRows) * packed_k_panel_bytes<P>(cols);
+    for (int64_t b = 0; b < nsb; ++b)
+      for (int i = 0; i < rows; ++i)
+        P::pack(w + (o + i) * wrb + P::kSuperBlockBytes * b, panel + static_cast<size_t>(b) * P::kBlock, i);
+  }
+}
+
+inline int32_t load4(const void* p) {
+  int32_t v;
+  std::memcpy(&v, p, 4);
+  return v;
+}
+
+#if SPECULA_WIDE
+// Q4_K: RX activation rows x one panel (`valid` of its rows are real).
+template <int RX>
+[[gnu::always_inline]] inline void packed_q4_k_tile(const std::byte* panel, int valid, const std::byte* x, size_t xs,
+                                                    int64_t cols, float* y, int64_t ldy) {
+  using P = PackedQ4_K;
+  XK xr[RX];
+  for (int r = 0; r < RX; ++r) xr[r] = xk(x, xs, r, cols);
+  __m512 acc[RX];
+  for (int r = 0; r < RX; ++r) acc[r] = _mm512_setzero_ps();
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  for (int64_t sb = 0; sb < cols / 256; ++sb) {
+    const std::byte* blk = panel + static_cast<size_t>(sb) * P::kBlock;
+    __m512i s[RX];
+    for (int r = 0; r < RX; ++r) s[r] = _mm512_setzero_si512();
+    for (int c = 0; c < 4; ++c) {
+      __m512i lo[RX], hi[RX];  // sub-blocks 2c and 2c + 1
+      for (int r = 0; r < RX; ++r) lo[r] = hi[r] = _mm512_setzero_si512();
+      for (int k = 0; k < 8; ++k) {
+        prefetch_line<P>(blk, 8 * c + k);
+        if (c == 3) prefetch_line<P>(blk, 32 + k);  // the scales
+        const __m512i z = _mm512_loadu_si512(blk + 64 * (8 * c + k));
+        const __m512i wl = _mm512_and_si512(z, m4), wh = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
+        for (int r = 0; r < RX; ++r) {
+          const int8_t* xq = xr[r].q + 256 * sb + 64 * c + 4 * k;
+          lo[r] = _mm512_dpbusd_epi32(lo[r], wl, _mm512_set1_epi32(load4(xq)));
+          hi[r] = _mm512_dpbusd_epi32(hi[r], wh, _mm512_set1_epi32(load4(xq + 32)));
+        }
+      }
+      const __m512i sl = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + P::kScale + 32 * c)));
+      const __m512i sh = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + P::kScale + 32 * c + 16)));
+      for (int r = 0; r < RX; ++r)
+        s[r] = _mm512_add_epi32(s[r], _mm512_add_epi32(_mm512_mullo_epi32(lo[r], sl), _mm512_mullo_epi32(hi[r], sh)));
+    }
+    __m512i mins[4];
+    for (int k = 0; k < 4; ++k) mins[k] = _mm512_cvtepu8_epi16(loadu256(blk + P::kMin + 32 * k));
+    const __m512 d = _mm512_cvtph_ps(loadu256(blk + P::kD)), dmin = _mm512_cvtph_ps(loadu256(blk + P::kDmin));
+    for (int r = 0; r < RX; ++r) {
+      __m512i m = _mm512_setzero_si512();
+      for (int k = 0; k < 4; ++k) m = _mm512_dpwssd_epi32(m, mins[k], _mm512_set1_epi32(load4(xr[r].bsums32 + 8 * sb + 2 * k)));
+      const __m512 dx = _mm512_set1_ps(xr[r].d[sb]);
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[r]), _mm512_mul_ps(d, dx), acc[r]);
+      acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m), _mm512_mul_ps(dmin, dx), acc[r]);
+    }
+  }
+  const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
+  for (int r = 0; r < RX; ++r) _mm512_mask_storeu_ps(y + r * ldy, mask, acc[r]);
+}
+
+// Q6_K: the codes of sub-block j (groups 4j..4j+3) from the low nibbles (j < 8) or high nibbles of
+// dwords n = 4 (j % 8) + u and the high parts' field t = j / 4 of dwords m = 4 (j % 4) + u.
+template <int J>
+[[gnu::always_inline]] inline __m512i q6_k_codes(const std::byte* blk, int u) {
+  constexpr int t = J / 4;
+  const __m512i z = _mm512_loadu_si512(blk + 64 * (4 * (J % 8) + u));
+  const __m512i h = _mm512_loadu_si512(blk + PackedQ6_K::kHigh + 64 * (4 * (J % 4) + u));
+  const __m512i nib = J < 8 ? z : _mm512_srli_epi16(z, 4);
+  const __m512i hs = t == 0 ? _mm512_slli_epi16(h, 4) : t == 1 ? _mm512_slli_epi16(h, 2) : t == 2 ? h : _mm512_srli_epi16(h, 2);
+  // (nib & 0x0f) | (hs & 0x30): one ternary logic op with the 0x30 mask applied first.
+  return _mm512_ternarylogic_epi32(nib, _mm512_and_si512(hs, _mm512_set1_epi8(0x30)), _mm512_set1_epi8(0x0f), 0xEC);
+}
+
+template <int RX, int J>
+[[gnu::always_inline]] inline void q6_k_sub_block(const std::byte* blk, const int8_t* const* xq, __m512i (&s)[RX]) {
+  __m512i t[RX];
+  for (int r = 0; r < RX; ++r) t[r] = _mm512_setzero_si512();
+  for (int u = 0; u < 4; ++u) {
+    prefetch_line<PackedQ6_K>(blk, 4 * J + u);
+    const __m512i w = q6_k_codes<J>(blk, u);
+    for (int r = 0; r < RX; ++r) t[r] = _mm512_dpbusd_epi32(t[r], w, _mm512_set1_epi32(load4(xq[r] + 16 * J + 4 * u)));
+  }
+  const __m512i pair = _mm512_cvtepi8_epi16(loadu256(blk + PackedQ6_K::kScale + 32 * (J / 2)));
+  const __m512i sc = J % 2 ? _mm512_srai_epi32(pair, 16) : _mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16);
+  for (int r = 0; r < RX; ++r) s[r] = _mm512_add_epi32(s[r], _mm512_mullo_epi32(t[r], sc));
+}
+
+template <int RX, int... J>
+[[gnu::always_inline]] inline void q6_k_sub_blocks(const std::byte* blk, const int8_t* const* xq, __m512i (&s)[RX],
+                                                   std::integer_sequence<int, J...>) {
+  (q6_k_sub_block<RX, J>(blk, xq, s), ...);
+}
+
+template <int RX>
+[[gnu::always_inline]] inline void packed_q6_k_tile(const std::byte* panel, int valid, const std::byte* x, size_t xs,
+                                                    int64_t cols, float* y, int64_t ldy) {
+  using P = PackedQ6_K;
+  XK xr[RX];
+  for (int r = 0; r < RX; ++r) xr[r] = xk(x, xs, r, cols);
+  __m512 acc[RX];
+  for (int r = 0; r < RX; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < cols / 256; ++sb) {
+    const std::byte* blk = panel + static_cast<size_t>(sb) * P::kBlock;
+    const int8_t* xq[RX];
+    __m512i s[RX], off[RX];
+    for (int r = 0; r < RX; ++r) {
+      xq[r] = xr[r].q + 256 * sb;
+      s[r] = off[r] = _mm512_setzero_si512();
+    }
+    q6_k_sub_blocks<RX>(blk, xq, s, std::make_integer_sequence<int, 16>{});
+    // The codes' offset of 32: 32 * sum_j scale_j * bsum_j, scale pairs against bsum pairs.
+    for (int k = 0; k < 8; ++k) {
+      const __m512i pair = _mm512_cvtepi8_epi16(loadu256(blk + P::kScale + 32 * k));
+      for (int r = 0; r < RX; ++r)
+        off[r] = _mm512_dpwssd_epi32(off[r], pair, _mm512_set1_epi32(load4(xr[r].bsums + 16 * sb + 2 * k)));
+    }
+    const __m512 d = _mm512_cvtph_ps(loadu256(blk + P::kD));
+    for (int r = 0; r < RX; ++r) {
+      const __m512i t = _mm512_sub_epi32(s[r], _mm512_slli_epi32(off[r], 5));
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(d, _mm512_set1_ps(xr[r].d[sb])), acc[r]);
+    }
+  }
+  const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
+  for (int r = 0; r < RX; ++r) _mm512_mask_storeu_ps(y + r * ldy, mask, acc[r]);
+}
+#else
+// AVX2: rows 8h..8h+7 of the panel per pass (the halves of each 64-byte line).
+inline __m256i dup16(__m256i v) { return _mm256_or_si256(_mm256_and_si256(v, _mm256_set1_epi32(0xffff)), _mm256_slli_epi32(v, 16)); }
+inline __m256i load8_u8_epi32(const std::byte* p) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+
+template <int RX>
+[[gnu::always_inline]] inline void packed_q4_k_tile(const std::byte* panel, int valid, const std::byte* x, size_t xs,
+                                                    int64_t cols, float* y, int64_t ldy) {
+  using P = PackedQ4_K;
+  XK xr[RX];
+  for (int r = 0; r < RX; ++r) xr[r] = xk(x, xs, r, cols);
+  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  for (int h = 0; h < 2 && valid > 8 * h; ++h) {
+    __m256 acc[RX];
+    for (int r = 0; r < RX; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t sb = 0; sb < cols / 256; ++sb) {
+      const std::byte* blk = panel + static_cast<size_t>(sb) * P::kBlock;
+        __m256i s[RX];
+      for (int r = 0; r < RX; ++r) s[r] = _mm256_setzero_si256();
+      for (int c = 0; c < 4; ++c) {
+        // 16-bit sums of maddubs pairs: 8 groups of at most 2 * 15 * 127 stay below 32767.
+        __m256i lo[RX], hi[RX];
+        for (int r = 0; r < RX; ++r) lo[r] = hi[r] = _mm256_setzero_si256();
+        for (int k = 0; k < 8; ++k) {
+          prefetch_line<P>(blk, 8 * c + k);
+          if (c == 3) prefetch_line<P>(blk, 32 + k);  // the scales
+          const __m256i z = loadu256(blk + 64 * (8 * c + k) + 32 * h);
+          const __m256i wl = _mm256_and_si256(z, m4), wh = _mm256_and_si256(_mm256_srli_epi16(z, 4), m4);
+          for (int r = 0; r < RX; ++r) {
+            const int8_t* xq = xr[r].q + 256 * sb + 64 * c + 4 * k;
+            lo[r] = _mm256_add_epi16(lo[r], _mm256_maddubs_epi16(wl, _mm256_set1_epi32(load4(xq))));
+            hi[r] = _mm256_add_epi16(hi[r], _mm256_maddubs_epi16(wh, _mm256_set1_epi32(load4(xq + 32))));
+          }
+        }
+        const __m256i sl = dup16(load8_u8_epi32(blk + P::kScale + 32 * c + 8 * h));
+        const __m256i sh = dup16(load8_u8_epi32(blk + P::kScale + 32 * c + 16 + 8 * h));
+        for (int r = 0; r < RX; ++r)
+          s[r] = _mm256_add_epi32(s[r], _mm256_add_epi32(_mm256_madd_epi16(lo[r], sl), _mm256_madd_epi16(hi[r], sh)));
+      }
+      __m256i mins[4];
+      for (int k = 0; k < 4; ++k)
+        mins[k] = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + P::kMin + 32 * k + 16 * h)));
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + P::kD + 16 * h)));
+      const __m256 dmin = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + P::kDmin + 16 * h)));
+      for (int r = 0; r < RX; ++r) {
+        __m256i m = _mm256_setzero_si256();
+        for (int k = 0; k < 4; ++k)
+          m = _mm256_add_epi32(m, _mm256_madd_epi16(mins[k], _mm256_set1_epi32(load4(xr[r].bsums32 + 8 * sb + 2 * k))));
+        const __m256 dx = _mm256_set1_ps(xr[r].d[sb]);
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[r]), _mm256_mul_ps(d, dx), acc[r]);
+        acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(dmin, dx), acc[r]);
+      }
+    }
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid - 8 * h), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int r = 0; r < RX; ++r) _mm256_maskstore_ps(y + r * ldy + 8 * h, mask, acc[r]);
+  }
+}
+
+template <int J>
+[[gnu::always_inline]] inline __m256i q6_k_codes(const std::byte* blk, int h, int u) {
+  constexpr int t = J / 4;
+  const __m256i z = loadu256(blk + 64 * (4 * (J % 8) + u) + 32 * h);
+  const __m256i hb = loadu256(blk + PackedQ6_K::kHigh + 64 * (4 * (J % 4) + u) + 32 * h);
+  const __m256i nib = J < 8 ? z : _mm256_srli_epi16(z, 4);
+  const __m256i hs = t == 0 ? _mm256_slli_epi16(hb, 4) : t == 1 ? _mm256_slli_epi16(hb, 2) : t == 2 ? hb : _mm256_srli_epi16(hb, 2);
+  return _mm256_or_si256(_mm256_and_si256(nib, _mm256_set1_epi8(0x0f)), _mm256_and_si256(hs, _mm256_set1_epi8(0x30)));
+}
+
+template <int RX, int J>
+[[gnu::always_inline]] inline void q6_k_sub_block(const std::byte* blk, int h, const int8_t* const* xq, __m256i (&s)[RX]) {
+  // maddubs pairs are at most 2 * 63 * 127: two of them add exactly in 16 bits, then madd by the scale.
+  __m256i t[2][RX];
+  for (int u = 0; u < 4; ++u) {
+    prefetch_line<PackedQ6_K>(blk, 4 * J + u);
+    const __m256i w = q6_k_codes<J>(blk, h, u);
+    for (int r = 0; r < RX; ++r) {
+      const __m256i p = _mm256_maddubs_epi16(w, _mm256_set1_epi32(load4(xq[r] + 16 * J + 4 * u)));
+      t[u / 2][r] = u % 2 ? _mm256_add_epi16(t[u / 2][r], p) : p;
+    }
+  }
+  // Rows 8h..8h+7's scale pairs as 16-bit lanes, then scale J % 2 of each pair in both halves of its dword.
+  const __m256i pair = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + PackedQ6_K::kScale + 32 * (J / 2) + 16 * h)));
+  const __m256i sc = J % 2 ? _mm256_shuffle_epi8(pair, _mm256_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15, 2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15))
+                           : _mm256_shuffle_epi8(pair, _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, 0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13));
+  for (int r = 0; r < RX; ++r)
+    s[r] = _mm256_add_epi32(s[r], _mm256_add_epi32(_mm256_madd_epi16(t[0][r], sc), _mm256_madd_epi16(t[1][r], sc)));
+}
+
+template <int RX, int... J>
+[[gnu::always_inline]] inline void q6_k_sub_blocks(const std::byte* blk, int h, const int8_t* const* xq, __m256i (&s)[RX],
+                                                   std::integer_sequence<int, J...>) {
+  (q6_k_sub_block<RX, J>(blk, h, xq, s), ...);
+}
+
+template <int RX>
+[[gnu::always_inline]] inline void packed_q6_k_tile(const std::byte* panel, int valid, const std::byte* x, size_t xs,
+                                                    int64_t cols, float* y, int64_t ldy) {
+  using P = PackedQ6_K;
+  XK xr[RX];
+  for (int r = 0; r < RX; ++r) xr[r] = xk(x, xs, r, cols);
+  for (int h = 0; h < 2 && valid > 8 * h; ++h) {
+    __m256 acc[RX];
+    for (int r = 0; r < RX; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t sb = 0; sb < cols / 256; ++sb) {
+      const std::byte* blk = panel + static_cast<size_t>(sb) * P::kBlock;
+        const int8_t* xq[RX];
+      __m256i s[RX], off[RX];
+      for (int r = 0; r < RX; ++r) {
+        xq[r] = xr[r].q + 256 * sb;
+        s[r] = off[r] = _mm256_setzero_si256();
+      }
+      q6_k_sub_blocks<RX>(blk, h, xq, s, std::make_integer_sequence<int, 16>{});
+      for (int k = 0; k < 8; ++k) {
+        const __m256i pair = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + P::kScale + 32 * k + 16 * h)));
+        for (int r = 0; r < RX; ++r)
+          off[r] = _mm256_add_epi32(off[r], _mm256_madd_epi16(pair, _mm256_set1_epi32(load4(xr[r].bsums + 16 * sb + 2 * k))));
+      }
+      const __m256 d = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + P::kD + 16 * h)));
+      for (int r = 0; r < RX; ++r) {
+        const __m256i t = _mm256_sub_epi32(s[r], _mm256_slli_epi32(off[r], 5));
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(d, _mm256_set1_ps(xr[r].d[sb])), acc[r]);
+      }
+    }
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid - 8 * h), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int r = 0; r < RX; ++r) _mm256_maskstore_ps(y + r * ldy + 8 * h, mask, acc[r]);
+  }
+}
+#endif
+
+// Weight rows [0, nw) packed at w (panels `panel_bytes` apart) times nx activation rows: a RowsKernel with
+// the panels in place of the rows.
+template <bool kQ6>
+void packed_k_rows(const std::byte* w, size_t panel_bytes, int64_t nw, const std::byte* x, size_t xs, int64_t nx,
+                   int64_t cols, float* y, int64_t ldy) {
+  constexpr int TX = kWide ? 4 : 2;
+  for (int64_t o = 0; o < nw; o += kPanelRows) {
+    const std::byte* panel = w + static_cast<size_t>(o / kPanelRows) * panel_bytes;
+    const int valid = static_cast<int>(nw - o < kPanelRows ? nw - o : kPanelRows);
+    over_x<TX>(nx, [&]<int RX>(int64_t r) __attribute__((always_inline)) {
+      if constexpr (kQ6)
+        packed_q6_k_tile<RX>(panel, valid, x + r * xs, xs, cols, y + r * ldy + o, ldy);
+      else
+        packed_q4_k_tile<RX>(panel, valid, x + r * xs, xs, cols, y + r * ldy + o, ldy);
+    });
+  }
+}
+
+template <class P, bool kQ6>
+void add_packed(QuantKernel& k) {
+  k.panel_bytes = &packed_k_panel_bytes<P>;
+  k.pack = &pack_k_weights<P>;
+  k.packed = &packed_k_rows<kQ6>;
+}
+
 }  // namespace
 
 void add_kquant_kernels(KernelSet& set) {
@@ -538,6 +907,8 @@ void add_kquant_kernels(KernelSet& set) {
   set.q4_k = {&quantize_xk, &xk_bytes, &rows<K4Tiles<false>::Tile, 1, KX>, &rows_kpanel<K4Pack<false>, false, 144>};
   set.q5_k = {&quantize_xk, &xk_bytes, &rows<K4Tiles<true>::Tile, 1, KX>, &rows_kpanel<K4Pack<true>, false, 176>};
   set.q6_k = {&quantize_xk, &xk_bytes, &rows<Q6_KTile, 1, KX>, &rows_kpanel<Q6_KPack, true, 210>};
+  add_packed<PackedQ4_K, false>(set.q4_k);
+  add_packed<PackedQ6_K, true>(set.q6_k);
 }
 
 }  // namespace specula::cpu::SPECULA_ISA_NS
