@@ -1,7 +1,5 @@
 // Matrix kernels for K-quant weights (Q4_K, Q5_K, Q6_K): 256-value super-blocks.
 // Compiled once per instruction set (qkernels.hpp, isa.hpp).
-#include <utility>
-
 #include "qkernels.hpp"
 
 namespace specula::cpu::SPECULA_ISA_NS {
@@ -591,12 +589,8 @@ struct PackedQ6_K {
   }
 };
 
-// Super-blocks prefetched ahead: a panel's super-block (2-3 KB) takes less time to compute at a few
-// activation rows than memory takes to deliver it, so one block ahead left the two serialised.
-#ifndef SPECULA_KPF
-#define SPECULA_KPF 2
-#endif
-constexpr ptrdiff_t kKPrefetch = SPECULA_KPF;
+// Super-blocks prefetched ahead (a panel's super-block is 2-3 KB).
+constexpr ptrdiff_t kKPrefetch = 2;
 // Line `line` of the super-block kKPrefetch blocks ahead, issued as the same line of this one is read: spread
 // over the block, where one burst of 37-53 prefetches per block filled the miss queue.
 template <class P>
@@ -678,37 +672,34 @@ template <int RX>
   for (int r = 0; r < RX; ++r) _mm512_mask_storeu_ps(y + r * ldy, mask, acc[r]);
 }
 
-// Q6_K: the codes of sub-block j (groups 4j..4j+3) from the low nibbles (j < 8) or high nibbles of
-// dwords n = 4 (j % 8) + u and the high parts' field t = j / 4 of dwords m = 4 (j % 4) + u.
-template <int J>
-[[gnu::always_inline]] inline __m512i q6_k_codes(const std::byte* blk, int u) {
-  constexpr int t = J / 4;
-  const __m512i z = _mm512_loadu_si512(blk + 64 * (4 * (J % 8) + u));
-  const __m512i h = _mm512_loadu_si512(blk + PackedQ6_K::kHigh + 64 * (4 * (J % 4) + u));
-  const __m512i nib = J < 8 ? z : _mm512_srli_epi16(z, 4);
-  const __m512i hs = t == 0 ? _mm512_slli_epi16(h, 4) : t == 1 ? _mm512_slli_epi16(h, 2) : t == 2 ? h : _mm512_srli_epi16(h, 2);
-  // (nib & 0x0f) | (hs & 0x30): one ternary logic op with the 0x30 mask applied first.
+// Q6_K: sub-blocks J = q + 4t (t = 0..3) of a super-block share their high parts' dwords m = 4q + u (field
+// t); their codes come from the low (t < 2) or high nibbles of dwords n = 4q + 16 (t % 2) + u. The loop over
+// q stays a loop: unrolled over all 16 sub-blocks, GCC computed every code first and spilled them.
+template <int T>
+[[gnu::always_inline]] inline __m512i q6_k_codes(const std::byte* blk, int q, int u) {
+  const __m512i z = _mm512_loadu_si512(blk + 64 * (4 * q + 16 * (T % 2) + u));
+  const __m512i h = _mm512_loadu_si512(blk + PackedQ6_K::kHigh + 64 * (4 * q + u));
+  const __m512i nib = T < 2 ? z : _mm512_srli_epi16(z, 4);
+  const __m512i hs = T == 0 ? _mm512_slli_epi16(h, 4) : T == 1 ? _mm512_slli_epi16(h, 2) : T == 2 ? h : _mm512_srli_epi16(h, 2);
+  // (nib & 0x0f) | (hs & 0x30): one ternary logic op once the high parts are masked.
   return _mm512_ternarylogic_epi32(nib, _mm512_and_si512(hs, _mm512_set1_epi8(0x30)), _mm512_set1_epi8(0x0f), 0xEC);
 }
 
-template <int RX, int J>
-[[gnu::always_inline]] inline void q6_k_sub_block(const std::byte* blk, const int8_t* const* xq, __m512i (&s)[RX]) {
+// Sub-block q + 4T of RX rows into s: its exact dot times its scale.
+template <int RX, int T>
+[[gnu::always_inline]] inline void q6_k_sub_block(const std::byte* blk, int q, const int8_t* const* xq, __m512i (&s)[RX]) {
+  const int j = q + 4 * T;
   __m512i t[RX];
   for (int r = 0; r < RX; ++r) t[r] = _mm512_setzero_si512();
   for (int u = 0; u < 4; ++u) {
-    prefetch_line<PackedQ6_K>(blk, 4 * J + u);
-    const __m512i w = q6_k_codes<J>(blk, u);
-    for (int r = 0; r < RX; ++r) t[r] = _mm512_dpbusd_epi32(t[r], w, _mm512_set1_epi32(load4(xq[r] + 16 * J + 4 * u)));
+    prefetch_line<PackedQ6_K>(blk, 16 * T + 4 * q + u);
+    const __m512i w = q6_k_codes<T>(blk, q, u);
+    for (int r = 0; r < RX; ++r) t[r] = _mm512_dpbusd_epi32(t[r], w, _mm512_set1_epi32(load4(xq[r] + 16 * j + 4 * u)));
   }
-  const __m512i pair = _mm512_cvtepi8_epi16(loadu256(blk + PackedQ6_K::kScale + 32 * (J / 2)));
-  const __m512i sc = J % 2 ? _mm512_srai_epi32(pair, 16) : _mm512_srai_epi32(_mm512_slli_epi32(pair, 16), 16);
+  // Scale j % 2 of pair j / 2, sign-extended from its 16 bits.
+  const __m512i pair = _mm512_cvtepi8_epi16(loadu256(blk + PackedQ6_K::kScale + 32 * (j / 2)));
+  const __m512i sc = _mm512_srai_epi32(_mm512_sll_epi32(pair, _mm_cvtsi32_si128(j % 2 ? 0 : 16)), 16);
   for (int r = 0; r < RX; ++r) s[r] = _mm512_add_epi32(s[r], _mm512_mullo_epi32(t[r], sc));
-}
-
-template <int RX, int... J>
-[[gnu::always_inline]] inline void q6_k_sub_blocks(const std::byte* blk, const int8_t* const* xq, __m512i (&s)[RX],
-                                                   std::integer_sequence<int, J...>) {
-  (q6_k_sub_block<RX, J>(blk, xq, s), ...);
 }
 
 template <int RX>
@@ -727,7 +718,13 @@ template <int RX>
       xq[r] = xr[r].q + 256 * sb;
       s[r] = off[r] = _mm512_setzero_si512();
     }
-    q6_k_sub_blocks<RX>(blk, xq, s, std::make_integer_sequence<int, 16>{});
+#pragma GCC unroll 1
+    for (int q = 0; q < 4; ++q) {
+      q6_k_sub_block<RX, 0>(blk, q, xq, s);
+      q6_k_sub_block<RX, 1>(blk, q, xq, s);
+      q6_k_sub_block<RX, 2>(blk, q, xq, s);
+      q6_k_sub_block<RX, 3>(blk, q, xq, s);
+    }
     // The codes' offset of 32: 32 * sum_j scale_j * bsum_j, scale pairs against bsum pairs.
     for (int k = 0; k < 8; ++k) {
       const __m512i pair = _mm512_cvtepi8_epi16(loadu256(blk + P::kScale + 32 * k));
@@ -803,40 +800,35 @@ template <int RX>
   }
 }
 
-template <int J>
-[[gnu::always_inline]] inline __m256i q6_k_codes(const std::byte* blk, int h, int u) {
-  constexpr int t = J / 4;
-  const __m256i z = loadu256(blk + 64 * (4 * (J % 8) + u) + 32 * h);
-  const __m256i hb = loadu256(blk + PackedQ6_K::kHigh + 64 * (4 * (J % 4) + u) + 32 * h);
-  const __m256i nib = J < 8 ? z : _mm256_srli_epi16(z, 4);
-  const __m256i hs = t == 0 ? _mm256_slli_epi16(hb, 4) : t == 1 ? _mm256_slli_epi16(hb, 2) : t == 2 ? hb : _mm256_srli_epi16(hb, 2);
+template <int T>
+[[gnu::always_inline]] inline __m256i q6_k_codes(const std::byte* blk, int h, int q, int u) {
+  const __m256i z = loadu256(blk + 64 * (4 * q + 16 * (T % 2) + u) + 32 * h);
+  const __m256i hb = loadu256(blk + PackedQ6_K::kHigh + 64 * (4 * q + u) + 32 * h);
+  const __m256i nib = T < 2 ? z : _mm256_srli_epi16(z, 4);
+  const __m256i hs = T == 0 ? _mm256_slli_epi16(hb, 4) : T == 1 ? _mm256_slli_epi16(hb, 2) : T == 2 ? hb : _mm256_srli_epi16(hb, 2);
   return _mm256_or_si256(_mm256_and_si256(nib, _mm256_set1_epi8(0x0f)), _mm256_and_si256(hs, _mm256_set1_epi8(0x30)));
 }
 
-template <int RX, int J>
-[[gnu::always_inline]] inline void q6_k_sub_block(const std::byte* blk, int h, const int8_t* const* xq, __m256i (&s)[RX]) {
+template <int RX, int T>
+[[gnu::always_inline]] inline void q6_k_sub_block(const std::byte* blk, int h, int q, const int8_t* const* xq, __m256i (&s)[RX]) {
+  const int j = q + 4 * T;
   // maddubs pairs are at most 2 * 63 * 127: two of them add exactly in 16 bits, then madd by the scale.
   __m256i t[2][RX];
   for (int u = 0; u < 4; ++u) {
-    prefetch_line<PackedQ6_K>(blk, 4 * J + u);
-    const __m256i w = q6_k_codes<J>(blk, h, u);
+    prefetch_line<PackedQ6_K>(blk, 16 * T + 4 * q + u);
+    const __m256i w = q6_k_codes<T>(blk, h, q, u);
     for (int r = 0; r < RX; ++r) {
-      const __m256i p = _mm256_maddubs_epi16(w, _mm256_set1_epi32(load4(xq[r] + 16 * J + 4 * u)));
+      const __m256i p = _mm256_maddubs_epi16(w, _mm256_set1_epi32(load4(xq[r] + 16 * j + 4 * u)));
       t[u / 2][r] = u % 2 ? _mm256_add_epi16(t[u / 2][r], p) : p;
     }
   }
-  // Rows 8h..8h+7's scale pairs as 16-bit lanes, then scale J % 2 of each pair in both halves of its dword.
-  const __m256i pair = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + PackedQ6_K::kScale + 32 * (J / 2) + 16 * h)));
-  const __m256i sc = J % 2 ? _mm256_shuffle_epi8(pair, _mm256_setr_epi8(2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15, 2, 3, 2, 3, 6, 7, 6, 7, 10, 11, 10, 11, 14, 15, 14, 15))
-                           : _mm256_shuffle_epi8(pair, _mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, 0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13));
+  // Rows 8h..8h+7's scale pairs as 16-bit lanes, then scale j % 2 of each pair in both halves of its dword.
+  const __m256i pair = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + PackedQ6_K::kScale + 32 * (j / 2) + 16 * h)));
+  const __m256i pick = _mm256_add_epi8(_mm256_setr_epi8(0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13, 0, 1, 0, 1, 4, 5, 4, 5, 8, 9, 8, 9, 12, 13, 12, 13),
+                                       _mm256_set1_epi8(static_cast<char>(2 * (j % 2))));
+  const __m256i sc = _mm256_shuffle_epi8(pair, pick);
   for (int r = 0; r < RX; ++r)
     s[r] = _mm256_add_epi32(s[r], _mm256_add_epi32(_mm256_madd_epi16(t[0][r], sc), _mm256_madd_epi16(t[1][r], sc)));
-}
-
-template <int RX, int... J>
-[[gnu::always_inline]] inline void q6_k_sub_blocks(const std::byte* blk, int h, const int8_t* const* xq, __m256i (&s)[RX],
-                                                   std::integer_sequence<int, J...>) {
-  (q6_k_sub_block<RX, J>(blk, h, xq, s), ...);
 }
 
 template <int RX>
@@ -856,7 +848,13 @@ template <int RX>
         xq[r] = xr[r].q + 256 * sb;
         s[r] = off[r] = _mm256_setzero_si256();
       }
-      q6_k_sub_blocks<RX>(blk, h, xq, s, std::make_integer_sequence<int, 16>{});
+#pragma GCC unroll 1
+      for (int q = 0; q < 4; ++q) {
+        q6_k_sub_block<RX, 0>(blk, h, q, xq, s);
+        q6_k_sub_block<RX, 1>(blk, h, q, xq, s);
+        q6_k_sub_block<RX, 2>(blk, h, q, xq, s);
+        q6_k_sub_block<RX, 3>(blk, h, q, xq, s);
+      }
       for (int k = 0; k < 8; ++k) {
         const __m256i pair = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + P::kScale + 32 * k + 16 * h)));
         for (int r = 0; r < RX; ++r)
