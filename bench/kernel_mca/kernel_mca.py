@@ -2,7 +2,7 @@
 """Static cost of the CPU backend's few-row tiles, per 128-value group, by llvm-mca.
 
 Shared VMs have no performance counters and their wall-clock times vary by 30 % within minutes, so a
-kernel change is judged here first: the group loop of tile_x32 (plugins/onednn/qkernels.cpp) is marked
+kernel change is judged here first: the group loop of tile_x32 (plugins/onednn/qkernels_x32.cpp) is marked
 with llvm-mca region comments in a copy of the source (the group is taken as full, n = 4, so that the
 partial-group branch does not count), compiled to assembly with the backend's flags for each kernel set,
 and every region (one per tile shape the rows() instantiations inline) is run through llvm-mca.
@@ -74,7 +74,7 @@ def regions(asm_lines, type_name):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--source", default=os.path.join(ROOT, "plugins/onednn/qkernels.cpp"))
+    ap.add_argument("--source", default=os.path.join(ROOT, "plugins/onednn/qkernels_x32.cpp"))
     ap.add_argument("--cpu", default="sapphirerapids")
     ap.add_argument("types", nargs="*", default=["Q4_0", "Q8_0"])
     a = ap.parse_args()
@@ -82,7 +82,7 @@ def main():
     if not mca:
         sys.exit("kernel_mca: llvm-mca not found (apt-get install llvm-14)")
     with tempfile.TemporaryDirectory() as tmp:
-        cpp = os.path.join(tmp, "qkernels.cpp")
+        cpp = os.path.join(tmp, "qkernels_x32.cpp")
         with open(a.source) as f:
             src = marked_source(f.read())
         with open(cpp, "w") as f:

@@ -61,6 +61,30 @@ const float* CpuTensor::as_f32() {
   return f32_.data();
 }
 
+namespace {
+
+// Whether [p, p + n) lies in one read-only mapping of a file (/proc/self/maps).
+bool in_read_only_file_mapping(const std::byte* p, size_t n) {
+  std::FILE* maps = std::fopen("/proc/self/maps", "r");
+  if (!maps) return false;
+  const auto a = reinterpret_cast<uintptr_t>(p), b = a + n;
+  bool found = false;
+  char line[512];
+  while (std::fgets(line, sizeof line, maps)) {
+    unsigned long lo = 0, hi = 0, inode = 0;
+    char perms[8] = {};
+    if (std::sscanf(line, "%lx-%lx %7s %*s %*s %lu", &lo, &hi, perms, &inode) != 4) continue;
+    if (a >= lo && a < hi) {
+      found = b <= hi && inode != 0 && perms[1] == '-';
+      break;
+    }
+  }
+  std::fclose(maps);
+  return found;
+}
+
+}  // namespace
+
 const std::byte* CpuTensor::packed(const QuantKernel& k, int64_t cols, ThreadPool& pool) {
   if (!k.pack) return nullptr;
   std::call_once(packed_once_, [&] {
@@ -84,12 +108,16 @@ const std::byte* CpuTensor::packed(const QuantKernel& k, int64_t cols, ThreadPoo
              std::min(rows, p1 * kPanelRows) - p0 * kPanelRows, cols, out);
     });
     packed_cols_ = cols;
-    // The mapped rows are read again only by GetRows (a tied embedding): let the kernel reclaim their pages
-    // first when memory runs short (a hint; the contents stay what they are).
+    // The mapped rows are read again only by GetRows (a tied embedding). In a read-only file mapping (the
+    // checkpoint's) their pages leave the process (MADV_DONTNEED: a later read faults the page back in from
+    // the page cache), so the packed copy replaces them in the resident set instead of doubling it. Memory
+    // that is not such a mapping would lose its contents that way: there the pages are only marked cold.
     const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
     const uintptr_t first = (reinterpret_cast<uintptr_t>(data) + page - 1) / page * page;
     const uintptr_t last = (reinterpret_cast<uintptr_t>(data) + bytes) / page * page;
-    if (last > first) madvise(reinterpret_cast<void*>(first), last - first, MADV_COLD);
+    if (last > first)
+      madvise(reinterpret_cast<void*>(first), last - first,
+              in_read_only_file_mapping(data, bytes) ? MADV_DONTNEED : MADV_COLD);
   });
   return packed_cols_ == cols ? packed_.get() : nullptr;
 }

@@ -1,4 +1,4 @@
-// Instruction-set dispatch of the CPU backend's matrix kernels. The same kernel source (qkernels.cpp) is
+// Instruction-set dispatch of the CPU backend's matrix kernels. The same kernel sources (qkernels*.cpp) are
 // compiled once per instruction set; the backend picks the best set the CPU has when it is created, or
 // the one an option or SPECULA_CPU_ISA asks for. Every set computes bit-identical results: integer block
 // dots are exact, and float accumulation uses the same lanes and the same reduction order everywhere
@@ -34,10 +34,11 @@ struct QuantKernel {
   // differ from those of `rows` in float rounding (the same on every set); below kPrefillRows (decode,
   // speculative verification) a row's result does not depend on how many rows share the call.
   RowsKernel prefill = nullptr;
-  // Weights packed once into panels of kPanelRows rows (Q8_0, Q4_0; null for other types): each panel is
-  // panel_bytes(cols); pack(w, row_bytes, nw, cols, out) writes the panels of rows [0, nw) at out (zeroed);
-  // `packed` is a RowsKernel taking the panels (their stride for row_bytes) in place of the rows. It runs
-  // the prefill panels' operations at every row count: the same bits as `prefill`, at any batch size.
+  // Weights packed once into panels of kPanelRows rows (Q8_0, Q4_0, Q4_K, Q6_K; null for other types): each
+  // panel is panel_bytes(cols); pack(w, row_bytes, nw, cols, out) writes the panels of rows [0, nw) at out
+  // (zeroed); `packed` is a RowsKernel taking the panels (their stride for row_bytes) in place of the rows.
+  // It runs the same operations at every row count, so a row's bits never depend on the batch (Q8_0 / Q4_0:
+  // the bits of `prefill`).
   size_t (*panel_bytes)(int64_t cols) = nullptr;
   void (*pack)(const std::byte* w, size_t row_bytes, int64_t nw, int64_t cols, std::byte* out) = nullptr;
   RowsKernel packed = nullptr;

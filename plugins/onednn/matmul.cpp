@@ -2,7 +2,7 @@
 //  - Q8_0 / Q4_0 weights the backend has packed (Matrix::packed, CpuTensor::packed): the set's packed
 //    panels at any row count.
 //  - Q8_0 / Q4_0 / Q5_0 / IQ4_NL / IQ4_XS / Q4_K / Q5_K / Q6_K at any row count, Q4_1 / Q5_1 and F32 / F16 / BF16 below
-//    gemm_min_rows: the kernel set of this CPU (isa.hpp, qkernels.cpp) streams each weight row once, never
+//    gemm_min_rows: the kernel set of this CPU (isa.hpp, qkernels*.cpp) streams each weight row once, never
 //    materialising it in F32, and dots it with activation rows quantized on the fly to 8 bits (the
 //    llama.cpp scheme): tiles for few rows, repacked panels for prompt chunks.
 //  - MLX affine 4 / 8 bits below gemm_min_rows: float tiles (MLX's own numerics: float activations), the

@@ -129,16 +129,20 @@ TEST_P(KernelSets, BitIdenticalAcrossSetsAndBatchSizes) {
   EXPECT_LT(worst, quant ? 1e-2 : 1e-6) << dtype_name(type) << ": error relative to sum |w x|";
 }
 
-// Packed weights (QuantKernel::pack): every row count gives the prefill panels' bits, on every set, for a
-// matrix whose last panel is partial, split into shares of whole panels as the backend splits it.
+// Packed weights (QuantKernel::pack): every row count gives the same bits, on every set, for a matrix whose
+// last panel is partial, split into shares of whole panels as the backend splits it. Q8_0 / Q4_0 panels give
+// the prefill panels' bits; the K-quant panels their own (exact integer sums per super-block), within the
+// 8-bit activation error of the dequantized weights.
 class PackedKernels : public ::testing::TestWithParam<DType> {};
 
-TEST_P(PackedKernels, EveryRowCountGivesThePrefillBits) {
+TEST_P(PackedKernels, EveryRowCountGivesTheSameBits) {
   const DType type = GetParam();
-  const int64_t O = 3 * cpu::kPanelRows + 5, I = 32 * 37;
+  const bool k_quant = type == DType::Q4_K || type == DType::Q6_K;
+  const int64_t O = 3 * cpu::kPanelRows + 5, I = k_quant ? 256 * 5 : 32 * 37;
   const int64_t rows = 2 * cpu::kPrefillRows + 3;
   const Product p = make(type, O, I, rows, 23);
   const auto all = sets();
+  std::vector<float> ref;
   for (const KernelSet* ks : all) {
     const cpu::QuantKernel* q = cpu::quant_kernel(*ks, type);
     ASSERT_TRUE(q && q->pack && q->packed && q->panel_bytes) << ks->name << " packs " << dtype_name(type);
@@ -148,8 +152,13 @@ TEST_P(PackedKernels, EveryRowCountGivesThePrefillBits) {
     q->pack(p.w.data(), p.row_bytes, O, I, packed.data());
     const size_t stride = q->record_bytes(I);
     const std::vector<std::byte> rec = records(*q, p.x.data(), rows, I);
-    std::vector<float> ref(static_cast<size_t>(rows * O));
-    q->prefill(p.w.data(), p.row_bytes, O, rec.data(), stride, rows, I, ref.data(), O);
+    if (ref.empty()) {
+      ref.resize(static_cast<size_t>(rows * O));
+      if (k_quant)
+        q->packed(packed.data(), pb, O, rec.data(), stride, rows, I, ref.data(), O);
+      else
+        q->prefill(p.w.data(), p.row_bytes, O, rec.data(), stride, rows, I, ref.data(), O);
+    }
     for (int64_t batch = 1; batch <= rows; ++batch)
       for (int64_t r0 = 0; r0 + batch <= rows; r0 += batch) {
         std::vector<float> y(static_cast<size_t>(batch * O), std::nanf(""));
@@ -165,9 +174,24 @@ TEST_P(PackedKernels, EveryRowCountGivesThePrefillBits) {
           }
       }
   }
+  // Against the dequantized weights in double: the activations' 8-bit rounding bounds the error.
+  std::vector<float> wrow(static_cast<size_t>(I));
+  double worst = 0;
+  for (int64_t o = 0; o < O; ++o) {
+    dequantize_row(type, p.w.data() + static_cast<size_t>(o) * p.row_bytes, wrow.data(), I);
+    for (int64_t r = 0; r < rows; ++r) {
+      double s = 0, mag = 0;
+      for (int64_t i = 0; i < I; ++i) {
+        s += double(wrow[i]) * p.x[r * I + i];
+        mag += std::abs(double(wrow[i]) * p.x[r * I + i]);
+      }
+      worst = std::max(worst, std::abs(ref[static_cast<size_t>(r * O + o)] - s) / mag);
+    }
+  }
+  EXPECT_LT(worst, 1e-2) << dtype_name(type) << ": error relative to sum |w x|";
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, PackedKernels, ::testing::Values(DType::Q8_0, DType::Q4_0),
+INSTANTIATE_TEST_SUITE_P(Types, PackedKernels, ::testing::Values(DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
 INSTANTIATE_TEST_SUITE_P(Types, KernelSets,

@@ -1,0 +1,843 @@
+// Matrix kernels for weights in 32-value blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL) and IQ4_XS,
+// whose 256-value super-blocks run as eight 32-value blocks with computed scales.
+// Compiled once per instruction set (qkernels.hpp, isa.hpp).
+#include "qkernels.hpp"
+
+namespace specula::cpu::SPECULA_ISA_NS {
+namespace {
+
+// ---- 32-value blocks (Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS) ------------------------------------
+// Blocks go in groups of four (a partial last group is padded with zeros). Lane L = 4j + k of a group
+// (block j, k = 0..3) stands for values 4k..4k+3 and 16+4k..16+4k+3 of block j: one dpbusd over the
+// group's first halves and one over its second halves leave 16 integer dots, four per block, so that
+// converting, scaling and accumulating them costs one instruction per four blocks (AVX2: two of 8
+// lanes, lanes 0-7 and 8-15). The integer dots are exact, the float steps lane for lane the same on both
+// sets, and the final reduction too, so both give the same bits.
+//
+// Activation record (per row):
+//   q: int8[ng][128]: values 0-15 of the group's blocks 0..3 (16 bytes each), then their values 16-31
+//   init: int32[ng][16]: -kOffset * (the sum of lane L's eight codes): the dot start that removes the
+//         weight codes' storage offset (they are kept unsigned)
+//   scale: float[ng][16]: the scale of lane L's block
+//   sums: float[ng][16], affine types only (Q4_1, Q5_1: w = d q + m): scale * the sum of lane L's eight
+//         codes, which the weight's m multiplies
+//   block_init: int32[nb]: the sum of block b's four inits (for the prefill panels)
+struct X32Layout {
+  int64_t nb, ng;
+  bool affine;
+  X32Layout(int64_t cols, bool affine) : nb(cols / 32), ng((cols / 32 + 3) / 4), affine(affine) {}
+  size_t init() const { return static_cast<size_t>(128 * ng); }
+  size_t scale() const { return static_cast<size_t>(192 * ng); }
+  size_t sums() const { return static_cast<size_t>(256 * ng); }
+  size_t block_init() const { return static_cast<size_t>((affine ? 320 : 256) * ng); }
+  size_t bytes() const { return align64(block_init() + static_cast<size_t>(4 * nb)); }
+  // Where values 4g..4g+3 of block b start in q, and block b's first scale lane.
+  static int64_t q(int64_t b, int g) { return 128 * (b / 4) + 16 * (b % 4) + 4 * (g & 3) + 64 * (g >> 2); }
+  static int64_t d(int64_t b) { return 16 * (b / 4) + 4 * (b % 4); }
+};
+template <bool kAffine>
+size_t x32_bytes(int64_t cols) {
+  return X32Layout(cols, kAffine).bytes();
+}
+
+template <int kOffset, bool kAffine>
+void quantize_x32(const float* x, int64_t cols, std::byte* rec) {
+  const X32Layout lay(cols, kAffine);
+  auto* q = reinterpret_cast<int8_t*>(rec);
+  auto* init = reinterpret_cast<int32_t*>(rec + lay.init());
+  auto* scale = reinterpret_cast<float*>(rec + lay.scale());
+  auto* sums = reinterpret_cast<float*>(rec + lay.sums());
+  auto* block_init = reinterpret_cast<int32_t*>(rec + lay.block_init());
+  if (lay.nb % 4) {  // the padding of a partial last group contributes nothing
+    std::memset(q + 128 * (lay.ng - 1), 0, 128);
+    std::memset(init + 16 * (lay.ng - 1), 0, 64);
+    std::memset(scale + 16 * (lay.ng - 1), 0, 64);
+    if (kAffine) std::memset(sums + 16 * (lay.ng - 1), 0, 64);
+  }
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int64_t b = 0; b < lay.nb; ++b) {
+    const float* xb = x + 32 * b;
+    __m256 v[4];
+    __m256 amax = _mm256_setzero_ps();
+    for (int k = 0; k < 4; ++k) {
+      v[k] = _mm256_loadu_ps(xb + 8 * k);
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[k]));
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float d = _mm_cvtss_f32(m) / 127.0f;
+    const __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
+    __m256i i[4];
+    for (int k = 0; k < 4; ++k) i[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], id));  // round to nearest
+    // Pack 32 int32 into 32 int8 in order (packs interleave 128-bit lanes; permute restores order).
+    const __m256i p01 = _mm256_packs_epi32(i[0], i[1]), p23 = _mm256_packs_epi32(i[2], i[3]);
+    __m256i qv = _mm256_packs_epi16(p01, p23);
+    qv = _mm256_permutevar8x32_epi32(qv, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    int8_t* qb = q + X32Layout::q(b, 0);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qb), _mm256_castsi256_si128(qv));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 64), _mm256_extracti128_si256(qv, 1));
+    // Sums of values 4k..4k+3 (k = 0..7); lane k takes sums k and k + 4.
+    const __m256i s8 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), qv), _mm256_set1_epi16(1));
+    const __m128i lane_sum = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+    const __m128i lane = _mm_mullo_epi32(lane_sum, _mm_set1_epi32(-kOffset));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(init + X32Layout::d(b)), lane);
+    _mm_storeu_ps(scale + X32Layout::d(b), _mm_set1_ps(d));
+    if (kAffine) _mm_storeu_ps(sums + X32Layout::d(b), _mm_mul_ps(_mm_cvtepi32_ps(lane_sum), _mm_set1_ps(d)));
+    __m128i h = _mm_add_epi32(lane, _mm_shuffle_epi32(lane, 0x4e));
+    h = _mm_add_epi32(h, _mm_shuffle_epi32(h, 0xb1));
+    block_init[b] = _mm_cvtsi128_si32(h);
+  }
+}
+
+// Blocks of 32 values, B bytes each, the f16 scale first (Q8_0, Q4_0, Q5_0, IQ4_NL). at(row, b) is what
+// codes() reads; scale(row, b) the block's scale, scales4 those of blocks b..b+3 (AVX-512 tiles:
+// scales16, already spread over the group's lanes).
+template <size_t B>
+struct Blocks32 {
+  static constexpr size_t kBytes = B;
+  static constexpr bool kAffine = false;
+  static const std::byte* at(const std::byte* row, int64_t b) { return row + B * b; }
+  static float scale(const std::byte* row, int64_t b) { return f16(at(row, b)); }
+  static __m128 scales4(const std::byte* row, int64_t b) { return f16x4(at(row, b), B); }
+#if SPECULA_WIDE
+  static __m512 scales16(const std::byte* row, int64_t b) { return f16x4_spread<B>(at(row, b)); }
+#endif
+};
+
+// Affine blocks (Q4_1, Q5_1): f16 scale d, f16 m, then the codes; w = d q + m with codes q >= 0, so m
+// meets the activation's sums (X32Layout::sums).
+template <size_t B>
+struct AffineBlocks32 : Blocks32<B> {
+  static constexpr bool kAffine = true;
+  static float bias(const std::byte* row, int64_t b) { return f16(row + B * b + 2); }
+  static __m128 biases4(const std::byte* row, int64_t b) { return f16x4(row + B * b + 2, B); }
+#if SPECULA_WIDE
+  static __m512 biases16(const std::byte* row, int64_t b) { return f16x4_spread<B>(row + B * b + 2); }
+#endif
+};
+
+// Each weight type says how its blocks unpack: codes(wb) gives a block's 32 codes in value order, kept
+// kOffset above their value (unsigned: what AVX-512's dpbusd takes); panel_codes(wb) what the AVX2
+// kernels take: the signed values for kSigned types (dotted as |w| against sign(x, w)), else the codes.
+
+// Q8_0: f16 scale, 32 int8 codes. AVX-512 stores them + 128 (unsigned); AVX2 dots |w| with sign(x, w).
+struct Q8_0Unpack : Blocks32<34> {
+  static constexpr int kOffset = SPECULA_WIDE ? 128 : 0;
+  static constexpr bool kSigned = !SPECULA_WIDE;
+  static __m256i codes(const std::byte* wb) { return _mm256_xor_si256(loadu256(wb + 2), _mm256_set1_epi8(-128)); }
+  static __m256i panel_codes(const std::byte* wb) { return kSigned ? loadu256(wb + 2) : codes(wb); }
+};
+
+// 16 bytes of nibbles at p, p + s, p + 2s, p + 3s in one register.
+#if SPECULA_WIDE
+inline __m512i load4x16(const std::byte* p, size_t s) {
+  __m512i z = _mm512_castsi128_si512(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  z = _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + s)), 1);
+  z = _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * s)), 2);
+  return _mm512_inserti32x4(z, _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 3 * s)), 3);
+}
+#endif
+
+// 16 bytes of nibbles kSkip bytes into each block: values 0..15 in the low nibbles, 16..31 in the high ones.
+template <class Base, int kSkip>
+struct Nibbles : Base {
+  static constexpr bool kSigned = false;
+  static __m256i codes(const std::byte* wb) {
+    const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + kSkip));
+    return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(p, 4), p), _mm256_set1_epi8(0x0f));
+  }
+  static __m256i panel_codes(const std::byte* wb) { return codes(wb); }
+#if SPECULA_WIDE
+  // A group's first halves are the low nibbles, its second halves the high ones.
+  static void codes4(const std::byte* row, int64_t b, __m512i& lo, __m512i& hi) {
+    const __m512i z = load4x16(Base::at(row, b) + kSkip, Base::kBytes);
+    lo = _mm512_and_si512(z, _mm512_set1_epi8(0x0f));
+    hi = _mm512_and_si512(_mm512_srli_epi16(z, 4), _mm512_set1_epi8(0x0f));
+  }
+#endif
+};
+
+// Q4_0: f16 scale, 16 bytes of nibbles, stored + 8.
+struct Q4_0Unpack : Nibbles<Blocks32<18>, 2> {
+  static constexpr int kOffset = 8;
+};
+
+// Q4_1: f16 d, f16 m, 16 bytes of nibbles (0..15).
+struct Q4_1Unpack : Nibbles<AffineBlocks32<20>, 4> {
+  static constexpr int kOffset = 0;
+};
+
+// Five-bit codes kSkip bytes into each block: 32 bits of fifth bits, then 16 bytes of nibbles as Q4_0.
+template <class Base, int kSkip>
+struct FiveBits : Base {
+  static constexpr bool kSigned = false;
+  static __m256i codes(const std::byte* block) {
+    const std::byte* wb = block + kSkip;
+    const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 4));
+    const __m256i low = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(p, 4), p), _mm256_set1_epi8(0x0f));
+    // Byte k takes bit k of qh: spread qh's byte k / 8 over bytes k, test bit k % 8.
+    uint32_t qh;
+    std::memcpy(&qh, wb, 4);
+    const __m256i spread =
+        _mm256_shuffle_epi8(_mm256_set1_epi32(static_cast<int>(qh)),
+                            _mm256_setr_epi64x(0, 0x0101010101010101, 0x0202020202020202, 0x0303030303030303));
+    const __m256i bit = _mm256_set1_epi64x(static_cast<int64_t>(0x8040201008040201));
+    const __m256i high =
+        _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), _mm256_set1_epi8(0x10));
+    return _mm256_or_si256(low, high);
+  }
+  static __m256i panel_codes(const std::byte* wb) { return codes(wb); }
+};
+
+// Q5_0: f16 scale, then the five-bit codes, stored + 16.
+struct Q5_0Unpack : FiveBits<Blocks32<22>, 2> {
+  static constexpr int kOffset = 16;
+};
+
+// Q5_1: f16 d, f16 m, then the five-bit codes (0..31).
+struct Q5_1Unpack : FiveBits<AffineBlocks32<24>, 4> {
+  static constexpr int kOffset = 0;
+};
+
+// IQ4 codes: 16 bytes of nibbles (values 0..15 low, 16..31 high) at kSkip bytes past what codes() is
+// given, indexing a fixed table of 16 int8 values (llama.cpp's kvalues_iq4nl). AVX-512 uses the values
+// + 128 (unsigned); AVX2 dots |w| with sign(x, w).
+template <int kSkip>
+struct IQ4Codes {
+  static constexpr int kOffset = SPECULA_WIDE ? 128 : 0;
+  static constexpr bool kSigned = !SPECULA_WIDE;
+  static __m128i table() { return _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113); }
+  static __m256i values(const std::byte* wb) {
+    const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + kSkip));
+    const __m256i nib = _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(p, 4), p), _mm256_set1_epi8(0x0f));
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(table()), nib);
+  }
+  static __m256i codes(const std::byte* wb) { return _mm256_xor_si256(values(wb), _mm256_set1_epi8(-128)); }
+  static __m256i panel_codes(const std::byte* wb) { return kSigned ? values(wb) : codes(wb); }
+};
+
+// IQ4_NL: f16 scale, then the nibbles.
+struct IQ4_NLUnpack : Blocks32<18>, IQ4Codes<2> {};
+
+
+// IQ4_XS: 256-value super-blocks of 136 bytes: f16 d, 16 bits of scale high parts, 4 bytes of scale low
+// nibbles, then 8 x 16 bytes of IQ4_NL nibbles; block ib of 32 has scale d * (ls - 32) with ls = low
+// nibble ib | high bits ib << 4 (6 bits). Handled as 32-value blocks with computed scales.
+struct IQ4_XSUnpack : IQ4Codes<0> {
+  static constexpr size_t kBytes = 17;  // 136 / 8, for the prefetch distance
+  static constexpr bool kAffine = false;
+  static const std::byte* at(const std::byte* row, int64_t b) { return row + 136 * (b / 8) + 8 + 16 * (b % 8); }
+  static float scale(const std::byte* row, int64_t b) {
+    const std::byte* sb = row + 136 * (b / 8);
+    const int ib = static_cast<int>(b % 8);
+    uint16_t high;
+    std::memcpy(&high, sb + 2, 2);
+    const int ls = ((static_cast<int>(sb[4 + ib / 2]) >> (4 * (ib % 2))) & 0xf) | (((high >> (2 * ib)) & 3) << 4);
+    return f16(sb) * static_cast<float>(ls - 32);
+  }
+  static __m128 scales4(const std::byte* row, int64_t b) {
+    return _mm_setr_ps(scale(row, b), scale(row, b + 1), scale(row, b + 2), scale(row, b + 3));
+  }
+};
+
+// ---- tiles: a few weight rows x a few activation rows over blocks [b0, b1) (Chunk: qkernels.hpp) ------
+// The weight codes of blocks b..b+n-1 (n < 4 only for a row's last group) as the group layout wants them
+// (lo: first halves, hi: second halves; AVX2: pair h = blocks 2h, 2h+1), their scales (dw) and, for affine
+// types, their m (bw) per lane, zero for absent blocks. Absent blocks meet zero activations, so they add
+// exact zeros.
+#if SPECULA_WIDE
+inline __m512 spread4(__m128 s) {
+  return _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3), _mm512_castps128_ps512(s));
+}
+
+// A row's last group when it is partial (n < 4): out of line, so that the inlined full-group path stays
+// small. GCC left the whole of group_codes out of line in the one-row decode loop otherwise: a call, a
+// vzeroupper and the accumulator spilled on every group of every weight row.
+template <class Unpack>
+[[gnu::noinline]] void partial_group_codes(const std::byte* row, int64_t b, int n, __m512i& lo, __m512i& hi, __m512& dw,
+                                           __m512& bw) {
+  alignas(64) uint8_t c[2][64] = {};
+  alignas(16) float s[4] = {}, m[4] = {};
+  for (int j = 0; j < n; ++j) {
+    const __m256i v = Unpack::codes(Unpack::at(row, b + j));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(c[0] + 16 * j), _mm256_castsi256_si128(v));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(c[1] + 16 * j), _mm256_extracti128_si256(v, 1));
+    s[j] = Unpack::scale(row, b + j);
+    if constexpr (Unpack::kAffine) m[j] = Unpack::bias(row, b + j);
+  }
+  lo = _mm512_load_si512(c[0]);
+  hi = _mm512_load_si512(c[1]);
+  dw = spread4(_mm_load_ps(s));
+  bw = spread4(_mm_load_ps(m));
+}
+
+template <class Unpack>
+[[gnu::always_inline]] inline void group_codes(const std::byte* row, int64_t b, int n, __m512i& lo, __m512i& hi,
+                                               __m512& dw, __m512& bw) {
+  if (n == 4) [[likely]] {
+    if constexpr (requires { Unpack::scales16(row, b); }) {
+      dw = Unpack::scales16(row, b);
+      if constexpr (Unpack::kAffine) bw = Unpack::biases16(row, b);
+    } else {
+      dw = spread4(Unpack::scales4(row, b));
+      if constexpr (Unpack::kAffine) bw = spread4(Unpack::biases4(row, b));
+    }
+    if constexpr (requires { Unpack::codes4(row, b, lo, hi); }) {
+      Unpack::codes4(row, b, lo, hi);
+    } else {
+      const __m512i a = join(Unpack::codes(Unpack::at(row, b)), Unpack::codes(Unpack::at(row, b + 1)));
+      const __m512i c = join(Unpack::codes(Unpack::at(row, b + 2)), Unpack::codes(Unpack::at(row, b + 3)));
+      lo = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(2, 0, 2, 0));
+      hi = _mm512_shuffle_i64x2(a, c, _MM_SHUFFLE(3, 1, 3, 1));
+    }
+    return;
+  }
+  partial_group_codes<Unpack>(row, b, n, lo, hi, dw, bw);
+}
+#else
+template <class Unpack>
+inline void group_codes(const std::byte* row, int64_t b, int n, __m256i (&lo)[2], __m256i (&hi)[2], __m256 (&dw)[2],
+                        __m256 (&bw)[2]) {
+  __m256i v[4];
+  for (int j = 0; j < 4; ++j) v[j] = j < n ? Unpack::panel_codes(Unpack::at(row, b + j)) : _mm256_setzero_si256();
+  alignas(16) float s[4] = {}, m[4] = {};
+  if (n == 4) {
+    _mm_store_ps(s, Unpack::scales4(row, b));
+    if constexpr (Unpack::kAffine) _mm_store_ps(m, Unpack::biases4(row, b));
+  } else {
+    for (int j = 0; j < n; ++j) {
+      s[j] = Unpack::scale(row, b + j);
+      if constexpr (Unpack::kAffine) m[j] = Unpack::bias(row, b + j);
+    }
+  }
+  const __m256 s4 = _mm256_castps128_ps256(_mm_load_ps(s)), m4 = _mm256_castps128_ps256(_mm_load_ps(m));
+  for (int h = 0; h < 2; ++h) {
+    lo[h] = _mm256_permute2x128_si256(v[2 * h], v[2 * h + 1], 0x20);
+    hi[h] = _mm256_permute2x128_si256(v[2 * h], v[2 * h + 1], 0x31);
+    const __m256i pick = _mm256_setr_epi32(2 * h, 2 * h, 2 * h, 2 * h, 2 * h + 1, 2 * h + 1, 2 * h + 1, 2 * h + 1);
+    dw[h] = _mm256_permutevar8x32_ps(s4, pick);
+    bw[h] = _mm256_permutevar8x32_ps(m4, pick);
+  }
+}
+
+// The 8 lanes' dots of weight codes w (values or codes, see panel_codes) with activation bytes x.
+template <class Unpack>
+inline __m256i dot_avx2(__m256i w, __m256i x) {
+  if constexpr (Unpack::kSigned) return dot4_avx2(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+  return dot4_avx2(w, x);
+}
+#endif
+
+// A tile of RW weight rows x RX activation rows. Chunks (b1 < nb) leave their accumulators in the
+// carry, the next chunk starts from them: the same operations in the same order as one pass.
+// Inlined into rows(): a short row (a small model's 256 columns) would otherwise pay the call and the
+// pointer setup per weight row.
+template <class Unpack, int RW, int RX>
+[[gnu::always_inline]] inline void tile_x32(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t cols, float* y, int64_t ldy,
+              const Chunk& chunk) {
+  constexpr bool kAffine = Unpack::kAffine;
+  const X32Layout lay(cols, kAffine);
+  const bool resume = chunk.b0 > 0, suspend = chunk.b1 < lay.nb;
+  const int8_t* xq[RX];
+  const int32_t* xi[RX];
+  const float *xd[RX], *xm[RX];
+  for (int r = 0; r < RX; ++r) {
+    xq[r] = at<int8_t>(x, r * xs);
+    xi[r] = at<int32_t>(x, r * xs + lay.init());
+    xd[r] = at<float>(x, r * xs + lay.scale());
+    xm[r] = at<float>(x, r * xs + lay.sums());
+  }
+#if SPECULA_WIDE
+  __m512 acc[RW][RX];
+  for (int i = 0; i < RW; ++i)
+    for (int r = 0; r < RX; ++r) acc[i][r] = resume ? _mm512_loadu_ps(chunk.at(i, r)) : _mm512_setzero_ps();
+  for (int64_t b = chunk.b0; b < chunk.b1; b += 4) {
+    const int n = chunk.b1 - b < 4 ? static_cast<int>(chunk.b1 - b) : 4;
+    const int64_t g = b / 4;
+    __m512i lo[RW], hi[RW];
+    __m512 dw[RW], bw[RW];
+    for (int i = 0; i < RW; ++i) {
+      const std::byte* row = w + i * wrb;
+      prefetch_ahead(Unpack::at(row, b), 4 * Unpack::kBytes, chunk.ahead);
+      group_codes<Unpack>(row, b, n, lo[i], hi[i], dw[i], bw[i]);
+    }
+    for (int r = 0; r < RX; ++r) {
+      const __m512i xlo = _mm512_loadu_si512(xq[r] + 128 * g), xhi = _mm512_loadu_si512(xq[r] + 128 * g + 64);
+      const __m512i in = _mm512_loadu_si512(xi[r] + 16 * g);
+      const __m512 dx = _mm512_loadu_ps(xd[r] + 16 * g);
+      for (int i = 0; i < RW; ++i) {
+        const __m512i p = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(in, lo[i], xlo), hi[i], xhi);
+        acc[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(p), _mm512_mul_ps(dw[i], dx), acc[i][r]);
+        if constexpr (kAffine) acc[i][r] = _mm512_fmadd_ps(bw[i], _mm512_loadu_ps(xm[r] + 16 * g), acc[i][r]);
+      }
+    }
+  }
+  for (int i = 0; i < RW; ++i)
+    for (int r = 0; r < RX; ++r) {
+      if (suspend)
+        _mm512_storeu_ps(chunk.at(i, r), acc[i][r]);
+      else
+        y[r * ldy + i] = hsum8(fold(acc[i][r]));
+    }
+#else
+  __m256 acc[2][RW][RX];
+  for (int h = 0; h < 2; ++h)
+    for (int i = 0; i < RW; ++i)
+      for (int r = 0; r < RX; ++r)
+        acc[h][i][r] = resume ? _mm256_loadu_ps(chunk.at(i, r) + 8 * h) : _mm256_setzero_ps();
+  for (int64_t b = chunk.b0; b < chunk.b1; b += 4) {
+    const int n = chunk.b1 - b < 4 ? static_cast<int>(chunk.b1 - b) : 4;
+    const int64_t g = b / 4;
+    __m256i lo[RW][2], hi[RW][2];
+    __m256 dw[RW][2], bw[RW][2];
+    for (int i = 0; i < RW; ++i) {
+      const std::byte* row = w + i * wrb;
+      prefetch_ahead(Unpack::at(row, b), 4 * Unpack::kBytes, chunk.ahead);
+      group_codes<Unpack>(row, b, n, lo[i], hi[i], dw[i], bw[i]);
+    }
+    for (int r = 0; r < RX; ++r)
+      for (int h = 0; h < 2; ++h) {
+        const __m256i xlo = loadu256(xq[r] + 128 * g + 32 * h), xhi = loadu256(xq[r] + 128 * g + 64 + 32 * h);
+        // The storage offset's correction (Q8_0 has none here: AVX2 dots its signed values).
+        const __m256i in = Unpack::kOffset ? loadu256(xi[r] + 16 * g + 8 * h) : _mm256_setzero_si256();
+        const __m256 dx = _mm256_loadu_ps(xd[r] + 16 * g + 8 * h);
+        for (int i = 0; i < RW; ++i) {
+          __m256i p = _mm256_add_epi32(dot_avx2<Unpack>(lo[i][h], xlo), dot_avx2<Unpack>(hi[i][h], xhi));
+          if constexpr (Unpack::kOffset != 0) p = _mm256_add_epi32(in, p);
+          acc[h][i][r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_mul_ps(dw[i][h], dx), acc[h][i][r]);
+          if constexpr (kAffine)
+            acc[h][i][r] = _mm256_fmadd_ps(bw[i][h], _mm256_loadu_ps(xm[r] + 16 * g + 8 * h), acc[h][i][r]);
+        }
+      }
+  }
+  for (int i = 0; i < RW; ++i)
+    for (int r = 0; r < RX; ++r) {
+      if (suspend) {
+        _mm256_storeu_ps(chunk.at(i, r), acc[0][i][r]);
+        _mm256_storeu_ps(chunk.at(i, r) + 8, acc[1][i][r]);
+      } else {
+        y[r * ldy + i] = hsum8(_mm256_add_ps(acc[0][i][r], acc[1][i][r]));
+      }
+    }
+#endif
+}
+
+// The x32 tiles as rows() takes them: all blocks, or (chunked) blocks [b0, b1) with a carry. Inlined
+// too: GCC kept run() out of line, so decode paid a call and the record's pointer setup per weight row.
+template <class Unpack>
+struct X32Tiles {
+  template <int RW, int RX>
+  struct Tile {
+    static constexpr int64_t kBlock = 32, kGroup = 4;
+    [[gnu::always_inline]] static void run(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t c,
+                                           float* y, int64_t ldy) {
+      tile_x32<Unpack, RW, RX>(w, wrb, x, xs, c, y, ldy, Chunk{0, c / 32});
+    }
+    [[gnu::always_inline]] static void run(const std::byte* w, size_t wrb, const std::byte* x, size_t xs, int64_t c,
+                                           float* y, int64_t ldy, const Chunk& chunk) {
+      tile_x32<Unpack, RW, RX>(w, wrb, x, xs, c, y, ldy, chunk);
+    }
+  };
+};
+
+// What the panel kernels read of RX activation records: codes, block scales and block start values.
+template <int RX>
+struct PanelRecords {
+  const int8_t* xq[RX];
+  const float* xd[RX];
+  const int32_t* xi[RX];
+  PanelRecords(const std::byte* x, size_t xs, int64_t cols) {
+    for (int r = 0; r < RX; ++r) {
+      xq[r] = at<int8_t>(x, r * xs);
+      xd[r] = at<float>(x, r * xs + X32Layout(cols, false).scale());
+      xi[r] = at<int32_t>(x, r * xs + X32Layout(cols, false).block_init());
+    }
+  }
+};
+
+// ---- prefill: weight panels in the VNNI layout (AVX-512: 16 rows, AVX2: 8) ----------------------------
+// With many activation rows, 16 weight rows are first rearranged, block by block, into 8 groups of
+// [16 rows][4 codes] with their 16 scales as floats: one dpbusd then advances 16 dot products by 4 values
+// (the activation's 4 bytes broadcast), and the block's scales cost 3 instructions per 16 rows, not 3
+// per row. The integer sums are exact, so rows differ from the few-row tiles only in float rounding.
+// AVX2: the same layout and arithmetic with 8 rows per register and maddubs + madd for the dots
+// The AVX-512 panels' layout and arithmetic with 8 rows per register and maddubs + madd for the dots
+// (Q8_0: |w| against sign(x, w)); the integer sums are the same, so are the float steps, so prefill gives
+// the same bits on both sets.
+#if SPECULA_WIDE
+struct PanelBlock {
+  uint8_t codes[8][16][4];
+  float scale[16];
+};
+#else
+struct PanelBlock {
+  uint8_t codes[8][8][4];
+  float scale[8];
+};
+#endif
+constexpr int64_t kPanelBlocks = 64;  // blocks per pass: two panels of 36 KB stay in L1/L2
+
+#if SPECULA_WIDE
+template <class Unpack>
+void pack_panel(const std::byte* w, size_t wrb, int rows, int64_t b0, int64_t nb, PanelBlock* out) {
+  alignas(64) uint8_t codes[16][32];
+  alignas(64) float scales[16];
+  std::memset(codes, 0, sizeof codes);
+  std::memset(scales, 0, sizeof scales);
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int i = 0; i < rows; ++i) {
+      const std::byte* row = w + i * wrb;
+      _mm256_store_si256(reinterpret_cast<__m256i*>(codes[i]), Unpack::panel_codes(Unpack::at(row, b0 + b)));
+      scales[i] = Unpack::scale(row, b0 + b);
+    }
+    __m512i g8[8];
+    transpose16x8(codes, 32, g8);
+    for (int g = 0; g < 8; ++g) _mm512_store_si512(out[b].codes[g], g8[g]);
+    _mm512_store_ps(out[b].scale, _mm512_load_ps(scales));
+  }
+}
+#else
+template <class Unpack>
+void pack_panel(const std::byte* w, size_t wrb, int rows, int64_t b0, int64_t nb, PanelBlock* out) {
+  alignas(64) uint8_t codes[8][32];
+  alignas(64) float scales[8];
+  std::memset(codes, 0, sizeof codes);
+  std::memset(scales, 0, sizeof scales);
+  for (int64_t b = 0; b < nb; ++b) {
+    for (int i = 0; i < rows; ++i) {
+      const std::byte* row = w + i * wrb;
+      _mm256_store_si256(reinterpret_cast<__m256i*>(codes[i]), Unpack::panel_codes(Unpack::at(row, b0 + b)));
+      scales[i] = Unpack::scale(row, b0 + b);
+    }
+    __m256i g8[8];
+    transpose8x8(codes, 32, g8);
+    for (int g = 0; g < 8; ++g) _mm256_store_si256(reinterpret_cast<__m256i*>(out[b].codes[g]), g8[g]);
+    _mm256_store_ps(out[b].scale, _mm256_load_ps(scales));
+  }
+}
+#endif
+
+#if SPECULA_WIDE
+// RX activation rows x NP panels over blocks [b0, b0 + nb); y holds the sums so far unless `first`.
+template <int RX, int NP>
+void panel_tile(const PanelBlock* const* panel, const __mmask16* valid, int64_t b0, int64_t nb, bool first,
+                const std::byte* x, size_t xs, int64_t cols, float* y, int64_t ldy) {
+  const auto& [xq, xd, xi] = PanelRecords<RX>(x, xs, cols);
+  __m512 acc[NP][RX];
+  for (int p = 0; p < NP; ++p)
+    for (int r = 0; r < RX; ++r)
+      acc[p][r] = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(valid[p], y + r * ldy + 16 * p);
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t xb = b0 + b;
+    __m512i sum[NP][RX];
+    for (int r = 0; r < RX; ++r) {
+      const __m512i init = _mm512_set1_epi32(xi[r][xb]);
+      for (int p = 0; p < NP; ++p) sum[p][r] = init;
+    }
+    for (int g = 0; g < 8; ++g) {
+      __m512i wv[NP];
+      for (int p = 0; p < NP; ++p) wv[p] = _mm512_load_si512(panel[p][b].codes[g]);
+      for (int r = 0; r < RX; ++r) {
+        int32_t x4;
+        std::memcpy(&x4, xq[r] + X32Layout::q(xb, g), 4);
+        const __m512i xv = _mm512_set1_epi32(x4);
+        for (int p = 0; p < NP; ++p) sum[p][r] = _mm512_dpbusd_epi32(sum[p][r], wv[p], xv);
+      }
+    }
+    for (int p = 0; p < NP; ++p) {
+      const __m512 dw = _mm512_load_ps(panel[p][b].scale);
+      for (int r = 0; r < RX; ++r)
+        acc[p][r] =
+            _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum[p][r]), _mm512_mul_ps(dw, _mm512_set1_ps(xd[r][X32Layout::d(xb)])), acc[p][r]);
+    }
+  }
+  for (int p = 0; p < NP; ++p)
+    for (int r = 0; r < RX; ++r) _mm512_mask_storeu_ps(y + r * ldy + 16 * p, valid[p], acc[p][r]);
+}
+
+template <int NP>
+void panel_rows(const PanelBlock* const* panel, const __mmask16* valid, int64_t b0, int64_t nb, bool first,
+                const std::byte* x, size_t xs, int64_t nx, int64_t cols, float* y, int64_t ldy) {
+  constexpr int RX = 4;
+  int64_t r = 0;
+  for (; r + RX <= nx; r += RX) panel_tile<RX, NP>(panel, valid, b0, nb, first, x + r * xs, xs, cols, y + r * ldy, ldy);
+  for (; r < nx; ++r) panel_tile<1, NP>(panel, valid, b0, nb, first, x + r * xs, xs, cols, y + r * ldy, ldy);
+}
+#else
+template <class Unpack, int RX>
+void panel_tile(const PanelBlock* panel, int valid, int64_t b0, int64_t nb, bool first, const std::byte* x, size_t xs,
+                int64_t cols, float* y, int64_t ldy) {
+  const auto& [xq, xd, xi] = PanelRecords<RX>(x, xs, cols);
+  const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+  __m256 acc[RX];
+  for (int r = 0; r < RX; ++r) acc[r] = first ? _mm256_setzero_ps() : _mm256_maskload_ps(y + r * ldy, mask);
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < nb; ++b) {
+    const int64_t xb = b0 + b;
+    __m256i sum[RX];
+    for (int r = 0; r < RX; ++r) sum[r] = _mm256_set1_epi32(xi[r][xb]);
+    for (int g = 0; g < 8; ++g) {
+      const __m256i wv = _mm256_load_si256(reinterpret_cast<const __m256i*>(panel[b].codes[g]));
+      const __m256i aw = Unpack::kSigned ? _mm256_sign_epi8(wv, wv) : wv;
+      for (int r = 0; r < RX; ++r) {
+        int32_t x4;
+        std::memcpy(&x4, xq[r] + X32Layout::q(xb, g), 4);
+        __m256i xv = _mm256_set1_epi32(x4);
+        if constexpr (Unpack::kSigned) xv = _mm256_sign_epi8(xv, wv);
+        sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xv), ones));
+      }
+    }
+    const __m256 dw = _mm256_load_ps(panel[b].scale);
+    for (int r = 0; r < RX; ++r)
+      acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), _mm256_mul_ps(dw, _mm256_set1_ps(xd[r][X32Layout::d(xb)])), acc[r]);
+  }
+  for (int r = 0; r < RX; ++r) _mm256_maskstore_ps(y + r * ldy, mask, acc[r]);
+}
+#endif
+
+#if SPECULA_WIDE
+template <class Unpack>
+void rows_panel(const std::byte* w, size_t wrb, int64_t nw, const std::byte* x, size_t xs, int64_t nx, int64_t cols,
+                float* y, int64_t ldy) {
+  alignas(64) PanelBlock buf[2][kPanelBlocks];
+  const int64_t nb = cols / 32;
+  for (int64_t o = 0; o < nw; o += 32) {
+    const int rows0 = static_cast<int>(nw - o < 16 ? nw - o : 16);
+    const int rows1 = static_cast<int>(nw - o - 16 <= 0 ? 0 : nw - o - 16 < 16 ? nw - o - 16 : 16);
+    const PanelBlock* panel[2] = {buf[0], buf[1]};
+    const __mmask16 valid[2] = {static_cast<__mmask16>((1u << rows0) - 1), static_cast<__mmask16>((1u << rows1) - 1)};
+    for (int64_t b0 = 0; b0 < nb; b0 += kPanelBlocks) {
+      const int64_t n = nb - b0 < kPanelBlocks ? nb - b0 : kPanelBlocks;
+      pack_panel<Unpack>(w + o * wrb, wrb, rows0, b0, n, buf[0]);
+      if (rows1) {
+        pack_panel<Unpack>(w + (o + 16) * wrb, wrb, rows1, b0, n, buf[1]);
+        panel_rows<2>(panel, valid, b0, n, b0 == 0, x, xs, nx, cols, y + o, ldy);
+      } else {
+        panel_rows<1>(panel, valid, b0, n, b0 == 0, x, xs, nx, cols, y + o, ldy);
+      }
+    }
+  }
+}
+#else
+template <class Unpack>
+void rows_panel(const std::byte* w, size_t wrb, int64_t nw, const std::byte* x, size_t xs, int64_t nx, int64_t cols,
+                float* y, int64_t ldy) {
+  alignas(64) PanelBlock buf[kPanelBlocks];
+  const int64_t nb = cols / 32;
+  constexpr int RX = 4;
+  for (int64_t o = 0; o < nw; o += 8) {
+    const int rows = static_cast<int>(nw - o < 8 ? nw - o : 8);
+    for (int64_t b0 = 0; b0 < nb; b0 += kPanelBlocks) {
+      const int64_t n = nb - b0 < kPanelBlocks ? nb - b0 : kPanelBlocks;
+      pack_panel<Unpack>(w + o * wrb, wrb, rows, b0, n, buf);
+      int64_t r = 0;
+      for (; r + RX <= nx; r += RX)
+        panel_tile<Unpack, RX>(buf, rows, b0, n, b0 == 0, x + r * xs, xs, cols, y + r * ldy + o, ldy);
+      for (; r < nx; ++r) panel_tile<Unpack, 1>(buf, rows, b0, n, b0 == 0, x + r * xs, xs, cols, y + r * ldy + o, ldy);
+    }
+  }
+}
+#endif
+
+// ---- packed weights: 16-row panels built once, read by every product ------------------------------------
+// The prefill panels' arithmetic (exact integer dot per 32-value block, then one scale and one add per
+// block and row, in block order) on a layout built when the weight is first multiplied, so decode pays
+// no repacking and reads as many bytes as the file holds. Every row count runs the same operations, so a
+// row's result depends on nothing else in the batch, and equals what the prefill panels give.
+// Panel block (16 weight rows x 32 values), 32-byte aligned:
+//   Q8_0: codes[8][16][4] (dword g of row i: values 4g..4g+3, as panel_codes gives them), f16 scale[16]
+//   Q4_0: nibbles[4][16][4] (byte j of dword g: value 4g+j low, 16+4g+j high: the file's own bytes),
+//         f16 scale[16]
+// Panels follow each other, blocks in order inside a panel; rows past the matrix's end are zeros.
+
+struct PackedQ8_0 {
+  using Unpack = Q8_0Unpack;
+  static constexpr size_t kCodes = 512;
+  static void pack(const std::byte* wb, std::byte* out, int i) {
+    alignas(32) uint8_t c[32];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(c), Unpack::panel_codes(wb));
+    for (int g = 0; g < 8; ++g) std::memcpy(out + 64 * g + 4 * i, c + 4 * g, 4);
+  }
+#if SPECULA_WIDE
+  static void unpack(const std::byte* blk, __m512i* wv) {
+    for (int g = 0; g < 8; ++g) wv[g] = _mm512_loadu_si512(blk + 64 * g);
+  }
+#else
+  static void unpack(const std::byte* blk, int h, __m256i* wv) {
+    for (int g = 0; g < 8; ++g) wv[g] = loadu256(blk + 64 * g + 32 * h);
+  }
+#endif
+};
+
+struct PackedQ4_0 {
+  using Unpack = Q4_0Unpack;
+  static constexpr size_t kCodes = 256;
+  static void pack(const std::byte* wb, std::byte* out, int i) {
+    for (int g = 0; g < 4; ++g) std::memcpy(out + 64 * g + 4 * i, wb + 2 + 4 * g, 4);
+  }
+#if SPECULA_WIDE
+  static void unpack(const std::byte* blk, __m512i* wv) {
+    const __m512i m = _mm512_set1_epi8(0x0f);
+    for (int g = 0; g < 4; ++g) {
+      const __m512i z = _mm512_loadu_si512(blk + 64 * g);
+      wv[g] = _mm512_and_si512(z, m);
+      wv[g + 4] = _mm512_and_si512(_mm512_srli_epi16(z, 4), m);
+    }
+  }
+#else
+  static void unpack(const std::byte* blk, int h, __m256i* wv) {
+    const __m256i m = _mm256_set1_epi8(0x0f);
+    for (int g = 0; g < 4; ++g) {
+      const __m256i z = loadu256(blk + 64 * g + 32 * h);
+      wv[g] = _mm256_and_si256(z, m);
+      wv[g + 4] = _mm256_and_si256(_mm256_srli_epi16(z, 4), m);
+    }
+  }
+#endif
+};
+
+template <class P>
+constexpr size_t packed_block_bytes() {
+  return P::kCodes + 2 * kPanelRows;
+}
+template <class P>
+size_t packed_panel_bytes(int64_t cols) {
+  return packed_block_bytes<P>() * static_cast<size_t>(cols / 32);
+}
+
+// Weight rows [0, nw) (row_bytes apart) into ceil(nw / 16) panels at out (zeroed by the caller).
+template <class P>
+void pack_weights(const std::byte* w, size_t wrb, int64_t nw, int64_t cols, std::byte* out) {
+  const int64_t nb = cols / 32;
+  for (int64_t o = 0; o < nw; o += kPanelRows) {
+    const int rows = static_cast<int>(nw - o < kPanelRows ? nw - o : kPanelRows);
+    std::byte* panel = out + static_cast<size_t>(o / kPanelRows) * packed_panel_bytes<P>(cols);
+    for (int64_t b = 0; b < nb; ++b) {
+      std::byte* blk = panel + static_cast<size_t>(b) * packed_block_bytes<P>();
+      for (int i = 0; i < rows; ++i) {
+        const std::byte* wb = P::Unpack::at(w + (o + i) * wrb, b);
+        P::pack(wb, blk, i);
+        std::memcpy(blk + P::kCodes + 2 * i, wb, 2);  // the f16 scale
+      }
+    }
+  }
+}
+
+// RX activation rows x one panel (`valid` of its rows are real) over all blocks.
+template <class P, int RX>
+[[gnu::always_inline]] inline void packed_tile(const std::byte* panel, int valid, const std::byte* x, size_t xs,
+                                               int64_t cols, float* y, int64_t ldy) {
+  const int64_t nb = cols / 32;
+  constexpr size_t kBlock = packed_block_bytes<P>();
+  const auto& [xq, xd, xi] = PanelRecords<RX>(x, xs, cols);
+#if SPECULA_WIDE
+  __m512 acc[RX];
+  for (int r = 0; r < RX; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
+    const std::byte* blk = panel + static_cast<size_t>(b) * kBlock;
+    prefetch_ahead(blk, kBlock);
+    __m512i wv[8];
+    P::unpack(blk, wv);
+    // Two partial sums per row when there are few rows: the integer sum is the same, the chain half as long.
+    constexpr int kChains = RX < 4 ? 2 : 1;
+    __m512i sum[kChains][RX];
+    for (int r = 0; r < RX; ++r) {
+      sum[0][r] = _mm512_set1_epi32(xi[r][b]);
+      if constexpr (kChains == 2) sum[1][r] = _mm512_setzero_si512();
+    }
+    for (int g = 0; g < 8; ++g)
+      for (int r = 0; r < RX; ++r) {
+        int32_t x4;
+        std::memcpy(&x4, xq[r] + X32Layout::q(b, g), 4);
+        __m512i& s = sum[g % kChains][r];
+        s = _mm512_dpbusd_epi32(s, wv[g], _mm512_set1_epi32(x4));
+      }
+    const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(blk + P::kCodes)));
+    for (int r = 0; r < RX; ++r) {
+      const __m512i s = kChains == 2 ? _mm512_add_epi32(sum[0][r], sum[kChains - 1][r]) : sum[0][r];
+      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(xd[r][X32Layout::d(b)])), acc[r]);
+    }
+  }
+  const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
+  for (int r = 0; r < RX; ++r) _mm512_mask_storeu_ps(y + r * ldy, mask, acc[r]);
+#else
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int h = 0; h < 2 && valid > 8 * h; ++h) {
+    __m256 acc[RX];
+    for (int r = 0; r < RX; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
+      const std::byte* blk = panel + static_cast<size_t>(b) * kBlock;
+      prefetch_ahead(blk, kBlock);
+      __m256i wv[8];
+      P::unpack(blk, h, wv);
+      __m256i sum[RX];
+      for (int r = 0; r < RX; ++r) sum[r] = _mm256_set1_epi32(xi[r][b]);
+      for (int g = 0; g < 8; ++g) {
+        const __m256i aw = P::Unpack::kSigned ? _mm256_sign_epi8(wv[g], wv[g]) : wv[g];
+        for (int r = 0; r < RX; ++r) {
+          int32_t x4;
+          std::memcpy(&x4, xq[r] + X32Layout::q(b, g), 4);
+          __m256i xv = _mm256_set1_epi32(x4);
+          if constexpr (P::Unpack::kSigned) xv = _mm256_sign_epi8(xv, wv[g]);
+          sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xv), ones));
+        }
+      }
+      const __m256 dw =
+          _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(blk + P::kCodes + 16 * h)));
+      for (int r = 0; r < RX; ++r)
+        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), _mm256_mul_ps(dw, _mm256_set1_ps(xd[r][X32Layout::d(b)])), acc[r]);
+    }
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid - 8 * h), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    for (int r = 0; r < RX; ++r) _mm256_maskstore_ps(y + r * ldy + 8 * h, mask, acc[r]);
+  }
+#endif
+}
+
+// Weight rows [0, nw) packed at w (panels `panel_bytes` apart) times nx activation rows. A RowsKernel with
+// the packed panels in place of the rows.
+template <class P>
+void packed_rows(const std::byte* w, size_t panel_bytes, int64_t nw, const std::byte* x, size_t xs, int64_t nx,
+                 int64_t cols, float* y, int64_t ldy) {
+  constexpr int TX = kWide ? 8 : 2;  // AVX-512: 8 unpacked codes, 8 sums, 8 accumulators in 32 registers
+  for (int64_t o = 0; o < nw; o += kPanelRows) {
+    const std::byte* panel = w + static_cast<size_t>(o / kPanelRows) * panel_bytes;
+    const int valid = static_cast<int>(nw - o < kPanelRows ? nw - o : kPanelRows);
+    over_x<TX>(nx, [&]<int RX>(int64_t r) __attribute__((always_inline)) {
+      packed_tile<P, RX>(panel, valid, x + r * xs, xs, cols, y + r * ldy + o, ldy);
+    });
+  }
+}
+
+constexpr int QX = 4;  // 32-value blocks: activation rows per tile (K + 1 = 2..9 verified rows, batches)
+// Weight rows per tile: each activation load serves QW rows. With 32 registers, 4 x 4 accumulators and 4
+// unpacked rows fit (an 8-row batch step: 151 ms vs 220 ms at 1 x 8 on Zen 4); AVX2 has room for 1 x 4.
+constexpr int QW = kWide ? 4 : 1;
+
+template <class Unpack>
+constexpr QuantKernel x32(RowsKernel prefill) {
+  return {&quantize_x32<Unpack::kOffset, Unpack::kAffine>, &x32_bytes<Unpack::kAffine>,
+          &rows<X32Tiles<Unpack>::template Tile, QW, QX>, prefill};
+}
+template <class Packed>
+constexpr QuantKernel x32_packed() {
+  QuantKernel k = x32<typename Packed::Unpack>(&rows_panel<typename Packed::Unpack>);
+  k.panel_bytes = &packed_panel_bytes<Packed>;
+  k.pack = &pack_weights<Packed>;
+  k.packed = &packed_rows<Packed>;
+  return k;
+}
+
+}  // namespace
+
+void add_x32_kernels(KernelSet& set) {
+  set.q8_0 = x32_packed<PackedQ8_0>();
+  set.q4_0 = x32_packed<PackedQ4_0>();
+  set.q4_1 = x32<Q4_1Unpack>(nullptr);  // prompt chunks: matmul_gemm
+  set.q5_0 = x32<Q5_0Unpack>(&rows_panel<Q5_0Unpack>);
+  set.q5_1 = x32<Q5_1Unpack>(nullptr);
+  set.iq4_nl = x32<IQ4_NLUnpack>(&rows_panel<IQ4_NLUnpack>);
+  set.iq4_xs = x32<IQ4_XSUnpack>(&rows_panel<IQ4_XSUnpack>);
+}
+
+}  // namespace specula::cpu::SPECULA_ISA_NS
