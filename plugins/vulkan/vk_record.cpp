@@ -5,8 +5,11 @@
 
 namespace specula::vulkan::detail {
 
-void VulkanBackend::record(Plan& p, const std::vector<Node>& graph_nodes) {
-  VkDevice d = dev_->dev;
+namespace {
+
+// One descriptor set per dispatch (at least one), from a new p.pool: bindings 0-5 and 7 the dispatch's
+// operands and result (`dummy` where it binds nothing), 6 the error record.
+std::vector<VkDescriptorSet> write_descriptor_sets(VkDevice d, Plan& p, VkDescriptorSetLayout layout, const Buffer& dummy) {
   const uint32_t sets = static_cast<uint32_t>(std::max<size_t>(p.dispatches.size(), 1));
   VkDescriptorPoolSize ps{VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, sets * 8};
   VkDescriptorPoolCreateInfo pi{VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO};
@@ -14,7 +17,7 @@ void VulkanBackend::record(Plan& p, const std::vector<Node>& graph_nodes) {
   pi.poolSizeCount = 1;
   pi.pPoolSizes = &ps;
   check(vkCreateDescriptorPool(d, &pi, nullptr, &p.pool), "vkCreateDescriptorPool");
-  std::vector<VkDescriptorSetLayout> layouts(sets, set_layout_);
+  std::vector<VkDescriptorSetLayout> layouts(sets, layout);
   std::vector<VkDescriptorSet> ds(sets);
   VkDescriptorSetAllocateInfo ai{VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO};
   ai.descriptorPool = p.pool;
@@ -25,7 +28,7 @@ void VulkanBackend::record(Plan& p, const std::vector<Node>& graph_nodes) {
   auto info = [&](const Loc& l) -> VkDescriptorBufferInfo {
     if (l.tensor) return {l.tensor->buf->buf, l.off, l.size};
     if (l.size > 0) return {p.arena->buf, l.off, l.size};
-    return {dummy_->buf, 0, VK_WHOLE_SIZE};
+    return {dummy.buf, 0, VK_WHOLE_SIZE};
   };
   for (size_t k = 0; k < p.dispatches.size(); ++k) {
     std::array<VkDescriptorBufferInfo, 8> bi;
@@ -39,7 +42,76 @@ void VulkanBackend::record(Plan& p, const std::vector<Node>& graph_nodes) {
     w.pBufferInfo = bi.data();
     vkUpdateDescriptorSets(d, 1, &w, 0, nullptr);
   }
+  return ds;
+}
 
+// A range of a plan's buffers (the arena or a persistent tensor's).
+struct Range {
+  VkBuffer b;
+  VkDeviceSize off, size;
+};
+Range range_of(const Plan& p, const Loc& l) {
+  if (l.tensor) return {l.tensor->buf->buf, l.off, l.size};
+  return {p.arena->buf, l.off, l.size};
+}
+
+// A barrier only where a dispatch touches a range written since the last one, or writes a range read
+// since then (arena ranges are reused).
+class Hazards {
+ public:
+  // Whether dispatch `dp` needs a barrier before it (the ranges tracked start again after one); then
+  // its ranges are tracked.
+  bool barrier_before(const Plan& p, const Dispatch& dp) {
+    bool need = false;
+    const Range w = range_of(p, dp.bind[5]);
+    for (size_t b : {0, 1, 2, 3, 4, 6})
+      if (dp.bind[b].valid() && overlaps(written_, range_of(p, dp.bind[b]))) need = true;
+    if (overlaps(written_, w) || overlaps(read_, w)) need = true;
+    if (need) {
+      written_.clear();
+      read_.clear();
+    }
+    for (size_t b : {0, 1, 2, 3, 4, 6})
+      if (dp.bind[b].valid()) read_.push_back(range_of(p, dp.bind[b]));
+    written_.push_back(w);
+    return need;
+  }
+
+ private:
+  static bool overlaps(const std::vector<Range>& v, const Range& r) {
+    for (const Range& x : v)
+      if (x.b == r.b && x.off < r.off + r.size && r.off < x.off + x.size) return true;
+    return false;
+  }
+  std::vector<Range> written_, read_;
+};
+
+// The inputs and the constant tables, from staging into the arena.
+void record_input_copies(VkCommandBuffer cb, const Plan& p) {
+  std::vector<VkBufferCopy> copies;
+  for (const auto& in : p.inputs)
+    if (in.bytes > 0) copies.push_back({in.staging_off, in.arena_off, in.bytes});
+  if (!p.consts.empty()) copies.push_back({p.consts_staging, p.consts_arena, p.consts.size()});
+  if (!copies.empty()) vkCmdCopyBuffer(cb, p.staging->buf, p.arena->buf, static_cast<uint32_t>(copies.size()), copies.data());
+}
+
+// The outputs, into the readback buffer.
+void record_readback(VkCommandBuffer cb, const Plan& p, const std::vector<Node>& graph_nodes) {
+  for (const auto& [node, off] : p.readback_off) {
+    const Loc& l = p.loc[static_cast<size_t>(node)];
+    const Node& n = graph_nodes[static_cast<size_t>(node)];
+    if (!l.valid()) continue;
+    const Range r = range_of(p, l);
+    VkBufferCopy c{r.off, off, std::min<VkDeviceSize>(value_bytes(n.type, n.shape), r.size)};
+    vkCmdCopyBuffer(cb, r.b, p.readback->buf, 1, &c);
+  }
+}
+
+}  // namespace
+
+void VulkanBackend::record(Plan& p, const std::vector<Node>& graph_nodes) {
+  VkDevice d = dev_->dev;
+  const std::vector<VkDescriptorSet> ds = write_descriptor_sets(d, p, set_layout_, *dummy_);
   VkCommandBufferAllocateInfo ci{VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO};
   ci.commandPool = dev_->cmd_pool;
   ci.level = VK_COMMAND_BUFFER_LEVEL_PRIMARY;
@@ -62,50 +134,20 @@ void VulkanBackend::record(Plan& p, const std::vector<Node>& graph_nodes) {
                VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT | VK_PIPELINE_STAGE_TRANSFER_BIT | VK_PIPELINE_STAGE_HOST_BIT,
                VK_PIPELINE_STAGE_TRANSFER_BIT);
   vkCmdFillBuffer(cb, p.err->buf, 0, VK_WHOLE_SIZE, 0);
-  std::vector<VkBufferCopy> copies;
-  for (const auto& in : p.inputs)
-    if (in.bytes > 0) copies.push_back({in.staging_off, in.arena_off, in.bytes});
-  if (!p.consts.empty()) copies.push_back({p.consts_staging, p.consts_arena, p.consts.size()});
-  if (!copies.empty()) vkCmdCopyBuffer(cb, p.staging->buf, p.arena->buf, static_cast<uint32_t>(copies.size()), copies.data());
+  record_input_copies(cb, p);
   full_barrier(cb, VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_SHADER_WRITE_BIT,
                VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT,
                VK_PIPELINE_STAGE_TRANSFER_BIT | VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT);
 
-  // A barrier only where a dispatch touches a range written since the last one, or writes a range
-  // read since then (arena ranges are reused).
-  struct Range {
-    VkBuffer b;
-    VkDeviceSize off, size;
-  };
-  auto range = [&](const Loc& l) -> Range {
-    if (l.tensor) return {l.tensor->buf->buf, l.off, l.size};
-    return {p.arena->buf, l.off, l.size};
-  };
-  auto overlaps = [](const std::vector<Range>& v, const Range& r) {
-    for (const Range& x : v)
-      if (x.b == r.b && x.off < r.off + r.size && r.off < x.off + x.size) return true;
-    return false;
-  };
-  std::vector<Range> written, read;
+  Hazards hazards;
   VkPipeline bound = VK_NULL_HANDLE;
   if (p.timestamps) vkCmdWriteTimestamp(cb, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, p.timestamps, 0);
   for (size_t k = 0; k < p.dispatches.size(); ++k) {
     const Dispatch& dp = p.dispatches[k];
-    bool need = false;
-    const Range w = range(dp.bind[5]);
-    for (size_t b : {0, 1, 2, 3, 4, 6})
-      if (dp.bind[b].valid() && overlaps(written, range(dp.bind[b]))) need = true;
-    if (overlaps(written, w) || overlaps(read, w)) need = true;
-    if (need) {
+    if (hazards.barrier_before(p, dp))
       full_barrier(cb, VK_ACCESS_SHADER_WRITE_BIT | VK_ACCESS_SHADER_READ_BIT,
                    VK_ACCESS_SHADER_READ_BIT | VK_ACCESS_SHADER_WRITE_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
                    VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT);
-      written.clear();
-      read.clear();
-    }
-    for (size_t b : {0, 1, 2, 3, 4, 6})
-      if (dp.bind[b].valid()) read.push_back(range(dp.bind[b]));
-    written.push_back(w);
     VkPipeline pl = pipeline(dp.shader);
     if (pl != bound) vkCmdBindPipeline(cb, VK_PIPELINE_BIND_POINT_COMPUTE, pl);
     bound = pl;
@@ -117,14 +159,7 @@ void VulkanBackend::record(Plan& p, const std::vector<Node>& graph_nodes) {
   }
   full_barrier(cb, VK_ACCESS_SHADER_WRITE_BIT, VK_ACCESS_TRANSFER_READ_BIT, VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT,
                VK_PIPELINE_STAGE_TRANSFER_BIT);
-  for (const auto& [node, off] : p.readback_off) {
-    const Loc& l = p.loc[static_cast<size_t>(node)];
-    const Node& n = graph_nodes[static_cast<size_t>(node)];
-    if (!l.valid()) continue;
-    const Range r = range(l);
-    VkBufferCopy c{r.off, off, std::min<VkDeviceSize>(value_bytes(n.type, n.shape), r.size)};
-    vkCmdCopyBuffer(cb, r.b, p.readback->buf, 1, &c);
-  }
+  record_readback(cb, p, graph_nodes);
   full_barrier(cb, VK_ACCESS_TRANSFER_WRITE_BIT | VK_ACCESS_SHADER_WRITE_BIT, VK_ACCESS_HOST_READ_BIT,
                VK_PIPELINE_STAGE_TRANSFER_BIT | VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, VK_PIPELINE_STAGE_HOST_BIT);
   check(vkEndCommandBuffer(cb), "vkEndCommandBuffer");
