@@ -71,6 +71,9 @@ struct PluginKind {
   FoundBy found_by = FoundBy::Name;
   std::string (*architecture_of)(const ModelFile&) = nullptr;  // FoundBy::File: for the message
 };
+// Clang 14 (the fuzz build) does not deduce an aggregate's template arguments by itself.
+template <typename Factory, typename... Rest>
+PluginKind(std::string_view, Factory PluginFactories::*, Rest...) -> PluginKind<Factory>;
 
 constexpr PluginKind kFormat{"format", &PluginFactories::format, nullptr, FoundBy::Path};
 constexpr PluginKind kBackend{"backend", &PluginFactories::backend, &PluginFactories::backend_options};
