@@ -382,6 +382,8 @@ Generation::State::Outcome Generation::State::verify() {
       SampledVerification s = ctx.verify_sampled(last, n, *sampler, round.state, u);
       if (s.accepted < 0 || s.accepted > n || static_cast<int64_t>(s.tokens.size()) != s.accepted + 1)
         fail("model decided a round of {} drafts as {} accepted with {} tokens", n, s.accepted, s.tokens.size());
+      for (int32_t t : s.tokens)
+        if (t < 0 || t >= vocab) fail("a round verified on the backend gave token {} outside the vocabulary [0, {})", t, vocab);
       o.accepted = s.accepted;
       o.tokens = std::move(s.tokens);
       break;
@@ -409,8 +411,6 @@ Generation::State::Outcome Generation::State::verify() {
       }
       break;
   }
-  for (int32_t t : o.tokens)
-    if (t < 0 || t >= vocab) fail("a round verified on the backend gave token {} outside the vocabulary [0, {})", t, vocab);
   o.seconds = seconds_since(tv);
   return o;
 }
