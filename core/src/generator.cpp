@@ -47,10 +47,10 @@ double seconds_since(Clock::time_point t) { return std::chrono::duration<double>
 }  // namespace
 
 // The state of one generation between steps. A step is one round, in four stages that run in this order:
-// plan() (stop conditions, the draft length: 0 is a plain step), propose() (the drafter's drafts, on the
-// host or held on the backend), verify() (the target's forward and the verdict: the accepted drafts and
-// the token after them) and emit() (tokens to the result and the text, rollback, statistics). step_all
-// runs the forwards of several generations' verify stages as one batch.
+// plan() (stop conditions, the draft length: 0 is a plain step), propose() (where the round is decided,
+// then the drafter's drafts, on the host or waiting on the backend), verify_rounds() (the target's forward
+// and the verdict: the accepted drafts and the token after them; the rounds of several generations run
+// together) and emit() (tokens to the result and the text, rollback, statistics).
 struct Generation::State {
   std::shared_ptr<Model> model;
   std::shared_ptr<Sampler> sampler;
@@ -77,27 +77,23 @@ struct Generation::State {
   int64_t rounds = 0;
   Clock::time_point t1;
 
-  // Where a round's drafts are verified and decided.
-  enum class Verifier {
-    Host,            // the target's logits come to the host, which samples or applies the speculative rule
-    BackendGreedy,   // drafts held on the backend, argmax verdict: one read of ids (ModelContext::verify_greedy)
-    BackendSampled,  // drafts, their distributions and the verdict on the backend (ModelContext::verify_sampled)
-  };
   // The round in progress, from plan() to emit().
   struct Round {
     int64_t n = 0;                      // drafts asked for (plan), then proposed (propose); 0: a plain step
     int64_t base = 0;                   // the context's position before the verification
-    std::vector<int32_t> input;         // what the target processes when the host verifies: [last, drafts]
-    std::vector<int32_t> drafts;        // proposed on the host (empty when held on the backend)
+    std::vector<int32_t> tokens;        // the host ids the target processes first: [last] (the first token: a prompt's tail)
+    std::vector<int32_t> drafts;        // proposed on the host (empty when they wait on the backend)
     std::vector<Distribution> q;        // the drafter's distribution per sampled draft (empty: point masses)
     std::vector<float> draft_uniforms;  // one per sampled draft, drawn before drafting
-    Verifier verifier = Verifier::Host;
-    SamplingState state;                // BackendSampled: the sampling state its verdict is decided under
+    std::vector<float> uniforms;        // the verdict's: 1 for a plain step, 2n + 1 for n drafts
+    bool on_backend = false;            // verified and decided on the backend (ModelContext::prepare_round)
+    RoundRule rule;                     // on_backend: what decides it (no sampler: greedy drafts, by argmax)
+    RoundBuffers buffers;               // on_backend: where its drafts wait
     double draft_seconds = 0;
     RoundTrace trace;
   } round;
-  // What verify() decided: `accepted` drafts, then the replacement of the first rejected one or the bonus
-  // token (a plain step: its one token).
+  // What the verify stage decided: `accepted` drafts, then the replacement of the first rejected one or the
+  // bonus token (a plain step: its one token).
   struct Outcome {
     int64_t accepted = 0;
     std::vector<int32_t> tokens;         // [accepted + 1]
@@ -115,16 +111,14 @@ struct Generation::State {
 
   void begin();
   bool plan();
-  void propose(bool alone);
-  Outcome verify();                               // this generation's forward alone
-  Outcome decide(std::span<const float> logits);  // on the host, from the logits of round.input
+  void propose();
+  void choose_verifier();
+  void draft();
+  // The verify stage of several generations' rounds, on one model: one Model::verify for the rounds
+  // decided on the backend, one forward_batch for the others, decided on the host (decide()).
+  static std::vector<Outcome> verify_rounds(std::span<State* const> states);
+  Outcome decide(std::span<const float> logits);  // on the host, from the logits of [tokens, drafts]
   void emit(const Outcome& outcome);
-  void step() {
-    if (plan()) {
-      propose(true);
-      emit(verify());
-    }
-  }
   GenerationResult finish();
 
   // Sampling on the host, here and only here (plain steps the device cannot take, host verification).
@@ -136,26 +130,6 @@ struct Generation::State {
     int32_t t = sampler->sample(row, state, u);
     if (t < 0 || t >= vocab) fail("sampler returned token {} outside the vocabulary [0, {})", t, vocab);
     return t;
-  }
-  // A plain step alone: forward and sampling in one graph unless sampler.device is off or the model cannot.
-  int32_t forward_sample(std::span<const int32_t> tokens) {
-    const float u = sampler->next_uniform();  // one uniform per plain step, greedy or not, host or device
-    if (device == SamplingDevice::Off) {
-      ++stats().host_sampled_tokens;
-      return sample_row(ctx.forward(tokens, 1), u);
-    }
-    SamplingState state{history, static_cast<int32_t>(result.tokens.size()), info.end_tokens};
-    const SampledToken s = ctx.forward_sample(tokens, *sampler, state, u);
-    if (s.on_device) {
-      if (s.token < 0 || s.token >= vocab)
-        fail("device sampling returned token {} outside the vocabulary [0, {})", s.token, vocab);
-      ++stats().device_sampled_tokens;
-      return s.token;
-    }
-    if (device == SamplingDevice::On) fail("device sampling required but unavailable: {}", s.host_reason);
-    ++stats().host_sampled_tokens;
-    if (stats().host_sampling_reason.empty()) stats().host_sampling_reason = s.host_reason;
-    return sample_row(ctx.forward(tokens, 1), u);
   }
   // Accepts one token; false when generation has ended (an end or stop token, a stop string, max_tokens).
   bool accept(int32_t t) {
@@ -200,12 +174,11 @@ struct Generation::State {
         fail("sampler's distribution holds token {} outside the vocabulary [0, {})", c.token, vocab);
     return d;
   }
-  // A round of n drafts draws 2n + 1 uniforms before it is decided, two per draft and one for the bonus,
-  // used or not, so that a round decided on the backend draws the same ones as on the host.
-  std::vector<float> round_uniforms(int64_t n) {
-    std::vector<float> u(static_cast<size_t>(2 * n + 1));
-    for (float& x : u) x = sampler->next_uniform();
-    return u;
+  // The verdict's uniforms, drawn before it is decided wherever that is, used or not, so that the host and
+  // the backend draw the same ones: one for a plain step; two per draft and one for the bonus.
+  void draw_uniforms() {
+    round.uniforms.resize(static_cast<size_t>(2 * round.n + 1));
+    for (float& x : round.uniforms) x = sampler->next_uniform();
   }
   // Greedy choices are plain argmaxes now (no repetition penalty, end tokens no longer held back), so a
   // round can be verified on the backend without logits.
@@ -259,7 +232,15 @@ void Generation::State::begin() {
   for (int64_t at = 0; at < n; at += chunk) {
     const int64_t len = std::min(chunk, n - at);
     if (at + len < n || !first_token) ctx.forward(p.subspan(at, len), 1);
-    else last = forward_sample(p.subspan(at, len));
+    else {  // the first token: a plain step on the prompt's tail
+      round = Round{};
+      round.tokens.assign(p.begin() + at, p.begin() + at + len);
+      choose_verifier();
+      State* self = this;
+      const Outcome o = verify_rounds({&self, 1}).front();
+      ++(round.on_backend ? stats().device_sampled_tokens : stats().host_sampled_tokens);
+      last = o.tokens.front();
+    }
   }
   if (!first_token) last = prompt.back();
   stats().prefill_seconds = seconds_since(t0);
@@ -292,147 +273,160 @@ bool Generation::State::plan() {
   return true;
 }
 
-// The drafter's n drafts after `last`. `alone`: this generation's forward runs by itself, so its drafts
-// may stay on the backend (one read per round: the verdict).
-void Generation::State::propose(bool alone) {
+// The round's host ids, where it is decided, and the drafter's n drafts after `last`.
+void Generation::State::propose() {
   round.base = ctx.position();
-  if (round.n > 0) {
-    const int64_t n = round.n;
-    DraftRequest request;
-    request.last_token = last;
-    request.n = static_cast<int>(n);
-    request.logits = static_cast<bool>(options.on_round);
-    if (sampled_drafts) {
-      // The drafts' uniforms first, so a drafter sampling on the backend draws with the same ones.
-      round.draft_uniforms.resize(static_cast<size_t>(n));
-      for (float& u : round.draft_uniforms) u = sampler->next_uniform();
-      request.uniforms = round.draft_uniforms;
-      request.pick = [&](int step, std::span<const float> row) {
-        if (step != static_cast<int>(round.drafts.size()) || step >= static_cast<int>(n))
-          fail("drafter asked for draft step {} after {} steps of {}; steps are picked in order", step,
-               round.drafts.size(), n);
-        round.q.push_back(distribution_of(row, round.drafts, "drafter"));
-        const int32_t t = draw(round.q.back(), round.draft_uniforms[static_cast<size_t>(step)]);
-        round.drafts.push_back(t);
-        return t;
-      };
-    }
-    // Greedy rounds verify on the backend by argmax; sampled ones with the sampler's device form when it
-    // can (no penalty window or end-token suppression in force), else the host decides and says why.
-    if (alone && device != SamplingDevice::Off && rules->rounds_on_backend() && !request.logits) {
-      if (!sampled_drafts && argmax_greedy()) {
-        request.device_tokens = ctx.draft_tokens(n);
-      } else if (sampled_drafts) {
-        round.state = state_after({});
-        std::string why;
-        request.device_logits = ctx.draft_logits(n, *sampler, round.state, &why);
-        if (request.device_logits) {
-          request.device_tokens = ctx.draft_tokens(n);
-          request.sampler = sampler.get();
-          request.state = round.state;
-        } else if (stats().host_sampling_reason.empty()) {
-          stats().host_sampling_reason = "speculative rounds verify on the host: " + why;
-        }
-      }
-    }
-    const auto td = Clock::now();
-    std::vector<DraftStep> steps = drafter->draft(ctx.view(), request);
-    round.draft_seconds = seconds_since(td);
-    stats().draft_seconds += round.draft_seconds;
-    if (static_cast<int64_t>(steps.size()) > n) steps.resize(static_cast<size_t>(n));
-    round.n = static_cast<int64_t>(steps.size());
-    // Tokens -1: the drafter kept them on the backend (DraftRequest::device_tokens).
-    const auto held = [](const DraftStep& st) { return st.token < 0; };
-    const bool on_backend = request.device_tokens && !steps.empty() && std::all_of(steps.begin(), steps.end(), held);
-    if (!on_backend && request.device_tokens && std::any_of(steps.begin(), steps.end(), held))
-      fail("drafter returned some drafts on the backend (token -1) and some on the host; it must keep all or none");
-    round.drafts.clear();
-    if (on_backend) {
-      round.verifier = request.device_logits ? Verifier::BackendSampled : Verifier::BackendGreedy;
-      if (options.draft_hook) options.draft_hook->drafted(history, round.n, *request.device_tokens);
-    } else {
-      for (const DraftStep& st : steps) {
-        if (st.token < 0 || st.token >= vocab) fail("drafter proposed token {} outside the vocabulary [0, {})", st.token, vocab);
-        round.drafts.push_back(st.token);
-      }
-      // A drafter that did not use `pick` (it has no distribution) proposed a point mass.
-      if (round.q.size() < round.drafts.size()) round.q.clear();
-      round.q.resize(std::min(round.q.size(), round.drafts.size()));
-      if (options.draft_hook) options.draft_hook->drafted(history, round.drafts);
-    }
-    if (!round.drafts.empty() && options.on_round) {
-      round.trace.round = rounds;
-      round.trace.n_past = round.base;
-      round.trace.last_token = last;
-      round.trace.draft = round.drafts;
-      for (DraftStep& st : steps) round.trace.draft_logits.push_back(std::move(st.logits));
-    }
-  }
-  round.input.push_back(last);
-  round.input.insert(round.input.end(), round.drafts.begin(), round.drafts.end());
+  round.tokens = {last};
+  choose_verifier();
+  if (round.n > 0) draft();
 }
 
-Generation::State::Outcome Generation::State::verify() {
-  const auto tv = Clock::now();
+// Whether the round is verified and decided on the backend (ModelContext::prepare_round): a plain step
+// unless sampler.device is off; drafts where the convention allows it and nobody reads their logits,
+// greedy ones by argmax, sampled ones by the sampler's device verdict when it has one here (no penalty
+// window or end-token suppression in force). Else the host decides, and the first reason is kept.
+void Generation::State::choose_verifier() {
   const int64_t n = round.n;
-  Outcome o;
-  switch (round.verifier) {
-    case Verifier::BackendSampled: {  // drafts, q, p and the verdict on the backend
-      const std::vector<float> u = round_uniforms(n);
-      SampledVerification s = ctx.verify_sampled(last, n, *sampler, round.state, u);
-      if (s.accepted < 0 || s.accepted > n || static_cast<int64_t>(s.tokens.size()) != s.accepted + 1)
-        fail("model decided a round of {} drafts as {} accepted with {} tokens", n, s.accepted, s.tokens.size());
-      for (int32_t t : s.tokens)
-        if (t < 0 || t >= vocab) fail("a round verified on the backend gave token {} outside the vocabulary [0, {})", t, vocab);
-      o.accepted = s.accepted;
-      o.tokens = std::move(s.tokens);
-      break;
-    }
-    case Verifier::BackendGreedy: {  // the drafts and each position's argmax in one read of ids
-      const GreedyVerification g = ctx.verify_greedy(last, n);
-      if (static_cast<int64_t>(g.drafts.size()) != n || static_cast<int64_t>(g.greedy.size()) != n + 1)
-        fail("model verified {} drafts with {} greedy tokens, expected {} and {}", g.drafts.size(), g.greedy.size(),
-             n, n + 1);
-      for (const std::vector<int32_t>* ids : {&g.drafts, &g.greedy})
-        for (int32_t t : *ids)
-          if (t < 0 || t >= vocab) fail("a round verified on the backend gave token {} outside the vocabulary [0, {})", t, vocab);
-      round_uniforms(n);  // drawn as a round decided on the host draws them
-      // The rule with one-hot p and q: a draft is accepted when it is the argmax.
-      while (o.accepted < n && g.drafts[static_cast<size_t>(o.accepted)] == g.greedy[static_cast<size_t>(o.accepted)])
-        ++o.accepted;
-      o.tokens.assign(g.greedy.begin(), g.greedy.begin() + o.accepted + 1);
-      break;
-    }
-    case Verifier::Host:
-      if (n == 0) {  // a plain step: forward and sampling in one graph where possible
-        o.tokens = {forward_sample(std::span<const int32_t>(&last, 1))};
-      } else {
-        o = decide(ctx.forward(round.input, static_cast<int64_t>(round.input.size())));
-      }
-      break;
+  round.on_backend = false;
+  if (device == SamplingDevice::Off) return;
+  if (n > 0 && (!rules->rounds_on_backend() || options.on_round || (!sampled_drafts && !argmax_greedy()))) return;
+  round.rule = RoundRule{n > 0 && !sampled_drafts ? nullptr : sampler.get(), state_after({}), {}};
+  std::string why;
+  round.on_backend = ctx.prepare_round(static_cast<int64_t>(round.tokens.size()), n, round.rule, round.buffers, why);
+  if (round.on_backend) return;
+  if (n == 0 && device == SamplingDevice::On) fail("device sampling required but unavailable: {}", why);
+  if (stats().host_sampling_reason.empty())
+    stats().host_sampling_reason = n > 0 ? "speculative rounds verify on the host: " + why : why;
+}
+
+// The drafter's n drafts: into the round's buffers when it is decided on the backend and the drafter can
+// keep them there, else to the host (sampled ones picked here, from the drafter's distribution).
+void Generation::State::draft() {
+  const int64_t n = round.n;
+  DraftRequest request;
+  request.last_token = last;
+  request.n = static_cast<int>(n);
+  request.logits = static_cast<bool>(options.on_round);
+  if (sampled_drafts) {
+    // The drafts' uniforms first, so a drafter sampling on the backend draws with the same ones.
+    round.draft_uniforms.resize(static_cast<size_t>(n));
+    for (float& u : round.draft_uniforms) u = sampler->next_uniform();
+    request.pick = [&](int step, std::span<const float> row) {
+      if (step != static_cast<int>(round.drafts.size()) || step >= static_cast<int>(n))
+        fail("drafter asked for draft step {} after {} steps of {}; steps are picked in order", step,
+             round.drafts.size(), n);
+      round.q.push_back(distribution_of(row, round.drafts, "drafter"));
+      const int32_t t = draw(round.q.back(), round.draft_uniforms[static_cast<size_t>(step)]);
+      round.drafts.push_back(t);
+      return t;
+    };
   }
-  o.seconds = seconds_since(tv);
-  return o;
+  if (round.on_backend) {
+    request.buffers = round.buffers;
+    request.rule = RoundRule{round.rule.sampler, round.rule.state, round.draft_uniforms};
+  }
+  const auto td = Clock::now();
+  std::vector<DraftStep> steps = drafter->draft(ctx.view(), request);
+  round.draft_seconds = seconds_since(td);
+  stats().draft_seconds += round.draft_seconds;
+  if (static_cast<int64_t>(steps.size()) > n) steps.resize(static_cast<size_t>(n));
+  round.n = static_cast<int64_t>(steps.size());
+  // Tokens -1: the drafter kept them in the round's buffers. A drafter that could not drafted on the host,
+  // and the host verifies them.
+  const auto held = [](const DraftStep& st) { return st.token < 0; };
+  const bool kept = round.on_backend && !steps.empty() && std::all_of(steps.begin(), steps.end(), held);
+  if (!kept && round.on_backend && std::any_of(steps.begin(), steps.end(), held))
+    fail("drafter returned some drafts on the backend (token -1) and some on the host; it must keep all or none");
+  round.on_backend = kept || (round.on_backend && steps.empty());
+  round.drafts.clear();
+  if (kept) {
+    if (options.draft_hook) options.draft_hook->drafted(history, round.n, *round.buffers.tokens);
+    return;
+  }
+  for (const DraftStep& st : steps) {
+    if (st.token < 0 || st.token >= vocab) fail("drafter proposed token {} outside the vocabulary [0, {})", st.token, vocab);
+    round.drafts.push_back(st.token);
+  }
+  // A drafter that did not use `pick` (it has no distribution) proposed a point mass.
+  if (round.q.size() < round.drafts.size()) round.q.clear();
+  round.q.resize(std::min(round.q.size(), round.drafts.size()));
+  if (options.draft_hook) options.draft_hook->drafted(history, round.drafts);
+  if (!round.drafts.empty() && options.on_round) {
+    round.trace.round = rounds;
+    round.trace.n_past = round.base;
+    round.trace.last_token = last;
+    round.trace.draft = round.drafts;
+    for (DraftStep& st : steps) round.trace.draft_logits.push_back(std::move(st.logits));
+  }
+}
+
+std::vector<Generation::State::Outcome> Generation::State::verify_rounds(std::span<State* const> states) {
+  Model& model = *states.front()->model;
+  std::vector<Outcome> out(states.size());
+  std::vector<RoundEntry> on_backend;
+  std::vector<BatchEntry> on_host;
+  std::vector<size_t> backend_at, host_at;  // their states' indices
+  for (size_t i = 0; i < states.size(); ++i) {
+    State& s = *states[i];
+    Round& r = s.round;
+    s.draw_uniforms();
+    if (r.on_backend) {
+      // A greedy round's verdict is its argmax: its uniforms are drawn, not read.
+      if (r.rule.sampler) r.rule.uniforms = r.uniforms;
+      on_backend.push_back({&s.ctx, r.tokens, r.n, r.rule});
+      backend_at.push_back(i);
+    } else {
+      r.tokens.insert(r.tokens.end(), r.drafts.begin(), r.drafts.end());
+      on_host.push_back({&s.ctx, r.tokens, r.n + 1});
+      host_at.push_back(i);
+    }
+  }
+  if (!on_backend.empty()) {
+    const auto t = Clock::now();
+    std::vector<RoundVerdict> verdicts = model.verify(on_backend);
+    const double seconds = seconds_since(t);
+    if (verdicts.size() != on_backend.size())
+      fail("model returned {} verdicts for {} rounds", verdicts.size(), on_backend.size());
+    for (size_t j = 0; j < verdicts.size(); ++j) {
+      State& s = *states[backend_at[j]];
+      RoundVerdict& v = verdicts[j];
+      if (v.accepted < 0 || v.accepted > s.round.n || static_cast<int64_t>(v.tokens.size()) != v.accepted + 1)
+        fail("model decided a round of {} drafts as {} accepted with {} tokens", s.round.n, v.accepted, v.tokens.size());
+      for (int32_t tok : v.tokens)
+        if (tok < 0 || tok >= s.vocab)
+          fail("a round decided on the backend gave token {} outside the vocabulary [0, {})", tok, s.vocab);
+      out[backend_at[j]] = Outcome{v.accepted, std::move(v.tokens), seconds, {}};
+    }
+  }
+  if (!on_host.empty()) {
+    const auto t = Clock::now();
+    const std::vector<std::vector<float>> logits = model.forward_batch(on_host);
+    const double seconds = seconds_since(t);
+    if (logits.size() != on_host.size())
+      fail("model returned logits for {} sequences of a batch of {}", logits.size(), on_host.size());
+    for (size_t j = 0; j < logits.size(); ++j) {
+      out[host_at[j]] = states[host_at[j]]->decide(logits[j]);
+      out[host_at[j]].seconds = seconds;
+    }
+  }
+  return out;
 }
 
 Generation::State::Outcome Generation::State::decide(std::span<const float> logits) {
   const int64_t n = static_cast<int64_t>(round.drafts.size());
   Outcome o;
-  if (n == 0) {  // a plain step of a batch
-    ++stats().host_sampled_tokens;
-    if (stats().host_sampling_reason.empty())
-      stats().host_sampling_reason = "several sequences in one forward pass sample on the host";
-    o.tokens = {sample_row(logits, sampler->next_uniform())};
-    return o;
-  }
   if (static_cast<int64_t>(logits.size()) != (n + 1) * vocab) {
     fail("model returned {} logits for a verification of {} positions, expected {}", logits.size(), n + 1,
          (n + 1) * vocab);
   }
+  if (n == 0) {  // a plain step
+    o.tokens = {sample_row(logits, round.uniforms[0])};
+    return o;
+  }
   // Each draft in turn by the speculative sampling rule (speculative.hpp), p being the target's
   // distribution as plain decoding would see it after the drafts before it; the first rejected one is
   // replaced and ends the round; when all are accepted the last row gives a bonus token.
-  const std::vector<float> u = round_uniforms(n);
+  const std::span<const float> u(round.uniforms);
   const std::span<const int32_t> drafts(round.drafts);
   for (int64_t i = 0; i <= n; ++i) {
     const Distribution p = distribution_of(logits.subspan(i * vocab, vocab), drafts.first(i), "model");
@@ -458,7 +452,9 @@ Generation::State::Outcome Generation::State::decide(std::span<const float> logi
 
 // The round's tokens to the result until one ends generation; the target forgets the rejected drafts.
 void Generation::State::emit(const Outcome& o) {
+  auto& st = stats();
   if (round.n == 0) {  // a plain step
+    ++(round.on_backend ? st.device_sampled_tokens : st.host_sampled_tokens);
     last = o.tokens.front();
     if (length) length->observe_plain(o.seconds);
     if (drafter) count_step(0);
@@ -469,7 +465,7 @@ void Generation::State::emit(const Outcome& o) {
   int64_t accepted = 0;
   for (size_t i = 0; i < o.tokens.size() && !done; ++i) {
     const bool draft = static_cast<int64_t>(i) < o.accepted;
-    ++(round.verifier == Verifier::Host ? stats().host_sampled_tokens : stats().device_sampled_tokens);
+    ++(round.on_backend ? st.device_sampled_tokens : st.host_sampled_tokens);
     last = o.tokens[i];
     if (draft) ++accepted;
     accept(last);
@@ -477,11 +473,10 @@ void Generation::State::emit(const Outcome& o) {
   }
   // Keep `last` of the round and the accepted drafts; forget the rejected ones.
   ctx.truncate(round.base + 1 + accepted);
-  auto& st = stats();
   st.speculative_steps += 1;
   st.drafted_tokens += n;
   st.accepted_tokens += accepted;
-  if (round.verifier != Verifier::Host) ++st.device_verified_steps;
+  if (round.on_backend) ++st.device_verified_steps;
   count_step(n);
   if (static_cast<int64_t>(st.drafted_by_position.size()) < n) {
     st.drafted_by_position.resize(n);
@@ -537,36 +532,25 @@ Generation::Generation(Generation&&) noexcept = default;
 Generation& Generation::operator=(Generation&&) noexcept = default;
 Generation::~Generation() = default;
 bool Generation::finished() const { return s_->done; }
-void Generation::step() { s_->step(); }
+void Generation::step() {
+  Generation* self = this;
+  step_all({&self, 1});
+}
 
 void Generation::step_all(std::span<Generation* const> generations) {
   std::vector<State*> ready;
   for (Generation* g : generations) {
     if (!g || !g->s_->plan()) continue;
-    g->s_->propose(generations.size() == 1);
+    g->s_->propose();
     ready.push_back(g->s_.get());
   }
+  // One verify stage per model (a Generator has one; several generators may share a step).
   while (!ready.empty()) {
-    Model& model = *ready.front()->model;
     std::vector<State*> group, rest;
-    for (State* s : ready) (s->model.get() == &model ? group : rest).push_back(s);
+    for (State* s : ready) (s->model == ready.front()->model ? group : rest).push_back(s);
     ready = std::move(rest);
-    if (group.size() == 1) {  // alone: plain steps keep device sampling
-      group[0]->emit(group[0]->verify());
-      continue;
-    }
-    std::vector<BatchEntry> batch;
-    for (State* s : group) batch.push_back({&s->ctx, s->round.input, static_cast<int64_t>(s->round.input.size())});
-    const auto t = Clock::now();
-    const std::vector<std::vector<float>> logits = model.forward_batch(batch);
-    const double seconds = seconds_since(t);
-    if (logits.size() != group.size())
-      fail("model returned logits for {} sequences of a batch of {}", logits.size(), group.size());
-    for (size_t i = 0; i < group.size(); ++i) {
-      State::Outcome o = group[i]->decide(logits[i]);
-      o.seconds = seconds;
-      group[i]->emit(o);
-    }
+    const std::vector<State::Outcome> outcomes = State::verify_rounds(group);
+    for (size_t i = 0; i < group.size(); ++i) group[i]->emit(outcomes[i]);
   }
 }
 GenerationResult Generation::finish() { return s_->finish(); }

@@ -97,7 +97,7 @@ std::vector<int32_t> read_ordering(const ModelFile& file, const TensorInfo& t, i
 
 // A graph for one draft step. `first`: h comes from the target's last hidden state, else from the
 // drafter's own persistent h (the previous step's post_projection). `device`: the drafts stay on the
-// backend (DraftRequest::device_tokens): step k writes its vocab id into row k of that tensor, and a
+// backend (DraftRequest::buffers): step k writes its vocab id into row k of that tensor, and a
 // later step embeds row k - 1 from there.
 struct Built {
   Graph graph;
@@ -214,9 +214,9 @@ class Drafter final : public AssistantDrafter {
   std::vector<DraftStep> draft(const TargetView& target, const DraftRequest& request) override {
     std::vector<DraftStep> out;
     const bool logits = request.logits || static_cast<bool>(request.pick);
-    const bool sampled_on_device = request.device_logits && request.sampler && !request.logits &&
-                                   static_cast<int>(request.uniforms.size()) >= request.n;
-    if (request.device_tokens && (!logits || sampled_on_device) && can_keep_drafts(*request.device_tokens, request.n) &&
+    const bool sampled_on_device = request.buffers.logits && request.rule.sampler && !request.logits &&
+                                   static_cast<int>(request.rule.uniforms.size()) >= request.n;
+    if (request.buffers.tokens && (!logits || sampled_on_device) && can_keep_drafts(*request.buffers.tokens, request.n) &&
         run_on_device(target, request)) {
       out.resize(static_cast<size_t>(std::max(0, request.n)));  // tokens -1: on the backend
       return out;
@@ -454,14 +454,14 @@ class Drafter final : public AssistantDrafter {
   }
 
   // The steps with the drafts kept on the backend: no reads, each step's id written into row k of
-  // request.device_tokens and embedded from there by step k + 1; sampled steps draw it with the request's
+  // request.buffers.tokens and embedded from there by step k + 1; sampled steps draw it with the request's
   // sampler and write their logits too. False (nothing run) when the sampler's device form cannot run here.
   bool run_on_device(const TargetView& target, const DraftRequest& request) {
     const int n = request.n;
     if (n <= 0) return true;
     const int32_t last = request.last_token;
-    const bool sampled = request.device_logits && request.sampler;
-    const Bound t = prepare(target, sampled ? nullptr : request.device_tokens);  // the greedy device steps
+    const bool sampled = request.buffers.logits && request.rule.sampler;
+    const Bound t = prepare(target, sampled ? nullptr : request.buffers.tokens);  // the greedy device steps
     Built* steps[2] = {graphs_[3].get(), graphs_[2].get()};  // [0]: the first step, [1]: the others
     if (sampled) {
       Sampled& s = sampled_steps(t, request);
@@ -482,7 +482,7 @@ class Drafter final : public AssistantDrafter {
       else
         in.inputs.emplace_back(b.prev_row, std::as_bytes(std::span(&prev, 1)));
       in.inputs.emplace_back(b.draft_row, std::as_bytes(std::span(&k, 1)));
-      if (sampled) in.inputs.emplace_back(b.uniform, std::as_bytes(request.uniforms.subspan(static_cast<size_t>(k), 1)));
+      if (sampled) in.inputs.emplace_back(b.uniform, std::as_bytes(request.rule.uniforms.subspan(static_cast<size_t>(k), 1)));
       b.plan->run(in);
     }
     return true;
@@ -495,15 +495,15 @@ class Drafter final : public AssistantDrafter {
     std::string why;
   };
   Sampled& sampled_steps(const Bound& t, const DraftRequest& r) {
-    const std::string key = fmt::format("{}/{}/{}", static_cast<const void*>(r.device_tokens.get()),
-                                        static_cast<const void*>(r.device_logits.get()), r.sampler->device_key(r.state));
+    const std::string key = fmt::format("{}/{}/{}", static_cast<const void*>(r.buffers.tokens.get()),
+                                        static_cast<const void*>(r.buffers.logits.get()), r.rule.sampler->device_key(r.rule.state));
     Sampled& s = sampled_[key];
     if (s.first || !s.why.empty()) return s;
-    if (!r.sampler->device_ids(r.state).empty()) {
+    if (!r.rule.sampler->device_ids(r.rule.state).empty()) {
       s.why = "the sampler's rules read the history here (penalty or suppression)";
       return s;
     }
-    const DeviceOut out{r.device_tokens, r.device_logits, r.sampler, r.state};
+    const DeviceOut out{r.buffers.tokens, r.buffers.logits, r.rule.sampler, r.rule.state};
     for (int first = 0; first < 2; ++first) {
       auto b = std::make_unique<Built>();
       build(*b, t, first == 1, &out);

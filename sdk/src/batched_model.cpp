@@ -7,17 +7,33 @@
 
 namespace specula {
 
-// A graph for one batch shape, reused by every step of that shape. `token` is set when it ends in the
-// sampler's device form.
+// A graph for one batch shape, reused by every step of that shape: a forward graph ending in logits,
+// or a round graph ending in the rounds' verdicts.
 struct BatchedModel::Built {
   Graph graph;
   std::unique_ptr<CompiledGraph> plan;  // after `graph`: destroyed before it
   std::unique_ptr<BatchGraph> batch;
   Value ids, logits;
-  Value sampler_ids, uniform, token;  // a sampled verification: uniform F32 [2n + 1], token its verdict
-  Value last, verdict;  // verify_greedy: the input before the drafts; I32 [drafts n, greedy n + 1]
-  std::string why;  // a sampling graph without `token`: why the sampler cannot run in it
+  Value uniforms;                   // a round graph: F32 [every round's uniforms]
+  std::vector<Value> sampler_ids;   // a round graph: per round, I32 [n] (Sampler::device_ids) or none
+  Value verdict;                    // a round graph: I32, every round's verdict in order (verdict_size)
+  std::string why;                  // a round graph without `verdict`: why a rule cannot be decided in it
 };
+
+namespace {
+
+// A round's verdict as its graph writes it: a plain step's token; greedy drafts, the drafts then each
+// position's argmax; sampled drafts, Sampler::verify_in_graph's [accepted, tokens, -1 ...].
+int64_t verdict_size(int64_t k, const RoundRule& rule) {
+  if (k == 0) return 1;
+  return rule.sampler ? k + 2 : 2 * k + 1;
+}
+int64_t uniform_count(int64_t k, const RoundRule& rule) {
+  if (!rule.sampler) return 0;
+  return k == 0 ? 1 : 2 * k + 1;
+}
+
+}  // namespace
 
 // A sequence: its cache, and the TargetView drafters read.
 class BatchedModel::Context final : public ModelContext, public TargetView {
@@ -28,10 +44,6 @@ class BatchedModel::Context final : public ModelContext, public TargetView {
 
   std::vector<float> forward(std::span<const int32_t> tokens, int64_t n_logits) override {
     return m_->forward(cache_, tokens, n_logits);
-  }
-  SampledToken forward_sample(std::span<const int32_t> tokens, const Sampler& sampler, const SamplingState& state,
-                              float uniform) override {
-    return m_->forward_sample(cache_, tokens, sampler, state, uniform);
   }
   int64_t position() const override { return cache_.position(); }
   int64_t capacity() const override { return cache_.capacity(); }
@@ -44,49 +56,42 @@ class BatchedModel::Context final : public ModelContext, public TargetView {
   }
   const TargetView& view() const override { return *this; }
 
-  // One verification of up to step_tokens - 1 drafts fits one graph; the buffer grows to the longest asked.
-  BackendTensorPtr draft_tokens(int64_t n) override {
-    if (n < 1 || n + 1 > m_->spec_.step_tokens) return nullptr;
-    if (!drafts_ || drafts_->shape()[0] < n)
-      drafts_ = m_->backend().allocate(m_->name_ + ".draft_tokens", DType::I32, {std::max<int64_t>(n, 4), 1});
-    return drafts_;
-  }
-  GreedyVerification verify_greedy(int32_t last, int64_t n) override {
-    if (!drafts_ || n < 1 || n > drafts_->shape()[0])
-      fail("{}: verify_greedy of {} drafts, but draft_tokens() holds {}", m_->name_, n, drafts_ ? drafts_->shape()[0] : 0);
-    return m_->verify_greedy(cache_, drafts_, last, n);
-  }
-  // One logits tensor per draft length, [n, vocab] exactly, so the verification reads it without a copy.
-  BackendTensorPtr draft_logits(int64_t n, const Sampler& sampler, const SamplingState& state,
-                                std::string* why) override {
-    if (!draft_tokens(n)) {
-      if (why) *why = fmt::format("{} drafts and the last token do not fit one step of {} tokens", n, m_->spec_.step_tokens);
-      return nullptr;
+  // A round's drafts need its [tokens, drafts] to fit one step; the drafts' buffer grows to the longest
+  // asked, the sampled drafts' logits are one tensor per draft count ([k, vocab] exactly, so that the
+  // verdict reads them without a copy).
+  bool prepare_round(int64_t tokens, int64_t k, const RoundRule& rule, RoundBuffers& buffers,
+                     std::string& why) override {
+    if (tokens < 1 || k < 0) fail("{}: prepare_round of {} tokens and {} drafts", m_->name_, tokens, k);
+    const int64_t step = m_->spec_.step_tokens;
+    if (k > 0 && tokens + k > step) {
+      why = fmt::format("{} drafts after {} token(s) do not fit one step of {} tokens", k, tokens, step);
+      return false;
     }
-    BackendTensorPtr& logits = draft_logits_[n];
-    if (!logits) logits = m_->backend().allocate(m_->name_ + ".draft_logits", DType::F32, {n, m_->vocab_});
-    Built& b = m_->sampled_graph(cache_, drafts_, logits, n, sampler, state);
-    if (!b.token) {
-      if (why) *why = b.why;
-      return nullptr;
-    }
-    return logits;
+    buffers = this->buffers(k, rule, true);
+    // The graph of this round alone, built now so that a rule it cannot hold is known before drafting.
+    const std::vector<int32_t> ids(static_cast<size_t>(k > 0 ? tokens : (tokens - 1) % step + 1), 0);
+    const Round round{&cache_, ids, k, rule, buffers};
+    Built& b = m_->round_graph({&round, 1});
+    if (!b.verdict) why = b.why;
+    return static_cast<bool>(b.verdict);
   }
-  SampledVerification verify_sampled(int32_t last, int64_t n, const Sampler& sampler, const SamplingState& state,
-                                     std::span<const float> uniforms) override {
-    const auto it = draft_logits_.find(n);
-    if (!drafts_ || n > drafts_->shape()[0] || it == draft_logits_.end() || !it->second)
-      fail("{}: verify_sampled of {} drafts before draft_logits({}) gave a tensor", m_->name_, n, n);
-    if (static_cast<int64_t>(uniforms.size()) != 2 * n + 1)
-      fail("{}: verify_sampled of {} drafts takes {} uniforms, got {}", m_->name_, n, 2 * n + 1, uniforms.size());
-    Built& b = m_->sampled_graph(cache_, drafts_, it->second, n, sampler, state);
-    if (!b.token) fail("{}: verify_sampled: {}", m_->name_, b.why);
-    const std::vector<int32_t> v = m_->run_verification(b, cache_, last, b.token, n + 2, {{b.uniform, std::as_bytes(uniforms)}});
-    SampledVerification out;
-    out.accepted = v[0];
-    if (out.accepted < 0 || out.accepted > n)
-      fail("{}: the backend's verdict accepted {} of {} drafts", m_->name_, out.accepted, n);
-    out.tokens.assign(v.begin() + 1, v.begin() + 2 + out.accepted);
+  // The buffers of a round of k drafts under `rule`, made when `make`; else they must exist.
+  RoundBuffers buffers(int64_t k, const RoundRule& rule, bool make) {
+    RoundBuffers out;
+    if (k == 0) return out;
+    if (!drafts_ || drafts_->shape()[0] < k) {
+      if (!make) fail("{}: a round of {} drafts was not prepared (ModelContext::prepare_round)", m_->name_, k);
+      drafts_ = m_->backend().allocate(m_->name_ + ".draft_tokens", DType::I32, {std::max<int64_t>(k, 4), 1});
+    }
+    out.tokens = drafts_;
+    if (rule.sampler) {
+      BackendTensorPtr& logits = draft_logits_[k];
+      if (!logits) {
+        if (!make) fail("{}: a sampled round of {} drafts was not prepared (ModelContext::prepare_round)", m_->name_, k);
+        logits = m_->backend().allocate(m_->name_ + ".draft_logits", DType::F32, {k, m_->vocab_});
+      }
+      out.logits = logits;
+    }
     return out;
   }
 
@@ -102,8 +107,8 @@ class BatchedModel::Context final : public ModelContext, public TargetView {
  private:
   std::shared_ptr<const BatchedModel> m_;
   KvCache cache_;
-  BackendTensorPtr drafts_;  // draft_tokens(): I32 [N, 1]
-  std::map<int64_t, BackendTensorPtr> draft_logits_;  // draft_logits(n): F32 [n, vocab]
+  BackendTensorPtr drafts_;  // the rounds' drafts: I32 [N, 1]
+  std::map<int64_t, BackendTensorPtr> draft_logits_;  // a sampled round of k drafts: F32 [k, vocab]
 };
 
 BatchedModel::BatchedModel(std::string name, std::shared_ptr<ComputeBackend> backend)
@@ -130,25 +135,26 @@ BatchedModel::Built& BatchedModel::cached_graph(GraphKey key, const std::functio
   if (!slot) {
     auto b = std::make_unique<Built>();
     build(*b);
-    try {
-      b->plan = backend_->compile(b->graph);
-    } catch (const Error& e) {
-      // A sampling graph the backend refuses at this shape (e.g. a top-p draw past a device's loop limit):
-      // without its token it is never run, and the host samples, saying why.
-      if (!b->token) throw;
-      b->token = Value{};
-      b->why = fmt::format("the backend cannot run the sampling graph: {}", e.what());
-    }
+    // A round graph whose rule has no device form here (b->why) is never run, nor compiled.
+    if (b->why.empty()) try {
+        b->plan = backend_->compile(b->graph);
+      } catch (const Error& e) {
+        // A sampling graph the backend refuses at this shape (e.g. a top-p draw past a device's loop limit):
+        // without its verdict it is never run, and the host decides, saying why.
+        if (!b->verdict) throw;
+        b->verdict = Value{};
+        b->why = fmt::format("the backend cannot run the sampling graph: {}", e.what());
+      }
     slot = std::move(b);
   }
   return *slot;
 }
 
-BatchedModel::Built& BatchedModel::graph_for(std::span<const Part> parts, const Sampler* sampler, const SamplingState* state) const {
+BatchedModel::Built& BatchedModel::graph_for(std::span<const Part> parts) const {
   std::vector<int64_t> shape;
   for (const Part& p : parts)
     shape.insert(shape.end(), {static_cast<int64_t>(p.cache->id()), static_cast<int64_t>(p.tokens.size()), p.n_logits});
-  return cached_graph({std::move(shape), sampler ? "sampler:" + sampler->device_key(*state) : std::string()}, [&](Built& b) {
+  return cached_graph({std::move(shape), std::string()}, [&](Built& b) {
     std::vector<BatchGraph::Entry> entries;
     std::vector<int64_t> n_logits;
     for (const Part& part : parts) {
@@ -159,17 +165,83 @@ BatchedModel::Built& BatchedModel::graph_for(std::span<const Part> parts, const 
     b.batch = std::make_unique<BatchGraph>(g, std::move(entries), attention_);
     b.ids = g.input(DType::I32, {b.batch->rows()}, "tokens");
     b.logits = build_forward(*b.batch, b.ids, n_logits);
-    if (b.logits) g.named(b.logits, "logits");
-    // A sampling graph gives the host its token only; without its device form it is never run.
-    if (b.logits && !sampler) g.mark_output(b.logits);
-    if (sampler) {
-      const std::vector<int32_t> ids = sampler->device_ids(*state);
-      b.sampler_ids = ids.empty() ? Value{} : g.input(DType::I32, {static_cast<int64_t>(ids.size())}, "sampler_ids");
-      b.uniform = g.input(DType::F32, {1}, "uniform");
-      b.token = sampler->sample_in_graph(g, g.reshape(b.logits, {vocab_}), b.sampler_ids, b.uniform, *state,
-                                         *backend_, &b.why);
-      if (b.token) g.mark_output(b.token);
+    if (b.logits) g.mark_output(g.named(b.logits, "logits"));
+  });
+}
+
+BatchedModel::Built& BatchedModel::round_graph(std::span<const Round> rounds) const {
+  std::vector<int64_t> shape;
+  std::string key = "round";
+  for (const Round& r : rounds) {
+    shape.insert(shape.end(), {static_cast<int64_t>(r.cache->id()), static_cast<int64_t>(r.tokens.size()), r.drafts});
+    const std::string rule = r.rule.sampler ? "sampler:" + r.rule.sampler->device_key(r.rule.state) : "argmax";
+    key += r.drafts ? fmt::format("|{}:{}", r.buffers.tokens->shape()[0], rule) : "|" + rule;
+  }
+  return cached_graph({std::move(shape), std::move(key)}, [&](Built& b) {
+    Graph& g = b.graph;
+    std::vector<BatchGraph::Entry> entries;
+    std::vector<int64_t> n_logits;
+    int64_t host = 0, uniforms = 0;
+    for (const Round& r : rounds) {
+      const int64_t t = static_cast<int64_t>(r.tokens.size());
+      entries.push_back({r.cache, t + r.drafts});
+      n_logits.push_back(r.drafts + 1);
+      host += t;
+      uniforms += uniform_count(r.drafts, r.rule);
     }
+    b.batch = std::make_unique<BatchGraph>(g, std::move(entries), attention_);
+    b.ids = g.input(DType::I32, {host}, "tokens");
+    if (uniforms) b.uniforms = g.input(DType::F32, {uniforms}, "uniforms");
+    // Each round's rows: its host ids, then its drafts read where the drafter wrote them.
+    std::vector<Value> drafts(rounds.size());
+    Value ids;
+    host = 0;
+    for (size_t i = 0; i < rounds.size(); ++i) {
+      const Round& r = rounds[i];
+      const int64_t t = static_cast<int64_t>(r.tokens.size());
+      Value x = g.slice(b.ids, host, t);
+      host += t;
+      if (r.drafts) {
+        const int64_t N = r.buffers.tokens->shape()[0];
+        drafts[i] = g.slice(g.reshape(g.constant(r.buffers.tokens), {N}), 0, r.drafts);
+        x = g.concat(x, drafts[i]);
+      }
+      ids = ids ? g.concat(ids, x) : x;
+    }
+    const Value logits = g.named(build_forward(*b.batch, ids, n_logits), "logits");
+    // Each round's verdict from its k + 1 rows of logits.
+    int64_t row = 0;
+    uniforms = 0;
+    b.sampler_ids.resize(rounds.size());
+    for (size_t i = 0; i < rounds.size(); ++i) {
+      const Round& r = rounds[i];
+      const int64_t k = r.drafts;
+      const Value p = b.batch->rows(logits, row, k + 1);
+      row += k + 1;
+      const int64_t nu = uniform_count(k, r.rule);
+      const Value u = nu ? g.slice(b.uniforms, uniforms, nu) : Value{};
+      uniforms += nu;
+      Value v;
+      if (!r.rule.sampler) {  // greedy: the argmax of every row
+        const Value greedy = g.reshape(g.argmax(p), {k + 1});
+        v = k ? g.concat(drafts[i], greedy) : greedy;
+      } else if (k == 0) {
+        const std::vector<int32_t> sids = r.rule.sampler->device_ids(r.rule.state);
+        if (!sids.empty())
+          b.sampler_ids[i] = g.input(DType::I32, {static_cast<int64_t>(sids.size())}, fmt::format("sampler_ids.{}", i));
+        v = r.rule.sampler->sample_in_graph(g, g.reshape(p, {vocab_}), b.sampler_ids[i], u, r.rule.state, *backend_, &b.why);
+      } else {
+        v = r.rule.sampler->verify_in_graph(g, p, g.constant(r.buffers.logits), drafts[i], u, r.rule.state, *backend_,
+                                            &b.why);
+      }
+      if (!v) {
+        if (b.why.empty()) b.why = "the sampler's device form gave no token";
+        b.verdict = Value{};
+        return;
+      }
+      b.verdict = b.verdict ? g.concat(b.verdict, v) : v;
+    }
+    g.mark_output(b.verdict);
   });
 }
 
@@ -199,21 +271,19 @@ void BatchedModel::check_room(const KvCache& cache, int64_t n) const {
          cache.capacity());
 }
 
-void BatchedModel::execute(Built& b, std::span<const Part> parts,
-                          std::vector<std::pair<Value, std::span<const std::byte>>> extra) const {
+void BatchedModel::execute(Built& b, std::span<const Part> parts) const {
   std::vector<int32_t> ids;
   for (const Part& p : parts) ids.insert(ids.end(), p.tokens.begin(), p.tokens.end());
   RunInputs in;
   in.inputs.emplace_back(b.ids, bytes_of(ids));
   b.batch->set_inputs(in);
-  in.inputs.insert(in.inputs.end(), extra.begin(), extra.end());
   b.plan->run(in);
   b.batch->appended();
 }
 
 std::vector<float> BatchedModel::run(std::span<const Part> parts) const {
-  Built& b = graph_for(parts, nullptr, nullptr);
-  execute(b, parts, {});
+  Built& b = graph_for(parts);
+  execute(b, parts);
   std::vector<float> logits;
   if (b.logits) {
     logits.resize(static_cast<size_t>(b.graph.shape(b.logits)[0] * vocab_));
@@ -236,82 +306,83 @@ std::vector<float> BatchedModel::forward(KvCache& cache, std::span<const int32_t
   return out;
 }
 
-SampledToken BatchedModel::forward_sample(KvCache& cache, std::span<const int32_t> tokens, const Sampler& sampler,
-                                         const SamplingState& state, float uniform) const {
-  check_tokens(cache, tokens, 1);
-  const int64_t n = static_cast<int64_t>(tokens.size());
-  const int64_t last = (n - 1) / spec_.step_tokens * spec_.step_tokens;  // start of the last step
-  const Part tail{&cache, tokens.subspan(last), 1};
-  Built& b = graph_for({&tail, 1}, &sampler, &state);
-  if (!b.token) return {-1, false, b.why};
-  for (int64_t start = 0; start < last; start += spec_.step_tokens) {
-    const Part part{&cache, tokens.subspan(start, spec_.step_tokens), 0};
-    run({&part, 1});
-  }
-  const std::vector<int32_t> ids = sampler.device_ids(state);
-  std::vector<std::pair<Value, std::span<const std::byte>>> extra{
-      {b.uniform, std::as_bytes(std::span<const float>(&uniform, 1))}};
-  if (b.sampler_ids) extra.emplace_back(b.sampler_ids, bytes_of(ids));
-  execute(b, {&tail, 1}, std::move(extra));
-  int32_t token = -1;
-  b.plan->read(b.token, std::as_writable_bytes(std::span<int32_t>(&token, 1)));
-  return {token, true, {}};
-}
-
-GreedyVerification BatchedModel::verify_greedy(KvCache& cache, const BackendTensorPtr& drafts, int32_t last,
-                                              int64_t n) const {
-  const int64_t N = drafts->shape()[0];
-  Built& b = cached_graph({{static_cast<int64_t>(cache.id()), n + 1, n + 1}, fmt::format("verify:{}", N)}, [&](Built& nb) {
-    const Value d = verification_forward(nb, cache, drafts, n);
-    nb.verdict = nb.graph.concat(d, nb.graph.reshape(nb.graph.argmax(nb.logits), {n + 1}));
-    nb.graph.mark_output(nb.verdict);
-  });
-  const std::vector<int32_t> verdict = run_verification(b, cache, last, b.verdict, 2 * n + 1, {});
-  GreedyVerification v;
-  v.drafts.assign(verdict.begin(), verdict.begin() + n);
-  v.greedy.assign(verdict.begin() + n, verdict.end());
-  return v;
-}
-
-BatchedModel::Built& BatchedModel::sampled_graph(KvCache& cache, const BackendTensorPtr& drafts,
-                                                 const BackendTensorPtr& draft_logits, int64_t n,
-                                                 const Sampler& sampler, const SamplingState& state) const {
-  const int64_t N = drafts->shape()[0];
-  const std::string key = fmt::format("verify:{}:sampler:{}", N, sampler.device_key(state));
-  return cached_graph({{static_cast<int64_t>(cache.id()), n + 1, n + 1}, key}, [&](Built& nb) {
-    const Value d = verification_forward(nb, cache, drafts, n);
-    Graph& g = nb.graph;
-    nb.uniform = g.input(DType::F32, {2 * n + 1}, "uniforms");
-    nb.token = sampler.verify_in_graph(g, nb.logits, g.constant(draft_logits), d, nb.uniform, state, *backend_, &nb.why);
-    if (nb.token) g.mark_output(nb.token);
-  });
-}
-
-Value BatchedModel::verification_forward(Built& b, KvCache& cache, const BackendTensorPtr& drafts, int64_t n) const {
-  Graph& g = b.graph;
-  const int64_t N = drafts->shape()[0];
-  b.batch = std::make_unique<BatchGraph>(g, std::vector<BatchGraph::Entry>{{&cache, n + 1}}, attention_);
-  b.last = g.input(DType::I32, {1}, "last_token");
-  const Value d = g.slice(g.reshape(g.constant(drafts), {N}), 0, n);
-  b.ids = g.concat(b.last, d);
-  b.logits = g.named(build_forward(*b.batch, b.ids, std::vector<int64_t>{n + 1}), "logits");
-  return d;
-}
-
-std::vector<int32_t> BatchedModel::run_verification(Built& b, KvCache& cache, int32_t last, Value out, int64_t size,
-                                                    std::vector<std::pair<Value, std::span<const std::byte>>> extra) const {
-  const std::vector<int32_t> first{last};
-  check_tokens(cache, first, 1);
-  check_room(cache, b.graph.shape(b.ids)[0]);
+std::vector<RoundVerdict> BatchedModel::run_rounds(std::span<const Round> rounds) const {
+  Built& b = round_graph(rounds);
+  if (!b.verdict) fail("{}: a round cannot be decided on the backend: {}", name_, b.why);
+  std::vector<int32_t> ids;
+  std::vector<float> uniforms;
+  std::vector<std::vector<int32_t>> sampler_ids(rounds.size());
+  int64_t size = 0;
   RunInputs in;
-  in.inputs.emplace_back(b.last, std::as_bytes(std::span<const int32_t>(first)));
+  for (size_t i = 0; i < rounds.size(); ++i) {
+    const Round& r = rounds[i];
+    ids.insert(ids.end(), r.tokens.begin(), r.tokens.end());
+    const int64_t nu = uniform_count(r.drafts, r.rule);
+    if (static_cast<int64_t>(r.rule.uniforms.size()) != nu)
+      fail("{}: a round of {} drafts takes {} uniforms, got {}", name_, r.drafts, nu, r.rule.uniforms.size());
+    uniforms.insert(uniforms.end(), r.rule.uniforms.begin(), r.rule.uniforms.end());
+    if (b.sampler_ids[i]) {
+      sampler_ids[i] = r.rule.sampler->device_ids(r.rule.state);
+      in.inputs.emplace_back(b.sampler_ids[i], bytes_of(sampler_ids[i]));
+    }
+    size += verdict_size(r.drafts, r.rule);
+  }
+  in.inputs.emplace_back(b.ids, bytes_of(ids));
+  if (b.uniforms) in.inputs.emplace_back(b.uniforms, std::as_bytes(std::span<const float>(uniforms)));
   b.batch->set_inputs(in);
-  in.inputs.insert(in.inputs.end(), extra.begin(), extra.end());
   b.plan->run(in);
   b.batch->appended();
-  std::vector<int32_t> values(static_cast<size_t>(size));
-  b.plan->read(out, std::as_writable_bytes(std::span<int32_t>(values)));
-  return values;
+  std::vector<int32_t> read(static_cast<size_t>(size));
+  b.plan->read(b.verdict, std::as_writable_bytes(std::span<int32_t>(read)));
+
+  std::vector<RoundVerdict> out;
+  const int32_t* v = read.data();
+  for (const Round& r : rounds) {
+    const int64_t k = r.drafts;
+    RoundVerdict d;
+    if (k == 0) {
+      d.tokens = {v[0]};
+    } else if (r.rule.sampler) {  // [accepted, tokens ...]
+      d.accepted = v[0];
+      if (d.accepted < 0 || d.accepted > k)
+        fail("{}: the backend's verdict accepted {} of {} drafts", name_, d.accepted, k);
+      d.tokens.assign(v + 1, v + 2 + d.accepted);
+    } else {  // [drafts, greedy]: a draft is accepted while it is the argmax
+      while (d.accepted < k && v[d.accepted] == v[k + d.accepted]) ++d.accepted;
+      d.tokens.assign(v + k, v + k + d.accepted + 1);
+    }
+    v += verdict_size(k, r.rule);
+    out.push_back(std::move(d));
+  }
+  return out;
+}
+
+std::vector<RoundVerdict> BatchedModel::verify(std::span<const RoundEntry> entries) {
+  std::vector<Round> rounds;
+  for (size_t e = 0; e < entries.size(); ++e) {
+    const RoundEntry& entry = entries[e];
+    auto* ctx = dynamic_cast<Context*>(entry.context);
+    if (!ctx || ctx->model() != this) fail("{}: verify: round {} is not on a context of this model", name_, e);
+    for (const Round& r : rounds)
+      if (r.cache == &ctx->cache()) fail("{}: verify: round {} repeats the context of an earlier round", name_, e);
+    check_tokens(ctx->cache(), entry.tokens, 1);
+    check_room(ctx->cache(), static_cast<int64_t>(entry.tokens.size()) + entry.drafts);
+    if (entry.drafts > 0 && static_cast<int64_t>(entry.tokens.size()) + entry.drafts > spec_.step_tokens)
+      fail("{}: verify: round {} of {} drafts after {} token(s) exceeds one step of {} tokens", name_, e, entry.drafts,
+           entry.tokens.size(), spec_.step_tokens);
+    rounds.push_back({&ctx->cache(), entry.tokens, entry.drafts, entry.rule, ctx->buffers(entry.drafts, entry.rule, false)});
+  }
+  // A plain step after a prompt longer than a step: the earlier steps first, then the last one decides.
+  for (Round& r : rounds) {
+    const int64_t n = static_cast<int64_t>(r.tokens.size());
+    const int64_t last = (n - 1) / spec_.step_tokens * spec_.step_tokens;
+    for (int64_t start = 0; start < last; start += spec_.step_tokens) {
+      const Part part{r.cache, r.tokens.subspan(start, spec_.step_tokens), 0};
+      run({&part, 1});
+    }
+    r.tokens = r.tokens.subspan(last);
+  }
+  return run_rounds(rounds);
 }
 
 std::vector<std::vector<float>> BatchedModel::forward_batch(std::span<const BatchEntry> batch) {

@@ -337,7 +337,7 @@ class PartlyRight final : public specula::Drafter {
       : d_(std::move(d)), truth_(std::move(truth)), prompt_(prompt) {}
   std::vector<specula::DraftStep> draft(const specula::TargetView& t, const specula::DraftRequest& r) override {
     specula::DraftRequest on_host = r;  // it edits the drafts, so they must come to the host
-    on_host.device_tokens = nullptr;
+    on_host.buffers = {};
     auto out = d_->draft(t, on_host);
     const int64_t generated = t.position() - prompt_ + 1;  // the context holds all but `last`
     const int m = static_cast<int>(calls++ % r.n);

@@ -430,12 +430,20 @@ TEST(TinyKjv, SampledRoundFallsBackToTheHostWhereTheBackendCannot) {
 }
 
 // Several prompts of different lengths decoded together (Generation::step_all: one target forward per
-// step for all of them), plain and with the drafter: each sequence's greedy tokens are the ones it gets
-// alone, while the sequences accept different numbers of drafts and roll back on their own.
+// step for all of them, its rounds decided on the backend in one graph), plain and with the drafter,
+// greedy and sampled: each sequence's tokens are the ones it gets alone (a sampler of the same seed),
+// while the sequences accept different numbers of drafts and roll back on their own.
 TEST(TinyKjv, BatchedSequencesEqualEachAloneWithAndWithoutTheDrafter) {
   auto target = target_q8();
   auto d = drafter(kModels / kDrafter, target, "auto");
-  auto sampler = [] { return host().make_sampler("standard", specula::SamplingParams{}); };
+  for (const bool sampled : {false, true}) {
+  specula::SamplingParams params;
+  if (sampled) {
+    params.temperature = 0.9f;
+    params.top_k = 40;
+    params.seed = 11;
+  }
+  auto sampler = [&] { return host().make_sampler("standard", params); };
   auto chat = target->chat_format();
   std::vector<std::vector<int32_t>> prompts;
   for (const auto& text : golden("tiny-kjv-assistant.json")["held_out_prompts"]) {
@@ -467,15 +475,20 @@ TEST(TinyKjv, BatchedSequencesEqualEachAloneWithAndWithoutTheDrafter) {
     for (size_t i = 0; i < running.size(); ++i) {
       ASSERT_TRUE(running[i].finished()) << "sequence " << i;
       const auto result = running[i].finish();
-      EXPECT_EQ(result.tokens, alone[i]) << "sequence " << i << (speculative ? " with the drafter" : "");
+      const std::string what = fmt::format("sequence {}{}{}", i, speculative ? " with the drafter" : "",
+                                           sampled ? ", sampled" : "");
+      EXPECT_EQ(result.tokens, alone[i]) << what;
       accepted.insert(result.stats.accepted_tokens);
+      EXPECT_EQ(result.stats.host_sampled_tokens, 0) << what << ": " << result.stats.host_sampling_reason;
       if (speculative) {
-        EXPECT_GT(result.stats.speculative_steps, 0) << "sequence " << i;
+        EXPECT_GT(result.stats.speculative_steps, 0) << what;
+        EXPECT_EQ(result.stats.device_verified_steps, result.stats.speculative_steps) << what;
       }
     }
     if (speculative) {
       EXPECT_GT(accepted.size(), 1u) << "every sequence accepted as many drafts";
     }
+  }
   }
 }
 

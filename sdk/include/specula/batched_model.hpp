@@ -1,7 +1,8 @@
 // BatchedModel: what every target model built on KvCache and BatchGraph shares, so that a model plugin
 // writes only its architecture (build_forward). It provides the contexts (a KvCache each, and the
-// TargetView drafters read), the graphs by batch shape, prompts split into steps, the sampler's device
-// form appended to the forward graph (ModelContext::forward_sample) and Model::forward_batch.
+// TargetView drafters read), the graphs by batch shape, prompts split into steps, Model::forward_batch,
+// and speculative rounds on the backend (ModelContext::prepare_round, Model::verify): a batch of
+// sequences' rounds verified and decided in one graph, greedy and sampled alike.
 // docs/plugin-authoring.md, "A model".
 #pragma once
 
@@ -25,6 +26,8 @@ class BatchedModel : public Model, public std::enable_shared_from_this<BatchedMo
  public:
   ~BatchedModel() override;
   std::vector<std::vector<float>> forward_batch(std::span<const BatchEntry> batch) override;
+  // Every round in one graph: one forward over each round's [tokens, drafts], then each verdict.
+  std::vector<RoundVerdict> verify(std::span<const RoundEntry> rounds) override;
 
   // One sequence's share of a graph run: at most one step of tokens appended to its cache, logits for
   // the last n_logits of them.
@@ -63,26 +66,26 @@ class BatchedModel : public Model, public std::enable_shared_from_this<BatchedMo
   friend class Context;
 
   std::vector<float> forward(KvCache& cache, std::span<const int32_t> tokens, int64_t n_logits) const;
-  SampledToken forward_sample(KvCache& cache, std::span<const int32_t> tokens, const Sampler& sampler,
-                              const SamplingState& state, float uniform) const;
-  GreedyVerification verify_greedy(KvCache& cache, const BackendTensorPtr& drafts, int32_t last, int64_t n) const;
-  // The sampled verification's graph (Built::token = the sampler's verdict, or none with Built::why).
-  Built& sampled_graph(KvCache& cache, const BackendTensorPtr& drafts, const BackendTensorPtr& draft_logits, int64_t n,
-                       const Sampler& sampler, const SamplingState& state) const;
-  // A verification's forward over [last, the first n rows of drafts] into b (its batch, ids, logits);
-  // returns the drafts as I32 [n].
-  Value verification_forward(Built& b, KvCache& cache, const BackendTensorPtr& drafts, int64_t n) const;
-  // Runs a verification graph on [last, drafts] and reads `out` (I32 [size]) back: the round's one read.
-  std::vector<int32_t> run_verification(Built& b, KvCache& cache, int32_t last, Value out, int64_t size,
-                                        std::vector<std::pair<Value, std::span<const std::byte>>> extra) const;
+  // One sequence's round as verify() runs it: its cache, host ids, drafts and rule, the buffers its drafts
+  // are in.
+  struct Round {
+    KvCache* cache = nullptr;
+    std::span<const int32_t> tokens;
+    int64_t drafts = 0;
+    RoundRule rule;
+    RoundBuffers buffers;
+  };
+  // The graph of a set of rounds that each fit one step: one forward over every round's [tokens, drafts],
+  // then each round's verdict (Built::verdict, all of them in one I32 vector), or none with Built::why.
+  Built& round_graph(std::span<const Round> rounds) const;
+  std::vector<RoundVerdict> run_rounds(std::span<const Round> rounds) const;
   void check_tokens(const KvCache& cache, std::span<const int32_t> tokens, int64_t n_logits) const;
   void check_room(const KvCache& cache, int64_t n) const;  // n more tokens fit the context
   // The graph cached under `key`, made by `build` (which fills its graph and ids, then compiled) the first time.
   using GraphKey = std::pair<std::vector<int64_t>, std::string>;
   Built& cached_graph(GraphKey key, const std::function<void(Built&)>& build) const;
-  // The graph of a batch shape, ending in `sampler`'s device form when one is given.
-  Built& graph_for(std::span<const Part> parts, const Sampler* sampler, const SamplingState* state) const;
-  void execute(Built& b, std::span<const Part> parts, std::vector<std::pair<Value, std::span<const std::byte>>> extra) const;
+  Built& graph_for(std::span<const Part> parts) const;  // the forward graph of a batch shape
+  void execute(Built& b, std::span<const Part> parts) const;
   std::vector<float> run(std::span<const Part> parts) const;  // their logits, in order
   void forget(uint64_t cache_id) const;  // drops the graphs of a cache that goes away
 
@@ -91,7 +94,8 @@ class BatchedModel : public Model, public std::enable_shared_from_this<BatchedMo
   KvCacheSpec spec_;
   int64_t vocab_ = 0;
   std::shared_ptr<const Attention> attention_ = standard_attention();
-  // Graphs by batch shape (cache id, tokens, logits of each part) and sampler device key (or "verify:N").
+  // Graphs by batch shape (cache id, tokens, logits or drafts of each part) and what ends them ("round:"
+  // and each round's rule).
   mutable std::mutex graphs_mu_;
   mutable std::map<GraphKey, std::unique_ptr<Built>> graphs_;
 };

@@ -52,23 +52,39 @@ class TargetView {
   virtual TokenEmbedding token_embedding() const = 0;
 };
 
-// What ModelContext::forward_sample picked (token >= 0, on_device), or why it could not.
-struct SampledToken {
-  int32_t token = -1;
-  bool on_device = false;    // sampled inside the model's graph: only the id left the backend
-  std::string host_reason;   // when it could not sample on the device: why (the engine samples on the host)
+class ModelContext;
+
+// How a round's verdict is decided: by `sampler` under `state` (on the backend: its device form,
+// Sampler::sample_in_graph for a plain step, Sampler::verify_in_graph for drafts), or, for drafts,
+// greedily (sampler null: each position's argmax, ties the lower id; accepted while a draft is it).
+// `uniforms`: what the decision draws with, 1 for a plain step, 2k + 1 for k drafts (acceptance and
+// residual per draft, then the bonus); for a drafter (DraftRequest::rule), one per draft step.
+struct RoundRule {
+  const Sampler* sampler = nullptr;
+  SamplingState state;
+  std::span<const float> uniforms;
 };
 
-// What ModelContext::verify_greedy read back, in one transfer: the n drafts it verified and the greedy
-// (argmax) token at each of the n + 1 positions [last, d1..dn].
-struct GreedyVerification {
-  std::vector<int32_t> drafts;  // [n]
-  std::vector<int32_t> greedy;  // [n + 1]
+// Where a round's drafts wait on the backend (ModelContext::prepare_round): a drafter writes draft k into
+// row k of `tokens` (I32 [N >= k, 1]) and, when the round is sampled, the logits it drew it from (over the
+// whole vocabulary) into row k of `logits` (F32 [k, vocab]). Empty for a plain step.
+struct RoundBuffers {
+  BackendTensorPtr tokens, logits;
 };
 
-// What ModelContext::verify_sampled decided, in one read: the tokens the round emits (the accepted drafts,
-// then the replacement of the first rejected one or the bonus token).
-struct SampledVerification {
+// One sequence's round for Model::verify: its context processes `tokens` (host ids: the token accepted
+// last, or a prompt's tail), then `drafts` ids from the buffers prepare_round gave, and `rule` decides.
+// drafts = 0 is a plain step: the token after `tokens`.
+struct RoundEntry {
+  ModelContext* context = nullptr;
+  std::span<const int32_t> tokens;
+  int64_t drafts = 0;
+  RoundRule rule;
+};
+
+// A round's verdict, read back in one transfer: the accepted drafts, then the replacement of the first
+// rejected one or the bonus token (a plain step: its token).
+struct RoundVerdict {
   int64_t accepted = 0;
   std::vector<int32_t> tokens;  // [accepted + 1]
 };
@@ -101,46 +117,16 @@ class ModelContext {
     fail("this model's contexts cannot share a prefix (no ModelContext::copy_prefix)");
   }
   virtual const TargetView& view() const = 0;
-  // One step that ends in a token, forward and sampling as one graph: processes `tokens` like forward()
-  // and returns what the sampler's device form (Sampler::sample_in_graph) picks from the last position's
-  // logits with `state` and `uniform`. A model or backend that cannot processes nothing and returns token
-  // -1 with the reason; the engine then runs forward() and samples on the host (one place for that:
-  // core/generator.cpp). The default: cannot.
-  virtual SampledToken forward_sample(std::span<const int32_t> tokens, const Sampler& sampler,
-                                      const SamplingState& state, float uniform) {
-    (void)tokens, (void)sampler, (void)state, (void)uniform;
-    return {-1, false, "the model plugin samples on the host only (no ModelContext::forward_sample)"};
-  }
-  // The greedy speculative round without the host (docs/architecture.md, "A speculative round on the
-  // device"): draft_tokens(n) is a backend tensor, I32 [N >= n, 1], for a drafter to write its drafts
-  // into (DraftRequest::device_tokens); null when this context cannot verify from it (the default).
-  virtual BackendTensorPtr draft_tokens(int64_t n) {
-    (void)n;
-    return nullptr;
-  }
-  // Processes [last, rows 0..n-1 of draft_tokens()] like forward() and returns the drafts and each
-  // position's argmax (ties: the lower id) with one read: no logits leave the backend.
-  virtual GreedyVerification verify_greedy(int32_t last, int64_t n) {
-    (void)last, (void)n;
-    fail("this model's contexts cannot verify drafts held on the backend (no ModelContext::verify_greedy)");
-  }
-  // The sampled round without the host: draft_logits(n, sampler, state) is a backend tensor, F32
-  // [N >= n, vocab], for a drafter to write each draft's logits into (row k; DraftRequest::device_logits)
-  // when this context can decide n sampled drafts with `sampler`'s device form (Sampler::verify_in_graph)
-  // under `state`; else null, with the reason in `why`. The default: cannot.
-  virtual BackendTensorPtr draft_logits(int64_t n, const Sampler& sampler, const SamplingState& state,
-                                        std::string* why = nullptr) {
-    (void)n, (void)sampler, (void)state;
-    if (why) *why = "the model plugin verifies sampled drafts on the host only (no ModelContext::draft_logits)";
-    return nullptr;
-  }
-  // Processes [last, rows 0..n-1 of draft_tokens()] like forward(), decides the drafts with the sampler's
-  // device form from the target's logits, draft_logits() and `uniforms` (2n + 1 of them), and returns the
-  // verdict with one read. Only after draft_logits(n, sampler, state) returned a tensor.
-  virtual SampledVerification verify_sampled(int32_t last, int64_t n, const Sampler& sampler,
-                                             const SamplingState& state, std::span<const float> uniforms) {
-    (void)last, (void)n, (void)sampler, (void)state, (void)uniforms;
-    fail("this model's contexts cannot verify sampled drafts held on the backend (no ModelContext::verify_sampled)");
+  // A speculative round on the backend (docs/architecture.md, "A round"): readies this context for a
+  // round of `tokens` host ids and k drafts decided by `rule` (its uniforms unused here), and gives the
+  // buffers the drafts go into (none when k = 0). Returns false, with the reason in `why`, when it cannot
+  // (the rule has no device form here, the round exceeds one step); the engine then runs forward() and
+  // decides on the host. The default: cannot.
+  virtual bool prepare_round(int64_t tokens, int64_t k, const RoundRule& rule, RoundBuffers& buffers,
+                             std::string& why) {
+    (void)tokens, (void)k, (void)rule, (void)buffers;
+    why = "the model plugin decides rounds on the host only (no ModelContext::prepare_round)";
+    return false;
   }
 };
 
@@ -167,6 +153,13 @@ class Model {
     std::vector<std::vector<float>> out;
     for (const BatchEntry& e : batch) out.push_back(e.context->forward(e.tokens, e.n_logits));
     return out;
+  }
+  // Runs the rounds of `rounds` (each context prepared by prepare_round for its shape and rule, at most
+  // once per call) and returns each verdict in order, with one read. Models that batch run them in one
+  // forward pass. The default: no device rounds (prepare_round never says yes).
+  virtual std::vector<RoundVerdict> verify(std::span<const RoundEntry> rounds) {
+    (void)rounds;
+    fail("this model cannot verify rounds on the backend (no Model::verify)");
   }
 };
 
@@ -201,30 +194,25 @@ class ModelLoader {
                                       const nlohmann::json& options, const ModelParts& parts = {}) const = 0;
 };
 
-// What the engine asks of Drafter::draft.
+// What the engine asks of Drafter::draft: n steps after `last_token`, returned on the host (the
+// drafter's argmax, or `pick`'s choice), or written into round buffers on the backend.
 struct DraftRequest {
   int32_t last_token = -1;  // accepted by the target but not yet processed by it
   int n = 0;                // draft steps (tokens) to run
   // Return each step's logits (DraftStep::logits): for a trace, or to sample. Off on the common greedy
   // path, where only the drafted ids need to leave the backend.
   bool logits = false;
-  // Sampled drafting: picks step k's token from its logits (F32 [vocab]; implies `logits`); step k + 1
-  // then embeds the picked token. Unset: the drafter's own greedy choice (argmax).
+  // Sampled drafting on the host: picks step k's token from its logits (F32 [vocab]; implies `logits`);
+  // step k + 1 then embeds the picked token. Unset: the drafter's own greedy choice (argmax).
   std::function<int32_t(int step, std::span<const float> logits)> pick;
-  // Drafts that stay on the backend (set only with neither `logits` nor `pick`): an I32 [N >= n, 1]
-  // tensor from ModelContext::draft_tokens. A drafter that can writes step k's token into row k, feeds
-  // it to step k + 1 there, and returns n steps with token -1; the target's verify_greedy reads them.
-  // A drafter that cannot ignores it and returns its tokens as usual.
-  BackendTensorPtr device_tokens;
-  // Sampled drafts that stay on the backend (with device_tokens and `pick`): an F32 [N >= n, vocab]
-  // tensor from ModelContext::draft_logits. A drafter that can writes step k's logits (over the whole
-  // vocabulary, as DraftStep::logits) into row k, samples step k's token in its graph with
-  // `sampler->sample_in_graph` under `state` and uniform `uniforms[k]` (what `pick` would draw with), and
-  // keeps it in device_tokens. A drafter that cannot ignores both and drafts through `pick`.
-  BackendTensorPtr device_logits;
-  const Sampler* sampler = nullptr;
-  SamplingState state;
-  std::span<const float> uniforms;
+  // Drafts that stay on the backend (set only without `logits`): the round's buffers from
+  // ModelContext::prepare_round. A drafter that can writes step k's token into row k of buffers.tokens
+  // and feeds it to step k + 1 there; with rule.sampler set it also writes step k's logits into row k of
+  // buffers.logits and draws the token in its graph (Sampler::sample_in_graph under rule.state with
+  // rule.uniforms[k], what `pick` would draw with). It returns n steps with token -1. A drafter that
+  // cannot ignores the buffers and drafts as if they were absent.
+  RoundBuffers buffers;
+  RoundRule rule;
 };
 
 // One draft step: the drafted token and, when asked, the distribution it came from as logits over the

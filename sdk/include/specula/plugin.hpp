@@ -38,7 +38,7 @@
 //    ModelFormat::can_write / write(path, metadata, TensorSpecs); Converter::plan fills a gguf::Metadata
 // 9: sampled speculative rounds on the backend: Op::AcceptDrafts, TokenProbability::weight,
 //    Sampler::verify_in_graph, ModelContext::draft_logits / verify_sampled, DraftRequest's device sampling
-#define SPECULA_PLUGIN_ABI_VERSION 9u
+#define SPECULA_PLUGIN_ABI_VERSION 10u
 #define SPECULA_PLUGIN_ENTRY_SYMBOL "specula_plugin_entry"
 
 // Compiler, standard library, language standard and the SDK's interface hash: C++ objects cross the
