@@ -27,7 +27,7 @@ class RoundPolicy {
   virtual int64_t draft_length(int64_t want, int64_t room, int64_t left) const = 0;
   // Drafts sampled from the drafter's distribution at temperature > 0 (else greedy drafts at any).
   virtual bool samples_drafts() const = 0;
-  // Rounds may keep their drafts and verdict on the backend (ModelContext::verify_greedy / verify_sampled).
+  // Rounds may keep their drafts and verdict on the backend (ModelContext::prepare_round, Model::verify).
   virtual bool rounds_on_backend() const = 0;
   // Whether max_tokens ends generation once `produced` tokens were emitted: asked as each token is emitted
   // (`at_emit`) and after each speculative round.

@@ -187,7 +187,7 @@ Value StandardSampler::verify_in_graph(Graph& g, Value target, Value draft, Valu
     if (why) *why = std::move(reason);
     return Value{};
   };
-  if (params_.temperature == 0.0f) return refuse("greedy rounds are verified by argmax (verify_greedy)");
+  if (params_.temperature == 0.0f) return refuse("greedy rounds are verified by argmax");
   // The penalty window and end-token suppression would differ from row to row with the drafts.
   if (penalty_active(state)) return refuse("the repetition penalty depends on the drafts (the host verifies)");
   if (suppression_active(state))

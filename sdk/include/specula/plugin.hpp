@@ -38,6 +38,9 @@
 //    ModelFormat::can_write / write(path, metadata, TensorSpecs); Converter::plan fills a gguf::Metadata
 // 9: sampled speculative rounds on the backend: Op::AcceptDrafts, TokenProbability::weight,
 //    Sampler::verify_in_graph, ModelContext::draft_logits / verify_sampled, DraftRequest's device sampling
+// 10: one round protocol: ModelContext::prepare_round and Model::verify (a batch of rounds in one graph)
+//    replace forward_sample, draft_tokens / verify_greedy and draft_logits / verify_sampled; DraftRequest
+//    carries RoundBuffers and a RoundRule instead of device_tokens / device_logits / sampler / state
 #define SPECULA_PLUGIN_ABI_VERSION 10u
 #define SPECULA_PLUGIN_ENTRY_SYMBOL "specula_plugin_entry"
 

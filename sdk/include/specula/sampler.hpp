@@ -15,7 +15,7 @@
 namespace specula {
 
 // Where the engine samples plain decode steps: auto = in the model's graph when the model and the
-// backend can (Sampler::sample_in_graph, ModelContext::forward_sample), else on the host; on = in the
+// backend can (Sampler::sample_in_graph, ModelContext::prepare_round), else on the host; on = in the
 // graph or an error naming what is missing; off = always on the host.
 enum class SamplingDevice { Auto, On, Off };
 

@@ -31,7 +31,7 @@ class AcceptanceReplay final : public DraftHook {
 
   // `greedy`: the tokens of a plain greedy run of the same prompt, prompt first (the end token it stopped
   // on included), as long as the replayed generation may go. `backend` writes drafts the drafter kept
-  // on the backend (DraftRequest::device_tokens); null when the drafts stay on the host.
+  // on the backend (DraftRequest::buffers); null when the drafts stay on the host.
   AcceptanceReplay(std::vector<double> profile, std::vector<int32_t> greedy, uint64_t seed,
                    ComputeBackend* backend = nullptr);
 
