@@ -551,6 +551,27 @@ TEST(AssistantBadInput, HyperParametersOutsideSaneBoundsAreNamed) {
   EXPECT_HAS(load_error(h, target()->info()), "config.json: text_config.num_attention_heads is 5000, outside [1, 1024]");
 }
 
+// RoPE is read by the gemma4 plugin's reader (plugins/gemma4/rope.cpp); its messages name the keys under
+// text_config, where a drafter's config.json nests them.
+TEST(AssistantBadInput, RopeParametersAreNamedUnderTextConfig) {
+  auto h = patched("assistant-hf");
+  h->md()["config"]["text_config"]["rope_parameters"] = {{"sliding_attention", {{"rope_type", "default"}}}};
+  EXPECT_HAS(load_error(h, target()->info()), "config.json: text_config.rope_parameters.full_attention is missing");
+  h = patched("assistant-hf");
+  h->md()["config"]["text_config"]["rope_parameters"] = {
+      {"sliding_attention", {{"rope_type", "default"}, {"factor", 0}}},
+      {"full_attention", {{"rope_type", "proportional"}, {"partial_rotary_factor", 0.25}}}};
+  EXPECT_HAS(load_error(h, target()->info()),
+             "config.json: text_config.rope_parameters.sliding_attention has partial_rotary_factor 1 and factor 0");
+  h = patched("assistant-hf");
+  h->md()["config"]["text_config"]["rope_parameters"] = {
+      {"sliding_attention", {{"rope_type", "default"}}},
+      {"full_attention", {{"rope_type", "yarn"}, {"partial_rotary_factor", 0.25}}}};
+  EXPECT_HAS(load_error(h, target()->info()),
+             "config.json: text_config.rope_parameters.full_attention has rope_type 'yarn' with partial_rotary_factor "
+             "0.25; only 'default' (full rotation) and 'proportional' are supported");
+}
+
 TEST(AssistantBadInput, MissingTensor) {
   auto f = patched("assistant-f32.gguf");
   f->drop("blk.2.attn_q.weight");
