@@ -221,19 +221,7 @@ BatchedModel::Built& BatchedModel::round_graph(std::span<const Round> rounds) co
       const int64_t nu = uniform_count(k, r.rule);
       const Value u = nu ? g.slice(b.uniforms, uniforms, nu) : Value{};
       uniforms += nu;
-      Value v;
-      if (!r.rule.sampler) {  // greedy: the argmax of every row
-        const Value greedy = g.reshape(g.argmax(p), {k + 1});
-        v = k ? g.concat(drafts[i], greedy) : greedy;
-      } else if (k == 0) {
-        const std::vector<int32_t> sids = r.rule.sampler->device_ids(r.rule.state);
-        if (!sids.empty())
-          b.sampler_ids[i] = g.input(DType::I32, {static_cast<int64_t>(sids.size())}, fmt::format("sampler_ids.{}", i));
-        v = r.rule.sampler->sample_in_graph(g, g.reshape(p, {vocab_}), b.sampler_ids[i], u, r.rule.state, *backend_, &b.why);
-      } else {
-        v = r.rule.sampler->verify_in_graph(g, p, g.constant(r.buffers.logits), drafts[i], u, r.rule.state, *backend_,
-                                            &b.why);
-      }
+      const Value v = round_verdict(b, i, r, p, drafts[i], u);
       if (!v) {
         if (b.why.empty()) b.why = "the sampler's device form gave no token";
         b.verdict = Value{};
@@ -243,6 +231,19 @@ BatchedModel::Built& BatchedModel::round_graph(std::span<const Round> rounds) co
     }
     g.mark_output(b.verdict);
   });
+}
+
+Value BatchedModel::round_verdict(Built& b, size_t i, const Round& r, Value p, Value drafts, Value u) const {
+  Graph& g = b.graph;
+  const int64_t k = r.drafts;
+  if (!r.rule.sampler) {  // greedy: the argmax of every row
+    const Value greedy = g.reshape(g.argmax(p), {k + 1});
+    return k ? g.concat(drafts, greedy) : greedy;
+  }
+  if (k > 0) return r.rule.sampler->verify_in_graph(g, p, g.constant(r.buffers.logits), drafts, u, r.rule.state, *backend_, &b.why);
+  const std::vector<int32_t> ids = r.rule.sampler->device_ids(r.rule.state);
+  if (!ids.empty()) b.sampler_ids[i] = g.input(DType::I32, {static_cast<int64_t>(ids.size())}, fmt::format("sampler_ids.{}", i));
+  return r.rule.sampler->sample_in_graph(g, g.reshape(p, {vocab_}), b.sampler_ids[i], u, r.rule.state, *backend_, &b.why);
 }
 
 void BatchedModel::forget(uint64_t cache_id) const {

@@ -78,6 +78,8 @@ class BatchedModel : public Model, public std::enable_shared_from_this<BatchedMo
   // The graph of a set of rounds that each fit one step: one forward over every round's [tokens, drafts],
   // then each round's verdict (Built::verdict, all of them in one I32 vector), or none with Built::why.
   Built& round_graph(std::span<const Round> rounds) const;
+  // Round i's verdict from its logit rows p ([k + 1, vocab]), its drafts (I32 [k]) and uniforms u.
+  Value round_verdict(Built& b, size_t i, const Round& r, Value p, Value drafts, Value u) const;
   std::vector<RoundVerdict> run_rounds(std::span<const Round> rounds) const;
   void check_tokens(const KvCache& cache, std::span<const int32_t> tokens, int64_t n_logits) const;
   void check_room(const KvCache& cache, int64_t n) const;  // n more tokens fit the context
