@@ -36,7 +36,7 @@ root="$(cd "$(dirname "$0")/.." && pwd)"
 build="${BUILD:-$root/build}"
 specula="${SPECULA:-$build/bin/specula}"
 bandwidth="$build/bin/bench_bandwidth"
-model="" pp=512 tg=128 reps=3 threads=0 rounds=2 verify=4 backend=onednn mtp="" profile=0.844,0.599,0.385,0.271
+model="" pp=512 tg=128 reps=3 threads=0 rounds=2 verify=4 backend=cpu mtp="" profile=0.844,0.599,0.385,0.271
 while [ $# -gt 0 ]; do
   case "$1" in
     --real-e2b) model="--real-e2b" ;;
@@ -67,7 +67,7 @@ fi
 mtp_trace=""
 if [ -n "$mtp" ]; then
   [ -f "$mtp" ] || { echo "compare_llama.sh: no such drafter file: $mtp" >&2; exit 1; }
-  [ "$backend" = onednn ] || { echo "compare_llama.sh: --mtp measures llama.cpp's CPU build only (tools/llama-mtp-trace); drop --backend $backend" >&2; exit 2; }
+  [ "$backend" = cpu ] || [ "$backend" = onednn ] || { echo "compare_llama.sh: --mtp measures llama.cpp's CPU build only (tools/llama-mtp-trace); drop --backend $backend" >&2; exit 2; }
   mtp_trace="${LLAMA_MTP_TRACE:-$build/llama-mtp-trace}"
   if [ ! -x "$mtp_trace" ]; then  # llama.cpp's libraries and headers come with llama-bench-lite
     [ -d "$HOME/.cache/llama-bench-lite/llama.cpp/include" ] || "$root/../shared/tools/llama-bench-lite/build.sh" >&2

@@ -102,7 +102,7 @@ void add_model_options(po::options_description& desc, ModelArgs& a) {
                      "positional argument)");
   add_key(desc, a, "model,m", "target.model",
           "target checkpoint (GGUF file, safetensors directory or hf://OWNER/REPO[@REV][:QUANT]); overrides target.model", true);
-  add_key(desc, a, "backend,b", "backend.plugin", "compute backend plugin (default onednn); overrides backend.plugin");
+  add_key(desc, a, "backend,b", "backend.plugin", "compute backend plugin (default cpu); overrides backend.plugin");
   add_key(desc, a, "threads,t", "backend.options.threads", "backend threads (backend option threads; 0 = all cores)");
   add_key(desc, a, "drafter", "drafter.model",
           "drafter checkpoint for speculative decoding (a path, an hf:// id, or auto: the hf:// target's -assistant "

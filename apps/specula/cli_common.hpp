@@ -46,7 +46,7 @@ void add_log_options(po::options_description& desc);
 void apply_log_options(const po::variables_map& vm);
 
 // Where the model comes from: a pipeline YAML, a model file or directory in its place (run with the
-// default pipeline: backend onednn, sampler standard), or --model without one. Every flag that sets a
+// default pipeline: backend cpu, sampler standard), or --model without one. Every flag that sets a
 // pipeline key becomes a core::Override, so it passes the same checks as the YAML key (range, type,
 // plugin option schema) and errors name the flag.
 struct ModelArgs {

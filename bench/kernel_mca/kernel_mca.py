@@ -2,7 +2,7 @@
 """Static cost of the CPU backend's few-row tiles, per 128-value group, by llvm-mca.
 
 Shared VMs have no performance counters and their wall-clock times vary by 30 % within minutes, so a
-kernel change is judged here first: the group loop of tile_x32 (plugins/onednn/qkernels_x32.cpp) is marked
+kernel change is judged here first: the group loop of tile_x32 (plugins/cpu/qkernels_x32.cpp) is marked
 with llvm-mca region comments in a copy of the source (the group is taken as full, n = 4, so that the
 partial-group branch does not count), compiled to assembly with the backend's flags for each kernel set,
 and every region (one per tile shape the rows() instantiations inline) is run through llvm-mca.
@@ -74,7 +74,7 @@ def regions(asm_lines, type_name):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--source", default=os.path.join(ROOT, "plugins/onednn/qkernels_x32.cpp"))
+    ap.add_argument("--source", default=os.path.join(ROOT, "plugins/cpu/qkernels_x32.cpp"))
     ap.add_argument("--cpu", default="sapphirerapids")
     ap.add_argument("types", nargs="*", default=["Q4_0", "Q8_0"])
     a = ap.parse_args()
@@ -90,7 +90,7 @@ def main():
         for isa, flags in FLAGS.items():
             asm = os.path.join(tmp, isa + ".s")
             cmd = (f"c++ -DSPECULA_ISA_NS={isa} -O3 -DNDEBUG -fPIC -fvisibility=hidden -mavx2 -mfma -mf16c {flags} "
-                   f"-std=c++20 -I{os.path.join(ROOT, 'plugins/onednn')} -S {cpp} -o {asm}")
+                   f"-std=c++20 -I{os.path.join(ROOT, 'plugins/cpu')} -S {cpp} -o {asm}")
             subprocess.run(cmd, shell=True, check=True)
             with open(asm) as f:
                 lines = f.read().split("\n")

@@ -388,7 +388,7 @@ Pipeline parse_pipeline(std::string_view yaml_text, const fs::path& source, cons
 
 Pipeline default_pipeline(const std::vector<Override>& overrides) {
   YAML::Node root(YAML::NodeType::Map);
-  root["backend"]["plugin"] = "onednn";
+  root["backend"]["plugin"] = "cpu";
   if (std::none_of(overrides.begin(), overrides.end(), [](const Override& o) { return o.key == "target.model"; }))
     fail("no model: give a pipeline YAML (e.g. configs/default.yaml), a model file or directory, or --model PATH");
   apply_overrides(root, overrides);
@@ -408,6 +408,9 @@ Pipeline read_pipeline(YAML::Node root, const fs::path& source, const Reader& r)
     auto s = root["backend"];
     r.check_section(s, "backend", {{"plugin", Kind::String, true}, {"options", Kind::Map}});
     p.backend.plugin = r.string(s["plugin"], "backend.plugin");
+    // The CPU backend was the plugin "onednn" until it was renamed "cpu" (oneDNN serves only its float
+    // GEMM); pipelines and --backend flags that still say onednn get it.
+    if (p.backend.plugin == "onednn") p.backend.plugin = "cpu";
     if (auto o = s["options"]) p.backend.options = r.json(o, "backend.options", p.backend.options_at);
   }
   {

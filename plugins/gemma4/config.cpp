@@ -112,16 +112,10 @@ Config config_from_gguf(const ModelFile& file) {
   if (!embd || embd->shape.size() != 2) fail("{}: tensor 'token_embd.weight' is missing or not 2-D", where);
   c.vocab = embd->shape[0];
 
-  // Sliding layers: plain NeoX RoPE. Full layers: proportional RoPE, encoded by llama.cpp's converter
-  // as rope_freqs = 1.0 for the rotated pairs and 1e30 (no rotation) for the rest.
-  const int64_t dims_swa = k.optional_int("rope.dimension_count_swa", c.head_dim_sliding);
-  const int64_t dims = k.optional_int("rope.dimension_count", c.head_dim_full);
-  c.rope_sliding = {k.optional_float("rope.freq_base_swa", k.optional_float("rope.freq_base", 10000.0f)), dims_swa / 2,
-                    static_cast<float>(dims_swa), 1.0f};
-  c.rope_full = {k.optional_float("rope.freq_base", 10000.0f), dims / 2, static_cast<float>(dims), 1.0f};
-  c.rope_full.rotated_pairs = rope_freqs_rotated_pairs(file, dims, c.rope_full.rotated_pairs, where);
-  if (c.rope_sliding.rotated_pairs > c.head_dim_sliding / 2 || c.rope_full.rotated_pairs > c.head_dim_full / 2)
-    fail("{}: rope.dimension_count(_swa) exceeds the head dims", where);
+  // Sliding layers: plain NeoX RoPE. Full layers: proportional RoPE (rope_freqs; rope.hpp).
+  const Ropes rope = rope_from_gguf(k, file, c.head_dim_sliding, c.head_dim_full, where);
+  c.rope_sliding = rope.sliding;
+  c.rope_full = rope.full;
 
   if (auto it = md.find("tokenizer.ggml.eos_token_id"); it != md.end() && it->is_number())
     c.eos.push_back(it->get<int32_t>());
@@ -198,31 +192,9 @@ Config config_from_hf(const ModelFile& file) {
   }
 
   // RoPE per attention type (modeling_rope_utils: "default" and "proportional").
-  json rope = tc.value("rope_parameters", json());
-  if (rope.is_null())
-    rope = json::parse(R"({"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0}})");
-  auto rope_for = [&](const char* type, int64_t head_dim) {
-    if (!rope.is_object() || !rope.contains(type) || !rope[type].is_object())
-      fail("{}: rope_parameters.{} is missing", where, type);
-    const JsonFields r(rope[type], where, fmt::format("rope_parameters.{}.", type));
-    const std::string kind = r.get<std::string>("rope_type", "default");
-    const float prf = r.get<float>("partial_rotary_factor", 1.0f);
-    const float factor = r.get<float>("factor", 1.0f);
-    if (!(prf > 0.0f && prf <= 1.0f) || !(factor > 0.0f))
-      fail("{}: rope_parameters.{} has partial_rotary_factor {} and factor {}; expected 0 < partial_rotary_factor <= 1 "
-           "and factor > 0", where, type, prf, factor);
-    RopeConfig out{r.get<float>("rope_theta", 10000.0f), head_dim / 2, static_cast<float>(head_dim), 1.0f / factor};
-    if (kind == "proportional") {
-      out.rotated_pairs = static_cast<int64_t>(prf * static_cast<float>(head_dim)) / 2;
-    } else if (kind != "default" || prf != 1.0f) {
-      fail("{}: rope_parameters.{} has rope_type '{}' with partial_rotary_factor {}; only 'default' (full "
-           "rotation) and 'proportional' are supported", where, type, kind, prf);
-    }
-    return out;
-  };
-  c.rope_sliding = rope_for("sliding_attention", c.head_dim_sliding);
-  c.rope_full = rope_for("full_attention", c.head_dim_full);
+  const Ropes rope = rope_from_hf(tc, c.head_dim_sliding, c.head_dim_full, where, "");
+  c.rope_sliding = rope.sliding;
+  c.rope_full = rope.full;
 
   auto add_eos = [&](const json& v) {
     if (v.is_number_integer()) c.eos.push_back(v.get<int32_t>());

@@ -8,18 +8,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "rope.hpp"
 #include "specula/model_file.hpp"
 
 namespace specula::gemma4 {
-
-// How one attention type rotates: pairs k < rotated_pairs of the NeoX halves turn by
-// pos * freq_scale * theta^(-2k / exponent_divisor); the rest pass through (proportional RoPE).
-struct RopeConfig {
-  float theta = 10000.0f;
-  int64_t rotated_pairs = 0;
-  float exponent_divisor = 0.0f;
-  float freq_scale = 1.0f;
-};
 
 struct LayerConfig {
   bool full = false;        // full attention (else sliding window)

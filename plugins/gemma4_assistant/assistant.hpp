@@ -18,17 +18,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "rope.hpp"
 #include "specula/model.hpp"
 #include "specula/options.hpp"
 
 namespace specula::gemma4_assistant {
 
-struct Rope {
-  float theta = 10000.0f;
-  int64_t rotated_pairs = 0;   // NeoX pairs k < rotated_pairs turn; the rest pass through
-  float exponent_divisor = 0;  // theta^(-2k / exponent_divisor)
-  float freq_scale = 1.0f;
-};
+// RoPE per attention type, read by the shared Gemma 4 reader (plugins/gemma4/rope.hpp).
+using Rope = gemma4::RopeConfig;
 
 struct Layer {
   bool full = false;

@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "assistant.hpp"
+#include "rope.hpp"
 #include "specula/error.hpp"
 #include "specula/metadata.hpp"
 
@@ -90,16 +91,10 @@ Config from_gguf(const ModelFile& file) {
          where, c.hidden);
   c.vocab = embd->shape[0];
 
-  // RoPE exactly as the target reads it: plain NeoX on sliding layers, proportional on full layers
-  // (rope_freqs = 1.0 for the rotated pairs, >= 1e20 for the frozen ones).
-  const int64_t dims_swa = k.optional_int("rope.dimension_count_swa", hd_swa);
-  const int64_t dims = k.optional_int("rope.dimension_count", hd_full);
-  c.rope_sliding = {k.optional_float("rope.freq_base_swa", k.optional_float("rope.freq_base", 10000.0f)), dims_swa / 2,
-                    static_cast<float>(dims_swa), 1.0f};
-  c.rope_full = {k.optional_float("rope.freq_base", 10000.0f), dims / 2, static_cast<float>(dims), 1.0f};
-  c.rope_full.rotated_pairs = rope_freqs_rotated_pairs(file, dims, c.rope_full.rotated_pairs, where);
-  if (c.rope_sliding.rotated_pairs > hd_swa / 2 || c.rope_full.rotated_pairs > hd_full / 2)
-    fail("{}: rope.dimension_count(_swa) exceeds the head dims", where);
+  // RoPE exactly as the target reads it (the shared reader of plugins/gemma4/rope.hpp).
+  const gemma4::Ropes rope = gemma4::rope_from_gguf(k, file, hd_swa, hd_full, where);
+  c.rope_sliding = rope.sliding;
+  c.rope_full = rope.full;
 
   // Centroid head: fork keys (seed) and tensors; ollama files carry only the tensors.
   const TensorInfo* cent = file.find("assist_embed_centroids.weight");
@@ -167,31 +162,10 @@ Config from_hf(const ModelFile& file) {
     c.layers[l] = {types[l] == "full_attention", types[l] == "full_attention" ? hd_full : hd_swa, ffn};
   }
 
-  json rope = tc.value("rope_parameters", json());
-  if (rope.is_null())
-    rope = json::parse(R"({"sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
-        "full_attention": {"rope_type": "proportional", "partial_rotary_factor": 0.25, "rope_theta": 1000000.0}})");
-  auto rope_for = [&](const char* type, int64_t head_dim) {
-    if (!rope.is_object() || !rope.contains(type) || !rope[type].is_object())
-      fail("{}: text_config.rope_parameters.{} is missing", where, type);
-    const JsonFields r(rope[type], where, fmt::format("text_config.rope_parameters.{}.", type));
-    const std::string kind = r.get<std::string>("rope_type", "default");
-    const float prf = r.get<float>("partial_rotary_factor", 1.0f);
-    const float factor = r.get<float>("factor", 1.0f);
-    if (!(prf > 0.0f && prf <= 1.0f) || !(factor > 0.0f))
-      fail("{}: text_config.rope_parameters.{} has partial_rotary_factor {} and factor {}; expected 0 < "
-           "partial_rotary_factor <= 1 and factor > 0", where, type, prf, factor);
-    Rope out{r.get<float>("rope_theta", 10000.0f), head_dim / 2, static_cast<float>(head_dim), 1.0f / factor};
-    if (kind == "proportional") {
-      out.rotated_pairs = static_cast<int64_t>(prf * static_cast<float>(head_dim)) / 2;
-    } else if (kind != "default" || prf != 1.0f) {
-      fail("{}: rope_parameters.{} has rope_type '{}' with partial_rotary_factor {}; only 'default' and "
-           "'proportional' are supported", where, type, kind, prf);
-    }
-    return out;
-  };
-  c.rope_sliding = rope_for("sliding_attention", hd_swa);
-  c.rope_full = rope_for("full_attention", hd_full);
+  // RoPE per attention type, as the target reads it.
+  const gemma4::Ropes rope = gemma4::rope_from_hf(tc, hd_swa, hd_full, where, "text_config.");
+  c.rope_sliding = rope.sliding;
+  c.rope_full = rope.full;
 
   auto find = [&](const std::string& n) -> const TensorInfo* {
     for (const char* p : {"", "model."})

@@ -38,7 +38,7 @@ void check_cpu_device_loops(const Device& dev, const Node& n, int64_t iterations
   if (dev.props.deviceType != VK_PHYSICAL_DEVICE_TYPE_CPU || iterations <= kLoopBudget) return;
   fail("Vulkan backend: {} '{}' {} on '{}', a CPU implementation of Vulkan that stops a shader's loops "
        "after 65535 iterations (this one would need about {}); {}, or run on the CPU backend (backend: "
-       "{{plugin: onednn}}), which is also much faster on this machine",
+       "{{plugin: cpu}}), which is also much faster on this machine",
        op_name(n.op), n.name, what, dev.props.deviceName, iterations, instead);
 }
 

@@ -1,4 +1,4 @@
-// The CPU backend's kernel sets (plugins/onednn/isa.hpp) called directly: every set this CPU runs gives
+// The CPU backend's kernel sets (plugins/cpu/isa.hpp) called directly: every set this CPU runs gives
 // bit-identical products (few rows and prompt chunks), an activation row's result does not depend on how
 // many rows below kPrefillRows share the call
 // (so a speculative verification batch scores a token exactly as a single decode step does), and the

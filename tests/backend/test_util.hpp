@@ -69,19 +69,19 @@ inline std::vector<float> exact_floats(size_t n, uint32_t seed, DType type) {
 // every backend is held to the same independent references (docs/backends.md, "Conformance").
 inline std::string backend_under_test() {
   const char* e = std::getenv("SPECULA_TEST_BACKEND");
-  return e && *e ? e : "onednn";
+  return e && *e ? e : "cpu";
 }
 inline bool on_vulkan() { return backend_under_test() == "vulkan"; }
 
 inline std::unique_ptr<ComputeBackend> make_test_backend(int threads) {
   const std::string name = backend_under_test();
-  if (name == "onednn") return cpu::make_cpu_backend({{"threads", threads}});
+  if (name == "cpu") return cpu::make_cpu_backend({{"threads", threads}});
 #ifdef SPECULA_TEST_VULKAN
   // The fp32 matrix paths, held to these suites' tolerances; tests/vulkan checks the cooperative-matrix
   // (fp16) path against its own bound where the device has one.
   if (name == "vulkan") return vulkan::make_vulkan_backend({{"cooperative_matrix", false}});
 #endif
-  throw std::runtime_error("SPECULA_TEST_BACKEND=" + name + ": this test binary runs onednn or vulkan");
+  throw std::runtime_error("SPECULA_TEST_BACKEND=" + name + ": this test binary runs cpu or vulkan");
 }
 
 // Skips every test of a run on a backend this machine cannot make (no Vulkan device).

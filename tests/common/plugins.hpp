@@ -24,7 +24,7 @@ inline specula::core::PluginHost& host() {
 }
 
 inline std::shared_ptr<specula::ComputeBackend> backend() {
-  static auto b = host().make_backend("onednn");
+  static auto b = host().make_backend("cpu");
   return b;
 }
 

@@ -362,7 +362,7 @@ TEST(Cli, AModelFileWhereAPipelineGoesRunsTheDefaultPipeline) {
   auto both = test::run_command(test::cli() + " run " + (s.dir / "models/t.toy").string() + " --model x.toy" + flags);
   EXPECT_EQ(both.status, 1);
   EXPECT_CONTAINS(both.output, "t.toy and --model both name the model; give one");
-  // Without a backend override the default pipeline's onednn backend is used (and named if absent).
+  // Without a backend override the default pipeline's cpu backend is used (and named if absent).
   auto v = test::run_command(test::cli() + " validate " + (s.dir / "models/t.toy").string() + " --backend toy --sampler toy --plugin-path " +
                              test::plugin_dir("toy"));
   EXPECT_EQ(v.status, 0) << v.output;

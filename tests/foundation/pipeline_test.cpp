@@ -31,7 +31,7 @@ TEST(Pipeline, ParsesEverySection) {
   auto p = parse_pipeline(R"(
 plugin_paths: [plugins, /abs/plugins]
 backend:
-  plugin: onednn
+  plugin: cpu
   options: {threads: 2, name: "x", fast: true, ratio: 0.5, list: [1, "2"], quoted: "7"}
 target:
   model: models/t.gguf
@@ -58,7 +58,7 @@ chat:
   show_thoughts: false
 )", "dir/p.yaml", "/base/dir");
   EXPECT_EQ(p.plugin_paths, (std::vector<std::filesystem::path>{"/base/dir/plugins", "/abs/plugins"}));
-  EXPECT_EQ(p.backend.plugin, "onednn");
+  EXPECT_EQ(p.backend.plugin, "cpu");
   EXPECT_EQ(p.backend.options["threads"], 2);
   EXPECT_EQ(p.backend.options["name"], "x");
   EXPECT_EQ(p.backend.options["fast"], true);
@@ -87,7 +87,7 @@ chat:
 }
 
 TEST(Pipeline, DefaultsForOptionalSections) {
-  auto p = parse_pipeline("backend: {plugin: onednn}\ntarget: {model: m.gguf}\n", "p.yaml", "/b");
+  auto p = parse_pipeline("backend: {plugin: cpu}\ntarget: {model: m.gguf}\n", "p.yaml", "/b");
   EXPECT_FALSE(p.drafter.has_value());
   EXPECT_EQ(p.sampler.plugin, "standard");
   EXPECT_EQ(p.sampler.params.temperature, 0.0f);
@@ -96,20 +96,20 @@ TEST(Pipeline, DefaultsForOptionalSections) {
 }
 
 TEST(Pipeline, UnknownKeyNamesFileLineAndSuggestsTheClosestKey) {
-  std::string e = error_of("backend: {plugin: onednn}\ntarget: {model: m.gguf}\nsampler:\n  tempreature: 0.5\n");
+  std::string e = error_of("backend: {plugin: cpu}\ntarget: {model: m.gguf}\nsampler:\n  tempreature: 0.5\n");
   EXPECT_CONTAINS(e, "p.yaml:4:3:");
   EXPECT_CONTAINS(e, "unknown key 'tempreature' in section 'sampler'");
   EXPECT_CONTAINS(e, "did you mean 'temperature'?");
-  e = error_of("backend: {plugin: onednn}\ntargte: {model: m.gguf}\n");
+  e = error_of("backend: {plugin: cpu}\ntargte: {model: m.gguf}\n");
   EXPECT_CONTAINS(e, "p.yaml:2:1:");
   EXPECT_CONTAINS(e, "unknown key 'targte' at the top level; did you mean 'target'?");
-  e = error_of("backend: {plugin: onednn}\ntarget: {model: m.gguf}\nzebra: 1\n");
+  e = error_of("backend: {plugin: cpu}\ntarget: {model: m.gguf}\nzebra: 1\n");
   EXPECT_CONTAINS(e, "unknown key 'zebra'");
   EXPECT_EQ(e.find("did you mean"), std::string::npos) << "no suggestion for an unrelated word: " << e;
 }
 
 TEST(Pipeline, WrongTypesNameTheKeyAndWhatWasExpected) {
-  const std::string head = "backend: {plugin: onednn}\ntarget: {model: m.gguf}\n";
+  const std::string head = "backend: {plugin: cpu}\ntarget: {model: m.gguf}\n";
   std::string e = error_of(head + "sampler:\n  top_k: lots\n");
   EXPECT_CONTAINS(e, "p.yaml:4:10:");
   EXPECT_CONTAINS(e, "key 'sampler.top_k' must be an integer, got 'lots'");
@@ -119,22 +119,22 @@ TEST(Pipeline, WrongTypesNameTheKeyAndWhatWasExpected) {
   EXPECT_CONTAINS(e, "key 'chat.enable_thinking' must be true or false, got 'maybe'");
   e = error_of(head + "sampler: {top_p: 1.5}\n");
   EXPECT_CONTAINS(e, "key 'sampler.top_p' must be between 0 and 1, got 1.5");
-  e = error_of("backend: onednn\ntarget: {model: m.gguf}\n");
+  e = error_of("backend: cpu\ntarget: {model: m.gguf}\n");
   EXPECT_CONTAINS(e, "p.yaml:1:10:");
-  EXPECT_CONTAINS(e, "'backend' must be a mapping of keys (plugin, options), not 'onednn'");
-  e = error_of("backend: {plugin: onednn, options: 3}\ntarget: {model: m.gguf}\n");
+  EXPECT_CONTAINS(e, "'backend' must be a mapping of keys (plugin, options), not 'cpu'");
+  e = error_of("backend: {plugin: cpu, options: 3}\ntarget: {model: m.gguf}\n");
   EXPECT_CONTAINS(e, "key 'backend.options' must be a mapping, got '3'");
 }
 
 TEST(Pipeline, MissingRequiredKeysAndSections) {
-  std::string e = error_of("backend: {plugin: onednn}\ntarget: {format: gguf}\n");
+  std::string e = error_of("backend: {plugin: cpu}\ntarget: {format: gguf}\n");
   EXPECT_CONTAINS(e, "p.yaml:2:9:");
   EXPECT_CONTAINS(e, "missing required key 'model' in section 'target'");
   e = error_of("target: {model: m.gguf}\n");
   EXPECT_CONTAINS(e, "missing required key 'backend' at the top level");
   e = error_of("");
   EXPECT_CONTAINS(e, "p.yaml: the pipeline is empty");
-  e = error_of("backend: {plugin: onednn\n");
+  e = error_of("backend: {plugin: cpu\n");
   EXPECT_CONTAINS(e, "p.yaml:");
   EXPECT_CONTAINS(e, "not valid YAML");
 }
@@ -154,14 +154,14 @@ TEST(Pipeline, ExpandsEnvironmentVariablesAndResolvesRelativePaths) {
   setenv("SPECULA_TEST_TEMP", "0.25", 1);
   unsetenv("SPECULA_TEST_UNSET");
   auto file = test::write_file(dir / "sub/p.yaml", R"(
-backend: {plugin: "${SPECULA_TEST_UNSET:-${SPECULA_TEST_ALSO_UNSET:-onednn}}"}
+backend: {plugin: "${SPECULA_TEST_UNSET:-${SPECULA_TEST_ALSO_UNSET:-cpu}}"}
 target: {model: "${SPECULA_TEST_MODELS}/t.gguf"}
 drafter: {model: drafts/d.gguf}
 sampler: {temperature: "${SPECULA_TEST_TEMP}"}
 plugin_paths: ../plugins
 )");
   auto p = load_pipeline(file);
-  EXPECT_EQ(p.backend.plugin, "onednn");
+  EXPECT_EQ(p.backend.plugin, "cpu");
   EXPECT_EQ(p.target.model, "/models/t.gguf");
   EXPECT_EQ(p.drafter->model, dir.path() / "sub/drafts/d.gguf");
   EXPECT_EQ(p.plugin_paths.at(0), dir.path() / "plugins");
@@ -170,7 +170,7 @@ plugin_paths: ../plugins
   // A default is expanded only when used.
   EXPECT_EQ(specula::core::expand_env("${SPECULA_TEST_MODELS:-${SPECULA_TEST_UNSET}}/x", "w"), "/models/x");
   EXPECT_THROW(specula::core::expand_env("${SPECULA_TEST_MODELS", "w"), specula::Error);
-  std::string e = error_of("backend: {plugin: onednn}\ntarget: {model: \"${SPECULA_TEST_UNSET}/m\"}\n");
+  std::string e = error_of("backend: {plugin: cpu}\ntarget: {model: \"${SPECULA_TEST_UNSET}/m\"}\n");
   EXPECT_CONTAINS(e, "p.yaml:2:17:");
   EXPECT_CONTAINS(e, "environment variable 'SPECULA_TEST_UNSET' is not set");
 }
@@ -255,15 +255,32 @@ std::string error_with(const std::string& yaml, const std::vector<specula::core:
 
 }  // namespace
 
+// "onednn", the CPU backend's name before "cpu", still names it: in the YAML and in --backend, and the
+// pipeline then builds the build's CPU backend plugin.
+TEST(Pipeline, OnednnIsAnAliasOfTheCpuBackend) {
+  const auto p = parse_pipeline("backend: {plugin: onednn, options: {threads: 1}}\ntarget: {model: m.gguf}\n", "p.yaml",
+                                "/b");
+  EXPECT_EQ(p.backend.plugin, "cpu");
+  EXPECT_EQ(parse_pipeline("backend: {plugin: vulkan}\ntarget: {model: m.gguf}\n", "p.yaml", "/b",
+                           {{"backend.plugin", "onednn", "command line (--backend)"}})
+                .backend.plugin,
+            "cpu");
+  specula::core::PluginHost host;
+  host.discover({std::filesystem::path(SPECULA_PLUGIN_DIR)});
+  const auto backend = specula::core::make_backend(p, host);
+  ASSERT_NE(backend, nullptr);
+  EXPECT_EQ(backend->name(), "cpu");
+}
+
 TEST(Pipeline, DuplicateKeysAreErrorsNamingBothLines) {
-  std::string e = error_of("backend: {plugin: onednn}\ntarget: {model: m.gguf}\nbackend:\n  plugin: vulkan\n");
+  std::string e = error_of("backend: {plugin: cpu}\ntarget: {model: m.gguf}\nbackend:\n  plugin: vulkan\n");
   EXPECT_EQ(e, "p.yaml:3:1: duplicate key 'backend' (first at line 1, again at line 3); each key may appear once in a mapping");
-  e = error_of("backend: {plugin: onednn}\ntarget:\n  model: m.gguf\n  options: {prefill_chunk: 4, prefill_chunk: 8}\n");
+  e = error_of("backend: {plugin: cpu}\ntarget:\n  model: m.gguf\n  options: {prefill_chunk: 4, prefill_chunk: 8}\n");
   EXPECT_EQ(e, "p.yaml:4:31: duplicate key 'prefill_chunk' (first at line 4, again at line 4); each key may appear once in a mapping");
 }
 
 TEST(Pipeline, CommandLineOverridesPassTheSameChecksAndNameTheFlag) {
-  const std::string yaml = "backend: {plugin: onednn}\ntarget: {model: m.gguf}\nsampler: {temperature: 0.5}\n";
+  const std::string yaml = "backend: {plugin: cpu}\ntarget: {model: m.gguf}\nsampler: {temperature: 0.5}\n";
   EXPECT_EQ(error_with(yaml, {{"sampler.temperature", "abc", "command line (--temp)"}}),
             "command line (--temp): key 'sampler.temperature' must be a number, got 'abc'");
   EXPECT_EQ(error_with(yaml, {{"target.context_length", "-5", "command line (--ctx-size)"}}),
@@ -297,14 +314,14 @@ TEST(Pipeline, CommandLineOverridesPassTheSameChecksAndNameTheFlag) {
   EXPECT_EQ(p.sampler.stop, (std::vector<std::string>{"END", "\n\n"}));
   // --stop adds to the pipeline's own stop strings, a single one or a list.
   for (const char* stop : {"stop: x", "stop: [x]"}) {
-    auto q = parse_pipeline(std::string("backend: {plugin: onednn}\ntarget: {model: m.gguf}\nsampler: {") + stop + "}\n",
+    auto q = parse_pipeline(std::string("backend: {plugin: cpu}\ntarget: {model: m.gguf}\nsampler: {") + stop + "}\n",
                             "p.yaml", "/base", {{"sampler.stop", "y", "command line (--stop)", true}});
     EXPECT_EQ(q.sampler.stop, (std::vector<std::string>{"x", "y"})) << stop;
   }
 
   // Without a YAML file: the default pipeline with the overrides.
   auto d = specula::core::default_pipeline({{"target.model", "/m.gguf", "command line (--model)"}});
-  EXPECT_EQ(d.backend.plugin, "onednn");
+  EXPECT_EQ(d.backend.plugin, "cpu");
   EXPECT_EQ(d.target.model, "/m.gguf");
   EXPECT_EQ(d.sampler.plugin, "standard");
   try {
@@ -316,7 +333,7 @@ TEST(Pipeline, CommandLineOverridesPassTheSameChecksAndNameTheFlag) {
 }
 
 TEST(Pipeline, OptionLocationsStopStringsSeedAndContextFull) {
-  auto p = parse_pipeline("backend:\n  plugin: onednn\n  options: {threads: 2}\ntarget: {model: m.gguf}\n"
+  auto p = parse_pipeline("backend:\n  plugin: cpu\n  options: {threads: 2}\ntarget: {model: m.gguf}\n"
                           "sampler: {seed: -1, stop: \"</s>\"}\nchat: {context_full: error}\n",
                           "p.yaml", "/b");
   EXPECT_EQ(p.backend.options_at.at("threads"), "p.yaml:3:13");
@@ -324,14 +341,14 @@ TEST(Pipeline, OptionLocationsStopStringsSeedAndContextFull) {
   EXPECT_TRUE(p.sampler.random_seed);
   EXPECT_EQ(p.sampler.stop, std::vector<std::string>{"</s>"});
   EXPECT_FALSE(p.chat.drop_old_turns);
-  auto q = parse_pipeline("backend: {plugin: onednn}\ntarget: {model: m.gguf}\nsampler: {seed: 7, stop: [a, b]}\n", "p.yaml", "/b");
+  auto q = parse_pipeline("backend: {plugin: cpu}\ntarget: {model: m.gguf}\nsampler: {seed: 7, stop: [a, b]}\n", "p.yaml", "/b");
   EXPECT_FALSE(q.sampler.random_seed);
   EXPECT_EQ(q.sampler.params.seed, 7u);
   EXPECT_EQ(q.sampler.stop, (std::vector<std::string>{"a", "b"}));
   EXPECT_TRUE(q.chat.drop_old_turns);
-  EXPECT_CONTAINS(error_of("backend: {plugin: onednn}\ntarget: {model: m.gguf}\nsampler: {seed: -2}\n"),
+  EXPECT_CONTAINS(error_of("backend: {plugin: cpu}\ntarget: {model: m.gguf}\nsampler: {seed: -2}\n"),
                   "key 'sampler.seed' must be between -1 and");
-  EXPECT_CONTAINS(error_of("backend: {plugin: onednn}\ntarget: {model: m.gguf}\nchat: {context_full: wrap}\n"),
+  EXPECT_CONTAINS(error_of("backend: {plugin: cpu}\ntarget: {model: m.gguf}\nchat: {context_full: wrap}\n"),
                   "p.yaml:3:22: key 'chat.context_full' must be one of drop, error, got 'wrap'");
 }
 

@@ -258,7 +258,7 @@ def pipeline_seeds():
         spec = fh.read()
     seeds["overrides"] = nul(spec, "sampler.temperature=0.7\nsampler.stop+=<turn|>\ntarget.context_length=64\n"
                                    "drafter.options.head=dense\ntarget.model=${SPECULA_FUZZ_MODEL}")
-    seeds["options"] = nul("backend: {plugin: onednn, options: {threads: 2, scale: 0.5, fast: true}}\n"
+    seeds["options"] = nul("backend: {plugin: cpu, options: {threads: 2, scale: 0.5, fast: true}}\n"
                            "target: {model: m.gguf, options: {head: dense, chunk: auto, name: x}}\n"
                            "sampler: {seed: -1, stop: [a, b], device: auto, top_k: 40}\n"
                            "chat: {system: hi, enable_thinking: yes, context_full: drop}\n"

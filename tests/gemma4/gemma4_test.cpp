@@ -43,7 +43,7 @@ using gemma4_test::load;
 
 // llama.cpp parity bounds (max |Δ log-prob| over the top 20 at any position, and the mean of the
 // per-position maxima), per weight type. F32: ggml's fp16 GELU table. F16: llama.cpp also rounds the
-// activations to fp16 in its matmuls. Q8_0: llama.cpp and the onednn backend both quantize activations
+// activations to fp16 in its matmuls. Q8_0: llama.cpp and the cpu backend both quantize activations
 // to 8 bits (differently); each lands about as far from the exact dequantized model (numpy) as from
 // the other, ~0.1 mean on these random-weight fixtures.
 struct Tol {
@@ -604,7 +604,7 @@ TEST(Gemma4Eval, CliPrintsTopLogProbsOfTheSeedPrompt) {
   std::string ids;
   for (int32_t t : ref["tokens"]) ids += (ids.empty() ? "" : ",") + std::to_string(t);
   const std::string cmd = std::string(SPECULA_CLI) + " eval -q --model " + (fixture("e2b") / "model-f32.gguf").string() +
-                          " --backend onednn --plugin-path " + SPECULA_PLUGIN_DIR + " --tokens " + ids + " --top 20 --json";
+                          " --backend cpu --plugin-path " + SPECULA_PLUGIN_DIR + " --tokens " + ids + " --top 20 --json";
   FILE* pipe = popen(cmd.c_str(), "r");
   ASSERT_NE(pipe, nullptr);
   std::string out;

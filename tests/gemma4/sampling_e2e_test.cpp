@@ -80,7 +80,7 @@ INSTANTIATE_TEST_SUITE_P(
 class WithoutTopPDraw final : public specula::ComputeBackend {
  public:
   explicit WithoutTopPDraw(std::shared_ptr<specula::ComputeBackend> inner) : inner_(std::move(inner)) {}
-  std::string name() const override { return "onednn-without-TopPDraw"; }
+  std::string name() const override { return "cpu-without-TopPDraw"; }
   specula::DeviceInfo device() const override { return inner_->device(); }
   specula::Support supports(specula::Op op, specula::DType type) const override {
     if (op == specula::Op::TopPDraw) return specula::Support::no("left out by the test");

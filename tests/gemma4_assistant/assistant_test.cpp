@@ -551,6 +551,27 @@ TEST(AssistantBadInput, HyperParametersOutsideSaneBoundsAreNamed) {
   EXPECT_HAS(load_error(h, target()->info()), "config.json: text_config.num_attention_heads is 5000, outside [1, 1024]");
 }
 
+// RoPE is read by the gemma4 plugin's reader (plugins/gemma4/rope.cpp); its messages name the keys under
+// text_config, where a drafter's config.json nests them.
+TEST(AssistantBadInput, RopeParametersAreNamedUnderTextConfig) {
+  auto h = patched("assistant-hf");
+  h->md()["config"]["text_config"]["rope_parameters"] = {{"sliding_attention", {{"rope_type", "default"}}}};
+  EXPECT_HAS(load_error(h, target()->info()), "config.json: text_config.rope_parameters.full_attention is missing");
+  h = patched("assistant-hf");
+  h->md()["config"]["text_config"]["rope_parameters"] = {
+      {"sliding_attention", {{"rope_type", "default"}, {"factor", 0}}},
+      {"full_attention", {{"rope_type", "proportional"}, {"partial_rotary_factor", 0.25}}}};
+  EXPECT_HAS(load_error(h, target()->info()),
+             "config.json: text_config.rope_parameters.sliding_attention has partial_rotary_factor 1 and factor 0");
+  h = patched("assistant-hf");
+  h->md()["config"]["text_config"]["rope_parameters"] = {
+      {"sliding_attention", {{"rope_type", "default"}}},
+      {"full_attention", {{"rope_type", "yarn"}, {"partial_rotary_factor", 0.25}}}};
+  EXPECT_HAS(load_error(h, target()->info()),
+             "config.json: text_config.rope_parameters.full_attention has rope_type 'yarn' with partial_rotary_factor "
+             "0.25; only 'default' (full rotation) and 'proportional' are supported");
+}
+
 TEST(AssistantBadInput, MissingTensor) {
   auto f = patched("assistant-f32.gguf");
   f->drop("blk.2.attn_q.weight");
@@ -867,20 +888,20 @@ TEST(ValidateCli, RefusesWhatRunRefusesWithTheSameMessage) {
     std::string pipeline, flags, expected;
   };
   std::vector<Case> cases = {
-      {pipeline("q4", "onednn", "{kv_cache_type: Q4}"), "",
+      {pipeline("q4", "cpu", "{kv_cache_type: Q4}"), "",
        "q4.yaml:4:13: option 'kv_cache_type' of model plugin 'gemma4' must be one of F32, F16, BF16, got \"Q4\""},
-      {pipeline("typo", "onednn", "{prefil_chunk: 4}"), "",
+      {pipeline("typo", "cpu", "{prefil_chunk: 4}"), "",
        "typo.yaml:4:13: unknown option 'prefil_chunk' of model plugin 'gemma4'; did you mean 'prefill_chunk'? (valid "
        "options: prefill_chunk, kv_cache_type, embedding_scale)"},
-      {pipeline("ok", "onednn", "{}"), " --ctx-size 100000", "context length 100000 exceeds the model's 256 tokens"},
-      {pipeline("ok", "onednn", "{}"), " --drafter " + wide,
+      {pipeline("ok", "cpu", "{}"), " --ctx-size 100000", "context length 100000 exceeds the model's 256 tokens"},
+      {pipeline("ok", "cpu", "{}"), " --drafter " + wide,
        "wide: the drafter's backbone hidden size is 96 but the target (gemma4) has hidden size 64; this drafter belongs "
        "to another target"},
-      {pipeline("ok", "onednn", "{}"), " --drafter " + sliding,
+      {pipeline("ok", "cpu", "{}"), " --drafter " + sliding,
        "sliding: drafter layer 0 has head dim 48 but the target's sliding attention KV cache has head dim 32"},
-      {pipeline("ok", "onednn", "{}"), " --drafter " + full,
+      {pipeline("ok", "cpu", "{}"), " --drafter " + full,
        "full: drafter layer 3 has head dim 48 but the target's full attention KV cache has head dim 64"},
-      {pipeline("ok", "onednn", "{}"), " --drafter " + (fixture_dir() / "assistant-f32.gguf").string() + " --draft-max 65",
+      {pipeline("ok", "cpu", "{}"), " --drafter " + (fixture_dir() / "assistant-f32.gguf").string() + " --draft-max 65",
        "command line (--draft-max): key 'drafter.draft_tokens' must be between 1 and 64, got 65"},
   };
   if (host().find("vulkan")) {  // refused by the host before a Vulkan device is looked for
@@ -1072,7 +1093,7 @@ TEST(LlamaCppTrace, MatchesLlamaCppDraftMtp) {
       const bool in_yaml = std::string(set.name) == "fixture";
       const fs::path yaml = fs::path(SPECULA_BINARY_DIR) / fmt::format("llamacpp-trace-{}.yaml", name);
       std::ofstream(yaml) << fmt::format(
-          "backend: {{plugin: onednn, options: {{threads: 1}}}}\ntarget: {{model: {}}}\n"
+          "backend: {{plugin: cpu, options: {{threads: 1}}}}\ntarget: {{model: {}}}\n"
           "drafter: {{model: {}, draft_tokens: {}, {}options: {}}}\nsampler: {{temperature: 0, max_tokens: {}}}\n",
           set.target.string(), set.drafter.string(), k, in_yaml ? "convention: llamacpp, " : "", set.drafter_options,
           summary["max_tokens"].get<int>());

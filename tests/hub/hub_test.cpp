@@ -462,15 +462,15 @@ TEST_F(Hub, SettingsComeFromTheEnvironment) {
 
 TEST(HubPipeline, AcceptsIdsWhereAModelPathGoes) {
   const auto p = specula::core::parse_pipeline(
-      "backend: {plugin: onednn}\ntarget: {model: 'hf://o/m-GGUF:Q8_0'}\ndrafter: {model: auto}\n", "p.yaml", "/base");
+      "backend: {plugin: cpu}\ntarget: {model: 'hf://o/m-GGUF:Q8_0'}\ndrafter: {model: auto}\n", "p.yaml", "/base");
   EXPECT_EQ(p.target.model.string(), "hf://o/m-GGUF:Q8_0");
   EXPECT_EQ(p.drafter->model.string(), "auto");
   std::string e = error_of([] {
-    specula::core::parse_pipeline("backend: {plugin: onednn}\ntarget: {model: 'hf://o'}\n", "p.yaml", "/base");
+    specula::core::parse_pipeline("backend: {plugin: cpu}\ntarget: {model: 'hf://o'}\n", "p.yaml", "/base");
   });
   EXPECT_NE(e.find("p.yaml:2:17: key 'target.model': model id 'hf://o'"), std::string::npos) << e;
   e = error_of([] {
-    specula::core::parse_pipeline("backend: {plugin: onednn}\ntarget: {model: m.gguf}\ndrafter: {model: auto}\n", "p.yaml", "/base");
+    specula::core::parse_pipeline("backend: {plugin: cpu}\ntarget: {model: m.gguf}\ndrafter: {model: auto}\n", "p.yaml", "/base");
   });
   EXPECT_NE(e.find("p.yaml:3:18: drafter.model auto pairs an hf:// target"), std::string::npos) << e;
   const auto cli = specula::core::default_pipeline({{"target.model", "hf://o/m", "command line (--model)"},

@@ -160,7 +160,7 @@ TEST(ModelParts, ValidateChecksTheNamedParts) {
   fs::create_directories(dir);
   auto pipeline = [&](const std::string& head) {
     const fs::path p = dir / (head + ".yaml");
-    std::ofstream(p) << "backend: {plugin: onednn}\n"
+    std::ofstream(p) << "backend: {plugin: cpu}\n"
                      << "target:\n  model: " << (fs::path(SPECULA_SOURCE_DIR) / "models/specula-tiny-kjv-q8_0.gguf").string()
                      << "\n  lm_head: " << head << "\n  attention: attention\n";
     return test::run_command(test::cli() + " validate " + test::quote(p.string()));

@@ -85,7 +85,7 @@ class ReleaseDevices final : public ::testing::Environment {
 };
 ::testing::Environment* const kReleaseDevices = ::testing::AddGlobalTestEnvironment(new ReleaseDevices);
 
-// "onednn", "vulkan" (its defaults: cooperative matrices for prompts where the device has them) or
+// "cpu", "vulkan" (its defaults: cooperative matrices for prompts where the device has them) or
 // "vulkan-fp32" (every product on the fp32 shaders).
 std::shared_ptr<specula::ComputeBackend> backend(const std::string& name, std::string* why = nullptr) {
   static std::map<std::string, std::string> errors;
@@ -161,7 +161,7 @@ double max_logprob_diff(const std::vector<float>& a, const std::vector<float>& b
 TEST(VulkanGemma4, F32MatchesNumpyLlamaCppAndCpu) {
   REQUIRE_VULKAN();
   SKIP_UNDER_SANITIZERS();
-  auto cpu = load("onednn", "model-f32.gguf");
+  auto cpu = load("cpu", "model-f32.gguf");
   const json ref = read_json(golden("ref-e2b.json")), ll = read_json(golden("e2b-f32.json"));
   // The device line says when prompts run on cooperative matrices (vk_backend.cpp, device_features).
   const bool coopmat = backend("vulkan")->device().name.find("prompt matmuls on") != std::string::npos;
@@ -196,7 +196,7 @@ TEST(VulkanGemma4, Q8_0MatchesLlamaCppAndDequantizedCpu) {
   // quantizes activations to 8 bits (as llama.cpp does), so the two differ by that rounding (~0.1
   // in log-prob on these random-weight fixtures, tests/gemma4's Q8_0 bound) rather than by 1e-4.
   auto vk = load("vulkan", "model-q8_0.gguf");
-  auto cpu = load("onednn", "model-q8_0.gguf");
+  auto cpu = load("cpu", "model-q8_0.gguf");
   const int64_t V = vk->info().vocab_size;
   const json ll = read_json(golden("e2b-q8_0.json"));
   for (const auto& [name, seq] : ll["sequences"].items()) {
@@ -220,7 +220,7 @@ TEST(VulkanGemma4, Mlx4MatchesNumpyAndCpu) {
   SKIP_UNDER_SANITIZERS();
   auto f = host().open_model(mlx_fixture());
   auto vk = host().find_model_loader(*f)->load(f, backend("vulkan"), json::object());
-  auto cpu = host().find_model_loader(*f)->load(f, backend("onednn"), json::object());
+  auto cpu = host().find_model_loader(*f)->load(f, backend("cpu"), json::object());
   const int64_t V = vk->info().vocab_size;
   const json ref = read_json(golden("ref-e2b-mlx4.json"));
   for (const auto& [name, seq] : ref["sequences"].items()) {
@@ -242,7 +242,7 @@ TEST(VulkanGemma4, GreedyDecodeEqualsCpuPastTheSlidingWindow) {
   // window (8) twice.
   const json opts = {{"prefill_chunk", 4}};
   auto vk = load("vulkan", "model-f32.gguf", opts);
-  auto cpu = load("onednn", "model-f32.gguf", opts);
+  auto cpu = load("cpu", "model-f32.gguf", opts);
   std::vector<int32_t> prompt = {2, 818, 5279, 529, 7001, 563};
   std::vector<std::vector<int32_t>> seqs;
   for (auto* m : {vk.get(), cpu.get()}) {
@@ -483,7 +483,7 @@ TEST(VulkanGemma4, QuantizedFileTypesMatchCpu) {
     auto f = host().open_model(path);
     std::vector<float> logits[2];
     int i = 0;
-    for (const char* b : {"vulkan", "onednn"})
+    for (const char* b : {"vulkan", "cpu"})
       logits[i++] = run_all(*host().find_model_loader(*f)->load(f, backend(b), json::object()), tokens);
     const double worst = max_logprob_diff(logits[1], logits[0], static_cast<int64_t>(logits[0].size() / tokens.size()));
     EXPECT_LE(worst, 0.45) << type << ": Vulkan vs CPU";

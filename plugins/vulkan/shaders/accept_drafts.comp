@@ -1,6 +1,6 @@
 #version 450
 // AcceptDrafts (a sampled speculative round) by the SDK's rule, as the CPU backend computes it
-// (plugins/onednn/draw.cpp: RowSet, accept_drafts; sdk/src/sampling_rule.cpp: top_p_set, pick_by_weight,
+// (plugins/cpu/draw.cpp: RowSet, accept_drafts; sdk/src/sampling_rule.cpp: top_p_set, pick_by_weight,
 // speculative_verdict): one thread, float32, sums left to right, every product and sum `precise`, no
 // division and no built-in exp, so the verdict is the CPU's bit for bit. Weights are recomputed where
 // needed (each time the same value) instead of being stored.

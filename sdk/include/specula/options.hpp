@@ -30,7 +30,7 @@ using OptionSchema = std::vector<OptionSpec>;
 using OptionLocations = std::map<std::string, std::string>;
 
 // Checks `options` (a JSON object, or null for none) against `schema`. Throws specula::Error starting
-// with the key's location, naming `owner` (e.g. "backend plugin 'onednn'"), the key, the value and what
+// with the key's location, naming `owner` (e.g. "backend plugin 'cpu'"), the key, the value and what
 // was expected; an unknown key gets the closest valid one suggested.
 void check_options(const OptionSchema& schema, const nlohmann::json& options, std::string_view owner,
                    const OptionLocations& where = {});

@@ -1,7 +1,7 @@
 // The YAML pipeline: which plugins to load and how to wire them (docs/pipeline-yaml.md is the schema).
 //
 //   plugin_paths: [plugins]            # optional, relative to this file
-//   backend: {plugin: onednn, options: {threads: 2}}
+//   backend: {plugin: cpu, options: {threads: 2}}
 //   target:  {model: models/gemma4.gguf, context_length: 4096}
 //   drafter: {model: models/assistant.gguf, draft_tokens: 3}       # optional
 //   sampler: {plugin: standard, temperature: 0.7, top_k: 40, seed: 1, max_tokens: 256}
@@ -32,7 +32,7 @@ namespace specula::core {
 class PluginHost;
 
 struct BackendConfig {
-  std::string plugin = "onednn";
+  std::string plugin = "cpu";
   nlohmann::json options = nlohmann::json::object();
   OptionLocations options_at;          // where each option was written, for the host's schema check
 };
@@ -108,7 +108,7 @@ Pipeline load_pipeline(const std::filesystem::path& yaml_file, const std::vector
 // The same from text; `source` names it in messages and relative paths resolve against `base_dir`.
 Pipeline parse_pipeline(std::string_view yaml_text, const std::filesystem::path& source,
                         const std::filesystem::path& base_dir, const std::vector<Override>& overrides = {});
-// The pipeline of the command line alone (no YAML): backend onednn, sampler standard, then `overrides`
+// The pipeline of the command line alone (no YAML): backend cpu, sampler standard, then `overrides`
 // (which must give target.model).
 Pipeline default_pipeline(const std::vector<Override>& overrides);
 

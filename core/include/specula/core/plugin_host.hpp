@@ -5,7 +5,7 @@
 //   host.discover(specula::core::plugin_search_path(yaml_plugin_paths));
 //   for (auto& p : host.plugins()) ...;          // accepted plugins, first in search order wins
 //   for (auto& r : host.rejected()) ...;         // every candidate refused, with the reason
-//   auto backend = host.make_backend("onednn", {});
+//   auto backend = host.make_backend("cpu", {});
 //   auto file = host.open_model("model.gguf");   // a local path; asks every format plugin's can_open
 //   host.make_writer("gguf")->write(path, metadata, tensors);  // a format plugin that writes GGUF
 //   auto loader = host.find_model_loader(*file); // the model plugin whose loader accepts the file

@@ -193,7 +193,7 @@ class CpuBackend final : public ComputeBackend {
     if (profile_) std::fputs(profile_->report().c_str(), stderr);
   }
 
-  std::string name() const override { return "onednn"; }
+  std::string name() const override { return "cpu"; }
 
   DeviceInfo device() const override {
     DeviceInfo d;
@@ -771,30 +771,30 @@ std::unique_ptr<ComputeBackend> make_cpu_backend(const nlohmann::json& options) 
   if (options.is_object() && options.contains("threads")) {
     const auto& v = options["threads"];
     if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > 1024)
-      fail("onednn backend: option 'threads' = {} must be an integer in [0, 1024] (0 = all cores)", v.dump());
+      fail("cpu backend: option 'threads' = {} must be an integer in [0, 1024] (0 = all cores)", v.dump());
     if (v.get<int>() > 0) threads = v.get<int>();
   }
   std::string isa;
   if (options.is_object() && options.contains("isa")) {
     const auto& v = options["isa"];
     if (!v.is_string())
-      fail("onednn backend: option 'isa' = {} must be a string: auto, avx2 or avx512", v.dump());
+      fail("cpu backend: option 'isa' = {} must be a string: auto, avx2 or avx512", v.dump());
     isa = v.get<std::string>();
   }
   const KernelSet& kernels = select_kernels(isa);
   bool profile = false;
   if (options.is_object() && options.contains("profile")) {
     if (!options["profile"].is_boolean())
-      fail("onednn backend: option 'profile' = {} must be true or false", options["profile"].dump());
+      fail("cpu backend: option 'profile' = {} must be true or false", options["profile"].dump());
     profile = options["profile"].get<bool>();
   }
   bool pack_weights = true;
   if (options.is_object() && options.contains("pack_weights")) {
     if (!options["pack_weights"].is_boolean())
-      fail("onednn backend: option 'pack_weights' = {} must be true or false", options["pack_weights"].dump());
+      fail("cpu backend: option 'pack_weights' = {} must be true or false", options["pack_weights"].dump());
     pack_weights = options["pack_weights"].get<bool>();
   }
-  log_debug("onednn backend: {} threads, {} kernels, weights {}packed", threads, kernels.name, pack_weights ? "" : "not ");
+  log_debug("cpu backend: {} threads, {} kernels, weights {}packed", threads, kernels.name, pack_weights ? "" : "not ");
   return std::make_unique<CpuBackend>(threads, kernels, profile, pack_weights);
 }
 

@@ -1,4 +1,4 @@
-// Entry point of the "onednn" plugin: the CPU compute backend.
+// Entry point of the "cpu" plugin (named "onednn" before; pipelines may still say so): the CPU compute backend.
 #include "cpu_backend.hpp"
 #include "specula/plugin.hpp"
 
@@ -22,4 +22,4 @@ const specula::PluginFactories* factories() {
 }
 }  // namespace
 
-SPECULA_PLUGIN("onednn", "backend", "0.1.0", "CPU compute backend (AVX2 / AVX-512 kernels chosen at run time, oneDNN GEMM)", factories)
+SPECULA_PLUGIN("cpu", "backend", "0.1.0", "CPU compute backend (AVX2 / AVX-512 kernels chosen at run time, oneDNN GEMM)", factories)

@@ -1,4 +1,4 @@
-// The CPU compute backend (plugin "onednn"): weights stay in the checkpoint's memory map, graphs run
+// The CPU compute backend (plugin "cpu"): weights stay in the checkpoint's memory map, graphs run
 // op by op on a thread pool, with quantized matrix-vector kernels and oneDNN for large float GEMMs.
 #pragma once
 
