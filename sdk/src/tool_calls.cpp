@@ -194,10 +194,16 @@ ToolCallExtractor::ToolCallExtractor(std::shared_ptr<const Tokenizer> tok) : tok
     open_ = *open;
     close_ = *close;
   }
+  if (auto id = tok_->token_id("<|channel>")) channel_open_ = *id;
+  if (auto id = tok_->token_id("<channel|>")) channel_close_ = *id;
 }
 
 std::vector<ToolCall> ToolCallExtractor::push(int32_t token) {
   if (open_ < 0) return {};
+  // A call inside the thought channel is not one (the answer filter does not look for calls there).
+  if (!inside_ && token == channel_open_) in_channel_ = true;
+  if (token == channel_close_) in_channel_ = false;
+  if (in_channel_) return {};
   if (token == open_) {
     inside_ = true;  // a second opening restarts the block (the filter hands the first back as text)
     body_.clear();

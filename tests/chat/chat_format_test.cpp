@@ -277,6 +277,12 @@ TEST(Gemma4ToolCalls, FilterHidesWellFormedCallsAndExtractorReportsThem) {
     for (auto& c : z.push(id)) got.push_back(c);
   ASSERT_EQ(got.size(), 1u);
   EXPECT_EQ(got[0].name, "g");
+  // Inside the thought channel a call is thought, not a call.
+  const auto thought = tok->encode("<|channel>thought\n<|tool_call>call:f{}<tool_call|><channel|>Done.", false, true);
+  ToolCallExtractor t(tok);
+  for (int32_t id : thought) EXPECT_TRUE(t.push(id).empty());
+  auto k = format.answer_filter(false);
+  EXPECT_EQ(run_filter(*k, thought), "Done.");
 }
 
 TEST(Gemma4ChatFormat, StopTokensAndErrors) {

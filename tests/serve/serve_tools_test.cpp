@@ -64,7 +64,7 @@ TEST(ServeTools, ToolRequestsThatCannotBeHonouredAre400) {
   };
   json body = chat_body("Hi", 4);
   body["tools"] = json::array({kWeather});
-  for (const json choice : {json("required"), json{{"type", "function"}, {"function", {{"name", "get_weather"}}}}}) {
+  for (const json& choice : {json("required"), json{{"type", "function"}, {"function", {{"name", "get_weather"}}}}}) {
     json b = body;
     b["tool_choice"] = choice;
     expect_400(b, "tool_choice");

@@ -46,8 +46,8 @@ class ToolCallExtractor {
 
  private:
   std::shared_ptr<const Tokenizer> tok_;
-  int32_t open_ = -1, close_ = -1;
-  bool inside_ = false;
+  int32_t open_ = -1, close_ = -1, channel_open_ = -1, channel_close_ = -1;
+  bool inside_ = false, in_channel_ = false;
   std::string body_;
 };
 
