@@ -89,7 +89,7 @@ test("stop_token_ids, ignore_eos and speculative settings work with the drafter 
   // The answer's second token, as /tokenize gives it (the plain-text tokenization of the answer, which is
   // what the tiny model writes here): generation stops there, "stop", the answer cut before it.
   const ids = await (await fetch(`${server.url}/tokenize`, { method: "POST", headers: { "content-type": "application/json" },
-                                                              body: JSON.stringify({ content: answer, with_pieces: true }) })).json();
+                                                              body: JSON.stringify({ content: answer }) })).json();
   const r = await client.chat.completions.create({ model, messages, max_tokens: 16, temperature: 0, stop_token_ids: [ids.tokens[1]] });
   assert.equal(r.choices[0].finish_reason, "stop", JSON.stringify({ r, ids }));
   assert.ok(r.usage.completion_tokens <= 1, JSON.stringify(r));
