@@ -156,7 +156,7 @@ TEST(ServeTools, SpeculativeSettingsWithoutADrafterAre400ExceptOff) {
   model.context_length = 64;
   model.tokenize = [](std::string_view) { return std::vector<int32_t>{1, 2, 3}; };
   const json base = {{"prompt", "x"}, {"max_tokens", 4}};
-  for (const json& f : {json{{"speculative.n_max", 2}}, json{{"speculative.mode", "auto"}}}) {
+  for (const json& f : {json{{"speculative.n_max", 2}}, json{{"speculative.mode", "auto"}}, json{{"speculative.mode", "fixed"}}}) {
     json b = base;
     b.update(f);
     EXPECT_THROW(specula::serve::read_completion(b, false, model, 1), specula::serve::HttpError) << f.dump();

@@ -232,6 +232,7 @@ bool read_sampling(const json& b, CompletionRequest& r, uint64_t unseeded) {
   }
   std::optional<int> n_max;
   if (present(b, "speculative.n_max")) n_max = static_cast<int>(read_int(b["speculative.n_max"], "speculative.n_max", 0, 16));
+  r.asks_drafting = (mode && *mode != "off") || (n_max && *n_max > 0);
   if (mode == "off" || n_max == 0) {
     if (mode && *mode != "off") bad_request("'speculative.n_max' 0 turns drafting off; it needs no mode but \"off\"", "speculative.n_max");
     s.draft_tokens = 0;
@@ -502,7 +503,7 @@ CompletionRequest read_completion(const json& b, bool chat, const ServedModel& m
                                      "({} in the prompt, {} in the completion). Please reduce the length of the {} or "
                                      "the completion.", capacity, n + s.max_tokens, n, s.max_tokens, prompt_field),
                     "invalid_request_error", prompt_field, "context_length_exceeded"};
-  if (!model.has_drafter && (s.draft_auto.value_or(false) || s.draft_tokens.value_or(0) > 0))
+  if (!model.has_drafter && r.asks_drafting)
     bad_request("this server runs no drafter: speculative.mode \"fixed\"/\"auto\" or speculative.n_max > 0 cannot be "
                 "honoured", present(b, "speculative.mode") ? "speculative.mode" : "speculative.n_max");
   for (int32_t id : s.stop_token_ids)

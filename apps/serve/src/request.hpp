@@ -70,6 +70,7 @@ struct CompletionRequest {
   // whether more than the first tool call the model writes is returned.
   std::string tools;
   bool parallel_tool_calls = true;
+  bool asks_drafting = false;  // speculative.mode fixed/auto or speculative.n_max > 0: needs a drafter
 };
 
 // Function names as OpenAI allows them (plus '.'): 1-64 of [A-Za-z0-9_.-].
