@@ -169,6 +169,9 @@ int run_chat(const std::vector<std::string>& args) {
       continue;
     }
     fmt::print("\n");
+    // Tool calls the model wrote (parsed, not part of the text): shown; `specula chat` declares no tools
+    // and runs none, so the conversation goes on with the user.
+    for (const auto& call : result.tool_calls) fmt::print("[tool call] {} {}\n", call.name, call.arguments);
     std::fflush(stdout);
     if (result.stop_reason == specula::core::StopReason::Interrupted) {
       fmt::print(stderr, "(reply interrupted)\n");

@@ -212,9 +212,11 @@ void Generation::State::begin() {
   sampled_drafts = sampler->params().temperature > 0.0f && rules->samples_drafts();
   if (options.draft_hook) options.draft_hook->check(sampler->params());
 
-  stops.insert(info.end_tokens.begin(), info.end_tokens.end());
-  if (auto cf = model->chat_format()) {
-    for (int32_t t : cf->stop_tokens()) stops.insert(t);
+  if (!options.ignore_eos) {
+    stops.insert(info.end_tokens.begin(), info.end_tokens.end());
+    if (auto cf = model->chat_format()) {
+      for (int32_t t : cf->stop_tokens()) stops.insert(t);
+    }
   }
   stops.insert(options.stop_tokens.begin(), options.stop_tokens.end());
 

@@ -463,6 +463,8 @@ Pipeline read_pipeline(YAML::Node root, const fs::path& source, const Reader& r)
                                    {"max_tokens", Kind::Int}, {"device", Kind::String}, {"stop", Kind::StringList},
                                    {"options", Kind::Map}});
     auto& sp = p.sampler.params;
+    for (const char* key : {"temperature", "top_k", "top_p", "min_p", "repetition_penalty"})
+      if (s[key]) p.sampler.given.push_back(key);
     if (auto n = s["plugin"]) p.sampler.plugin = r.string(n, "sampler.plugin");
     if (auto n = s["temperature"]) sp.temperature = static_cast<float>(r.number(n, "sampler.temperature", 0, 100));
     if (auto n = s["top_k"]) sp.top_k = static_cast<int32_t>(r.integer(n, "sampler.top_k", 0, kMaxInt));
@@ -573,8 +575,12 @@ void check_drafter(const Pipeline& p, const DrafterLoader& loader, const ModelFi
   loader.check(file, backend, target, p.drafter->options);
 }
 
+std::shared_ptr<Sampler> make_sampler(const Pipeline& p, const PluginHost& host, const SamplingParams& params) {
+  return host.make_sampler(p.sampler.plugin, params, p.sampler.options, p.sampler.options_at);
+}
+
 std::shared_ptr<Sampler> make_sampler(const Pipeline& p, const PluginHost& host) {
-  return host.make_sampler(p.sampler.plugin, p.sampler.params, p.sampler.options, p.sampler.options_at);
+  return make_sampler(p, host, p.sampler.params);
 }
 
 BuiltPipeline build_pipeline(const Pipeline& p, const PluginHost& host, const BuildOptions& options) {
@@ -610,7 +616,10 @@ BuiltPipeline build_pipeline(const Pipeline& p, const PluginHost& host, const Bu
       check_drafter(p, *drafter, *b.drafter_file, *b.backend, info);
     });
   }
-  section("sampler", [&] { b.sampler = make_sampler(p, host); });
+  section("sampler", [&] {
+    b.sampling = generation_defaults(p, b.target_file.get());
+    b.sampler = make_sampler(p, host, b.sampling);
+  });
   section("target", [&] {
     b.target = target->load(b.target_file, b.backend, p.target.options, target_parts);
     if (!b.target) fail("model plugin returned no model for {}", p.target.model.string());
@@ -623,6 +632,32 @@ BuiltPipeline build_pipeline(const Pipeline& p, const PluginHost& host, const Bu
     });
   }
   return b;
+}
+
+SamplingParams generation_defaults(const Pipeline& p, const ModelFile* target_file) {
+  SamplingParams s = p.sampler.params;
+  if (!target_file) return s;
+  const auto& md = target_file->metadata();
+  const auto g = md.find("generation_config");
+  if (g == md.end() || !g->is_object()) return s;
+  const auto& given = p.sampler.given;
+  auto is_given = [&](const char* key) { return std::find(given.begin(), given.end(), key) != given.end(); };
+  auto number = [&](const char* key, auto& out, double lo, double hi) {
+    if (is_given(key)) return;
+    auto it = g->find(key);
+    if (it == g->end() || !it->is_number()) return;
+    const double v = it->template get<double>();
+    if (!(v >= lo && v <= hi)) return;
+    out = static_cast<std::decay_t<decltype(out)>>(v);
+  };
+  number("temperature", s.temperature, 0, 100);
+  number("top_k", s.top_k, 0, 1 << 30);
+  number("top_p", s.top_p, 1e-6, 1);
+  number("min_p", s.min_p, 0, 1);
+  number("repetition_penalty", s.repetition_penalty, 0.01, 100);
+  const auto d = g->find("do_sample");
+  if (d != g->end() && d->is_boolean() && !d->get<bool>() && !is_given("temperature")) s.temperature = 0.0f;
+  return s;
 }
 
 void apply_drafting(const Pipeline& p, GenerationOptions& o) {

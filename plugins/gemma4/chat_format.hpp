@@ -38,6 +38,10 @@ class Gemma4ChatFormat final : public ChatFormat {
 
   RenderedChat render_chat(std::span<const ChatMessage> messages, bool add_generation_prompt,
                            bool enable_thinking) const override;
+  // Tools, tool calls and tool messages as the current 31B template renders them (the interleaved
+  // template's older tool layout is not reproduced; its tool-less conversations are).
+  RenderedChat render_chat_tools(std::span<const ChatMessage> messages, std::string_view tools,
+                                 bool add_generation_prompt, bool enable_thinking) const override;
   std::unique_ptr<AnswerFilter> answer_filter(bool show_thoughts) const override;
   std::vector<int32_t> stop_tokens() const override;
 

@@ -8,6 +8,7 @@
 
 #include "chat_format.hpp"
 #include "specula/error.hpp"
+#include "specula/tool_calls.hpp"
 #include "vocab_fixture.hpp"
 
 namespace specula {
@@ -49,6 +50,45 @@ TEST(Gemma4ChatFormat, RenderMatchesJinjaTemplates) {
         << c["template"] << " / " << c["conversation"] << " gen=" << c["add_generation_prompt"]
         << " thinking=" << c["enable_thinking"];
   }
+}
+
+std::vector<ChatMessage> golden_messages(const nlohmann::json& c) {
+  std::vector<ChatMessage> messages;
+  for (const auto& m : c["messages"]) {
+    ChatMessage msg{m["role"], m["content"].is_string() ? m["content"].get<std::string>() : std::string()};
+    if (m.contains("tool_calls")) msg.tool_calls = m["tool_calls"].dump();
+    if (m.contains("tool_call_id")) msg.tool_call_id = m["tool_call_id"];
+    if (m.contains("name")) msg.name = m["name"];
+    messages.push_back(std::move(msg));
+  }
+  return messages;
+}
+
+// Tool declarations, assistant tool calls (OpenAI's JSON-string arguments) and tool results, against
+// the current 31B template rendered by jinja2 (tools/llama-ref/tool_chat_goldens.py).
+TEST(Gemma4ChatFormat, ToolConversationsMatchJinjaTemplate) {
+  const auto goldens = nlohmann::json::parse(slurp(std::filesystem::path(SPECULA_SOURCE_DIR) / "tests/chat/data/tool_goldens.json"));
+  ASSERT_EQ(goldens.size(), 28u);
+  const auto tok = test::gemma4_tokenizer();
+  for (const auto& c : goldens) {
+    const auto jinja = slurp(std::filesystem::path(SPECULA_SHARED_DIR) / "gemma4-vocab" / c["template"].get<std::string>());
+    const Gemma4ChatFormat format(tok, Gemma4ChatFormat::options_from_template(jinja));
+    const auto messages = golden_messages(c);
+    const RenderedChat r = format.render_chat_tools(messages, c["tools"].dump(), c["add_generation_prompt"], c["enable_thinking"]);
+    EXPECT_EQ(r.text, c["rendered"].get<std::string>())
+        << c["conversation"] << " gen=" << c["add_generation_prompt"] << " thinking=" << c["enable_thinking"];
+    // The client's strings stay text; the prompt tokenizes as the whole text does.
+    EXPECT_EQ(tok->encode_prompt(r.text, r.content), tok->encode(r.text, false, true)) << c["conversation"];
+  }
+}
+
+TEST(Gemma4ChatFormat, ToolCallTokensAreSingleTokens) {
+  const auto tok = test::gemma4_tokenizer();
+  const auto ids = tok->encode("<|tool_call>call:f{a:<|\"|>x<|\"|>}<tool_call|><|tool_response>", false, true);
+  EXPECT_EQ(ids.front(), 48);
+  EXPECT_EQ(std::count(ids.begin(), ids.end(), 52), 2);
+  EXPECT_EQ(ids[ids.size() - 2], 49);
+  EXPECT_EQ(ids.back(), 50);
 }
 
 TEST(Gemma4ChatFormat, SmallModelTemplatesHaveNoEmptyThoughtBlock) {
@@ -172,12 +212,89 @@ TEST(Gemma4AnswerFilter, InvalidBytesBecomeReplacementCharacters) {
   EXPECT_EQ(run_filter(*g, {238 + 0xC3, 238 + 'x'}), "\xEF\xBF\xBDx");
 }
 
+TEST(Gemma4ToolCalls, ParsesTheTemplateSyntax) {
+  auto c = parse_gemma4_tool_call("call:get_weather{city:<|\"|>Paris, \"FR\"<|\"|>,unit:<|\"|>celsius<|\"|>}");
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->name, "get_weather");
+  EXPECT_EQ(nlohmann::json::parse(c->arguments), nlohmann::json({{"city", "Paris, \"FR\""}, {"unit", "celsius"}}));
+  c = parse_gemma4_tool_call("call:search_docs{exact:false,filters:{lang:<|\"|>en<|\"|>,year:2.5},limit:3,none:None,"
+                             "query:<|\"|>tools<|\"|>,Tags:[<|\"|>x<|\"|>,<|\"|>y<|\"|>],n:-1e3,z:null,t:true}");
+  ASSERT_TRUE(c);
+  EXPECT_EQ(nlohmann::json::parse(c->arguments),
+            nlohmann::json::parse(R"({"exact":false,"filters":{"lang":"en","year":2.5},"limit":3,"none":null,"query":"tools",)"
+                                  R"("Tags":["x","y"],"n":-1000.0,"z":null,"t":true})"));
+  // Whitespace between parts, quoted keys, empty objects and lists.
+  c = parse_gemma4_tool_call(" call:f_1.v2{ <|\"|>a b<|\"|> : [ ] , c : { } }\n");
+  ASSERT_TRUE(c);
+  EXPECT_EQ(c->name, "f_1.v2");
+  EXPECT_EQ(c->arguments, R"({"a b":[],"c":{}})");
+  EXPECT_EQ(parse_gemma4_tool_call("call:ping{}")->arguments, "{}");
+  // Malformed: no call: prefix, no name, bare words, unclosed strings/objects, trailing text, bad numbers.
+  for (const char* bad : {"", "call:", "call:{}", "get_weather{}", "call:f{a:Paris}", "call:f{a:<|\"|>x}", "call:f{a:1",
+                          "call:f{a:1}x", "call:f{a:01}", "call:f{a:1.}", "call:f{a:1e999}", "call:f{:1}", "call:f{a:1,}",
+                          "call:f g{}", "call:f{a:[1,]}", "call:f{a:{b:1}"})
+    EXPECT_FALSE(parse_gemma4_tool_call(bad)) << bad;
+  // Nesting is bounded.
+  std::string deep = "call:f{a:";
+  for (int i = 0; i < 100; ++i) deep += "[";
+  EXPECT_FALSE(parse_gemma4_tool_call(deep));
+}
+
+TEST(Gemma4ToolCalls, FilterHidesWellFormedCallsAndExtractorReportsThem) {
+  const auto tok = test::gemma4_tokenizer();
+  const Gemma4ChatFormat format(tok);
+  const std::string text = "Checking.<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>}<tool_call|>"
+                           "<|tool_call>call:get_time{}<tool_call|><|tool_response>";
+  const auto ids = tok->encode(text, false, true);
+  auto f = format.answer_filter(false);
+  EXPECT_EQ(run_filter(*f, ids), "Checking.");
+  ToolCallExtractor x(tok);
+  ASSERT_TRUE(x.active());
+  std::vector<ToolCall> calls;
+  for (int32_t id : ids)
+    for (auto& c : x.push(id)) calls.push_back(std::move(c));
+  ASSERT_EQ(calls.size(), 2u);
+  EXPECT_EQ(calls[0].name, "get_weather");
+  EXPECT_EQ(calls[0].arguments, R"({"city":"Paris"})");
+  EXPECT_EQ(calls[1].name, "get_time");
+  EXPECT_EQ(calls[1].arguments, "{}");
+
+  // Malformed blocks come back as text, spelled as written; the extractor reports nothing for them.
+  for (const std::string bad : {"<|tool_call>call:f{a:Paris}<tool_call|>", "<|tool_call>call:f{a:<|\"|>x<|\"|>"}) {
+    const auto b = tok->encode("Hi " + bad, false, true);
+    auto g = format.answer_filter(false);
+    EXPECT_EQ(run_filter(*g, b), "Hi " + bad);
+    ToolCallExtractor y(tok);
+    for (int32_t id : b) EXPECT_TRUE(y.push(id).empty());
+  }
+  // A second opening before the first closed: the first block is text, the second a call.
+  const auto twice = tok->encode("<|tool_call>call:f{<|tool_call>call:g{}<tool_call|>", false, true);
+  auto h = format.answer_filter(false);
+  EXPECT_EQ(run_filter(*h, twice), "<|tool_call>call:f{");
+  ToolCallExtractor z(tok);
+  std::vector<ToolCall> got;
+  for (int32_t id : twice)
+    for (auto& c : z.push(id)) got.push_back(c);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].name, "g");
+  // Inside the thought channel a call is thought, not a call.
+  const auto thought = tok->encode("<|channel>thought\n<|tool_call>call:f{}<tool_call|><channel|>Done.", false, true);
+  ToolCallExtractor t(tok);
+  for (int32_t id : thought) EXPECT_TRUE(t.push(id).empty());
+  auto k = format.answer_filter(false);
+  EXPECT_EQ(run_filter(*k, thought), "Done.");
+}
+
 TEST(Gemma4ChatFormat, StopTokensAndErrors) {
   const Gemma4ChatFormat format(test::gemma4_tokenizer());
   EXPECT_EQ(format.stop_tokens(), (std::vector<int32_t>{106, 1, 50}));
   EXPECT_THROW(Gemma4ChatFormat(nullptr), Error);
+  // A tool message that answers no assistant tool call (the template would drop it silently).
   const std::vector<ChatMessage> tool{{"tool", "{}"}};
   EXPECT_THROW(format.render(tool, true, false), Error);
+  const std::vector<ChatMessage> after_text{{"user", "Hi"}, {"assistant", "Hello"}, {"tool", "{}"}};
+  EXPECT_THROW(format.render(after_text, true, false), Error);
+  EXPECT_THROW(format.render_chat_tools(std::vector<ChatMessage>{{"user", "Hi"}}, "{\"not\": \"a list\"}", true, false), Error);
 }
 
 TEST(Gemma4ChatFormat, TrimLikePython) {

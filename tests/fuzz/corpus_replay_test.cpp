@@ -10,6 +10,7 @@
 #include "fuzz_http_body.hpp"
 #include "fuzz_model_body.hpp"
 #include "fuzz_text_bodies.hpp"
+#include "fuzz_tool_call_body.hpp"
 
 namespace fs = std::filesystem;
 
@@ -51,7 +52,7 @@ const std::vector<std::pair<std::string, Body>> kTargets = {
     {"gguf", specula::fuzz::gguf_one},           {"safetensors", specula::fuzz::safetensors_one},
     {"tokenizer", specula::fuzz::tokenizer_one}, {"config", specula::fuzz::config_one},
     {"pipeline", specula::fuzz::pipeline_one},   {"model", specula::fuzz::model_one},
-    {"http_request", specula::fuzz::http_request_one},
+    {"http_request", specula::fuzz::http_request_one}, {"tool_call", specula::fuzz::tool_call_one},
 };
 
 }  // namespace
@@ -63,6 +64,8 @@ TEST(FuzzCorpus, ConfigInputsReadOrFailCleanly) { replay("config", specula::fuzz
 TEST(FuzzCorpus, PipelineInputsParseOrFailCleanly) { replay("pipeline", specula::fuzz::pipeline_one); }
 TEST(FuzzCorpus, ModelInputsLoadOrFailCleanly) { replay("model", specula::fuzz::model_one); }
 TEST(FuzzCorpus, HttpRequestInputsReadOrFailCleanly) { replay("http_request", specula::fuzz::http_request_one); }
+
+TEST(FuzzCorpus, ToolCallInputsParseOrAreRefused) { replay("tool_call", specula::fuzz::tool_call_one); }
 
 TEST(FuzzCorpus, CrashRegressions) {
   // regressions/<target>-<name>: inputs that once crashed a fuzzer; each must now fail cleanly or pass.

@@ -33,8 +33,9 @@ inline const serve::ServedModel& fuzz_served_model() {
     m.context_length = 4096;
     m.bos = tok.bos();
     m.defaults.max_tokens = 64;
-    m.chat_prompt = [&tok](std::span<const ChatMessage> messages, std::optional<bool> thinking) {
-      const RenderedChat r = base_chat_format().render_chat(messages, true, thinking.value_or(false));
+    m.has_drafter = true;
+    m.chat_prompt = [&tok](std::span<const ChatMessage> messages, std::optional<bool> thinking, std::string_view tools) {
+      const RenderedChat r = base_chat_format().render_chat_tools(messages, tools, true, thinking.value_or(false));
       return tok.encode_prompt(r.text, r.content);
     };
     m.tokenize = [&tok](std::string_view text) { return tok.encode(text, false, true); };
@@ -83,8 +84,12 @@ inline bool http_request_one(const uint8_t* data, size_t size) {
                                                        (*k)["enable_thinking"].is_boolean())
         thinking = (*k)["enable_thinking"].get<bool>();
       std::vector<ChatMessage> skeleton;
-      for (const auto& m : body["messages"]) skeleton.push_back({m["role"] == "developer" ? "system" : m["role"].get<std::string>(), ""});
-      if (turn_tokens(r.prompt) != turn_tokens(model.chat_prompt(skeleton, thinking))) __builtin_trap();
+      for (const auto& m : body["messages"]) {
+        ChatMessage s{m["role"] == "developer" ? "system" : m["role"].get<std::string>(), ""};
+        if (m.contains("tool_calls") && !m["tool_calls"].is_null()) s.tool_calls = m["tool_calls"].dump();
+        skeleton.push_back(std::move(s));
+      }
+      if (turn_tokens(r.prompt) != turn_tokens(model.chat_prompt(skeleton, thinking, r.tools))) __builtin_trap();
     }
     return true;
   } catch (const serve::HttpError&) {

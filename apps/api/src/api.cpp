@@ -44,9 +44,8 @@ bool is_model_path(const fs::path& p) {
   return ext != ".yaml" && ext != ".yml";
 }
 
-SamplingConfig sampling_of(const core::Pipeline& p) {
+SamplingConfig sampling_of(const core::Pipeline& p, const SamplingParams& sp) {
   SamplingConfig s;
-  const auto& sp = p.sampler.params;
   s.temperature = sp.temperature;
   s.top_k = sp.top_k;
   s.top_p = sp.top_p;
@@ -58,20 +57,6 @@ SamplingConfig sampling_of(const core::Pipeline& p) {
   s.stop = p.sampler.stop;
   s.show_thoughts = p.chat.show_thoughts;
   return s;
-}
-
-// Hugging Face's generation_config.json semantics: do_sample false is greedy whatever the temperature.
-void apply_generation_config(const nlohmann::json& g, SamplingConfig& s) {
-  if (!g.is_object()) return;
-  auto number = [&](const char* key, auto& out) {
-    if (auto it = g.find(key); it != g.end() && it->is_number()) out = it->template get<std::decay_t<decltype(out)>>();
-  };
-  const bool sample = g.value("do_sample", true);
-  number("temperature", s.temperature);
-  number("top_k", s.top_k);
-  number("top_p", s.top_p);
-  number("repetition_penalty", s.repetition_penalty);
-  if (!sample) s.temperature = 0.0f;
 }
 
 }  // namespace
@@ -92,7 +77,8 @@ std::shared_ptr<Model> Model::from_pipeline(core::Pipeline pipeline, const OpenO
   impl->built = core::build_pipeline(impl->pipeline, *impl->host, build);
   if (!impl->built.target->tokenizer())
     fail("{}: the model has no tokenizer; the application API works on text", impl->pipeline.target.model.string());
-  impl->defaults = sampling_of(impl->pipeline);
+  // The sampler section's values, and the checkpoint's generation_config.json for the keys it leaves unset.
+  impl->defaults = sampling_of(impl->pipeline, impl->built.sampling);
   return std::shared_ptr<Model>(new Model(std::move(impl)));
 }
 
@@ -101,15 +87,7 @@ std::shared_ptr<Model> Model::open(const fs::path& path, const OpenOptions& opti
   std::vector<core::Override> overrides = options.overrides;
   const std::string target = core::hub::is_ref(path.string()) ? path.string() : fs::absolute(path).lexically_normal().string();
   overrides.insert(overrides.begin(), {"target.model", target, "model path " + path.string()});
-  auto model = from_pipeline(core::default_pipeline(overrides), options);
-  // Opened from its path: the checkpoint's own generation defaults, unless a sampler key was given.
-  const bool sampler_set = std::any_of(options.overrides.begin(), options.overrides.end(),
-                                       [](const core::Override& o) { return o.key.rfind("sampler.", 0) == 0; });
-  if (!sampler_set) {
-    const auto& md = model->impl_->built.target_file->metadata();
-    if (auto g = md.find("generation_config"); g != md.end()) apply_generation_config(*g, model->impl_->defaults);
-  }
-  return model;
+  return from_pipeline(core::default_pipeline(overrides), options);
 }
 
 std::shared_ptr<Model> Model::from_yaml(std::string_view yaml, const fs::path& base_dir, const OpenOptions& options) {
@@ -141,7 +119,8 @@ std::string Model::detokenize(std::span<const int32_t> ids, bool skip_special) c
   return tok->decode(ids, skip_special);
 }
 
-RenderedChat Model::rendered(std::span<const ChatMessage> messages, std::optional<bool> enable_thinking) const {
+RenderedChat Model::rendered(std::span<const ChatMessage> messages, std::optional<bool> enable_thinking,
+                            std::string_view tools) const {
   const auto chat = impl_->built.target->chat_format();
   if (!chat) fail("the model has no chat format; give a prompt as tokens or plain text instead of messages");
   if (messages.empty()) fail("no messages: a conversation needs at least one message");
@@ -149,16 +128,17 @@ RenderedChat Model::rendered(std::span<const ChatMessage> messages, std::optiona
   const bool has_system = std::any_of(messages.begin(), messages.end(), [](const ChatMessage& m) { return m.role == "system"; });
   if (!has_system && !impl_->pipeline.chat.system.empty()) all.push_back({"system", impl_->pipeline.chat.system});
   all.insert(all.end(), messages.begin(), messages.end());
-  return chat->render_chat(all, true, enable_thinking.value_or(impl_->pipeline.chat.enable_thinking));
+  return chat->render_chat_tools(all, tools, true, enable_thinking.value_or(impl_->pipeline.chat.enable_thinking));
 }
 
-std::string Model::render(std::span<const ChatMessage> messages, std::optional<bool> enable_thinking) const {
-  return rendered(messages, enable_thinking).text;
+std::string Model::render(std::span<const ChatMessage> messages, std::optional<bool> enable_thinking,
+                          std::string_view tools) const {
+  return rendered(messages, enable_thinking, tools).text;
 }
 
 std::vector<int32_t> Model::chat_prompt(std::span<const ChatMessage> messages, std::optional<bool> enable_thinking,
-                                        ContentTokens content) const {
-  const RenderedChat r = rendered(messages, enable_thinking);
+                                        ContentTokens content, std::string_view tools) const {
+  const RenderedChat r = rendered(messages, enable_thinking, tools);
   const auto& tok = *impl_->built.target->tokenizer();
   return content == ContentTokens::Parsed ? tok.encode(r.text, false, true) : tok.encode_prompt(r.text, r.content);
 }
@@ -177,6 +157,8 @@ struct Session::State {
   bool reasoning = false;
   std::unique_ptr<ThoughtSplitter> splitter;
   std::string thoughts;
+  std::optional<ToolCallExtractor> tool_calls;
+  std::vector<ToolCall> calls;
   ChunkCallback on_chunk;
 
   ContextOptions context_options;
@@ -241,6 +223,9 @@ void Session::begin(std::span<const int32_t> prompt, const SamplingConfig& sampl
   s.reasoning = sampling.reasoning && !sampling.show_thoughts;
   const auto chat = s.model->built.target->chat_format();
   s.splitter = s.reasoning && chat ? std::make_unique<ThoughtSplitter>(*chat) : nullptr;
+  s.calls.clear();
+  s.tool_calls.reset();
+  if (chat) s.tool_calls.emplace(s.model->built.target->tokenizer());
 
   core::GenerationOptions o;
   o.max_tokens = sampling.max_tokens;
@@ -248,6 +233,13 @@ void Session::begin(std::span<const int32_t> prompt, const SamplingConfig& sampl
   o.show_thoughts = sampling.show_thoughts;
   o.interrupt = &s.cancelled;
   core::apply_drafting(s.model->pipeline, o);
+  o.stop_tokens = sampling.stop_token_ids;
+  o.ignore_eos = sampling.ignore_eos;
+  if (sampling.draft_tokens) o.draft_tokens = *sampling.draft_tokens;
+  if (sampling.draft_auto) o.draft_auto = *sampling.draft_auto;
+  if (sampling.draft_max) o.draft_max = *sampling.draft_max;
+  if (o.draft_tokens == 0) o.draft_auto = false;
+  if (o.draft_auto) o.draft_tokens = std::clamp(o.draft_tokens, 1, std::max(1, o.draft_max));
   core::Generator generator(s.model->built.target, s.model->make_sampler(sampling), s.model->built.drafter);
 
   std::lock_guard lock(s.model->engine);
@@ -268,7 +260,10 @@ void Session::begin(std::span<const int32_t> prompt, const SamplingConfig& sampl
       std::string thought;
       if (s.splitter) thought = token >= 0 ? s.splitter->push(token) : s.splitter->finish();
       s.thoughts += thought;
-      if (s.on_chunk) s.on_chunk(Chunk{token, text, thought});
+      std::vector<ToolCall> calls;
+      if (s.tool_calls && token >= 0) calls = s.tool_calls->push(token);
+      s.calls.insert(s.calls.end(), calls.begin(), calls.end());
+      if (s.on_chunk) s.on_chunk(Chunk{token, text, thought, calls});
     }));
   } catch (...) {
     s.forget();
@@ -335,6 +330,8 @@ Result Session::end() {
   Result r;
   r.text = std::move(g.text);
   r.reasoning = std::move(s.thoughts);
+  r.tool_calls = std::move(s.calls);
+  s.calls.clear();
   r.tokens = std::move(g.tokens);
   r.stop_reason = g.stop_reason;
   r.stop_token = g.stop_token;

@@ -149,7 +149,8 @@ void check_model_name(const json& b, const ServedModel& model) {
 // as vLLM and llama-server add them).
 const std::set<std::string> kCommonKeys = {
     "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n",
-    "user", "frequency_penalty", "presence_penalty", "repetition_penalty", "min_tokens", "logprobs"};
+    "user", "frequency_penalty", "presence_penalty", "repetition_penalty", "min_tokens", "logprobs",
+    "stop_token_ids", "ignore_eos", "speculative.n_max", "speculative.mode"};
 
 constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
 
@@ -211,6 +212,43 @@ bool read_sampling(const json& b, CompletionRequest& r, uint64_t unseeded) {
       bad_request("'logprobs' is not supported", "logprobs");
   }
   if (present(b, "user")) read_string(b["user"], "user");
+  // vLLM's stop_token_ids and ignore_eos.
+  if (present(b, "stop_token_ids")) {
+    const json& v = b["stop_token_ids"];
+    if (!v.is_array()) bad_request(fmt::format("'stop_token_ids' must be a list of token ids, got {}", quote(v)), "stop_token_ids");
+    if (v.size() > 64) bad_request(fmt::format("'stop_token_ids' holds at most 64 ids, got {}", v.size()), "stop_token_ids");
+    s.stop_token_ids.clear();
+    for (const auto& id : v) s.stop_token_ids.push_back(static_cast<int32_t>(read_int(id, "stop_token_ids", 0, kMaxInt32)));
+  }
+  read_bool(b, "ignore_eos", s.ignore_eos);
+  // Per-request speculative decoding, under llama-server's flat key speculative.n_max (the draft length;
+  // 0 = off) and Specula's speculative.mode ("off", "fixed", "auto").
+  std::optional<std::string> mode;
+  if (present(b, "speculative.mode")) {
+    mode = read_string(b["speculative.mode"], "speculative.mode");
+    if (*mode != "off" && *mode != "fixed" && *mode != "auto")
+      bad_request(fmt::format("'speculative.mode' must be \"off\", \"fixed\" or \"auto\", got {}", quote(b["speculative.mode"])),
+                  "speculative.mode");
+  }
+  std::optional<int> n_max;
+  if (present(b, "speculative.n_max")) n_max = static_cast<int>(read_int(b["speculative.n_max"], "speculative.n_max", 0, 16));
+  r.asks_drafting = (mode && *mode != "off") || (n_max && *n_max > 0);
+  if (mode == "off" || n_max == 0) {
+    if (mode && *mode != "off") bad_request("'speculative.n_max' 0 turns drafting off; it needs no mode but \"off\"", "speculative.n_max");
+    s.draft_tokens = 0;
+    s.draft_auto = false;
+  } else if (mode || n_max) {
+    if (mode == "auto") {
+      s.draft_auto = true;
+      if (n_max) s.draft_max = *n_max;
+    } else {
+      if (mode) s.draft_auto = false;
+      if (n_max) {
+        s.draft_tokens = *n_max;
+        if (!mode) s.draft_auto = false;
+      }
+    }
+  }
   read_bool(b, "stream", r.stream);
   if (present(b, "stream_options")) {
     const json& o = read_object(b["stream_options"], "stream_options");
@@ -219,6 +257,78 @@ bool read_sampling(const json& b, CompletionRequest& r, uint64_t unseeded) {
     read_bool(o, "include_usage", r.include_usage);
   }
   return max_given;
+}
+
+bool valid_function_name(std::string_view name) {
+  if (name.empty() || name.size() > 64) return false;
+  for (char c : name)
+    if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '_' || c == '-' || c == '.'))
+      return false;
+  return true;
+}
+
+std::string function_name(const json& v, const std::string& where) {
+  const std::string name = read_string(v, where);
+  if (!valid_function_name(name))
+    bad_request(fmt::format("'{}' must be 1 to 64 of a-z, A-Z, 0-9, '_', '-', '.', got {}", where, quote(v)), where);
+  return name;
+}
+
+// An assistant message's tool_calls, checked, as the JSON text ChatMessage::tool_calls holds.
+std::string read_tool_calls(const json& v, const std::string& where) {
+  if (!v.is_array() || v.empty()) bad_request(fmt::format("'{}' must be a non-empty list of tool calls", where), where);
+  if (v.size() > kMaxTools) bad_request(fmt::format("'{}' holds at most {} calls", where, kMaxTools), where);
+  json out = json::array();
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string at = fmt::format("{}[{}]", where, i);
+    const json& c = read_object(v[i], at);
+    only_keys(c, {"id", "type", "function", "index"}, at);
+    if (present(c, "type") && read_string(c["type"], at + ".type") != "function")
+      bad_request(fmt::format("'{}.type' must be \"function\"", at), at + ".type");
+    if (!present(c, "function")) bad_request(fmt::format("'{}.function' is required", at), at + ".function");
+    const json& f = read_object(c["function"], at + ".function");
+    only_keys(f, {"name", "arguments"}, at + ".function");
+    if (!present(f, "name")) bad_request(fmt::format("'{}.function.name' is required", at), at + ".function.name");
+    json call = {{"type", "function"}, {"function", {{"name", function_name(f["name"], at + ".function.name")}}}};
+    if (present(c, "id")) call["id"] = read_string(c["id"], at + ".id");
+    if (present(f, "arguments")) {
+      const json& a = f["arguments"];
+      if (!a.is_string() && !a.is_object())
+        bad_request(fmt::format("'{}.function.arguments' must be a JSON string, got {}", at, quote(a)), at + ".function.arguments");
+      call["function"]["arguments"] = a;
+    }
+    out.push_back(std::move(call));
+  }
+  return out.dump(-1, ' ', false, json::error_handler_t::replace);
+}
+
+// The request's tools, checked, as a JSON array of {"type": "function", "function": {...}}.
+std::string read_tools(const json& v) {
+  if (!v.is_array()) bad_request(fmt::format("'tools' must be a list of tools, got {}", quote(v)), "tools");
+  if (v.size() > kMaxTools) bad_request(fmt::format("'tools' holds at most {} tools, got {}", kMaxTools, v.size()), "tools");
+  if (v.empty()) return {};
+  json out = json::array();
+  for (size_t i = 0; i < v.size(); ++i) {
+    const std::string at = fmt::format("tools[{}]", i);
+    const json& t = read_object(v[i], at);
+    only_keys(t, {"type", "function"}, at);
+    if (!present(t, "type") || read_string(t["type"], at + ".type") != "function")
+      bad_request(fmt::format("'{}.type' must be \"function\"", at), at + ".type");
+    if (!present(t, "function")) bad_request(fmt::format("'{}.function' is required", at), at + ".function");
+    const json& f = read_object(t["function"], at + ".function");
+    only_keys(f, {"name", "description", "parameters", "strict"}, at + ".function");
+    if (!present(f, "name")) bad_request(fmt::format("'{}.function.name' is required", at), at + ".function.name");
+    json fn = {{"name", function_name(f["name"], at + ".function.name")}};
+    if (present(f, "description")) fn["description"] = read_string(f["description"], at + ".function.description");
+    if (present(f, "parameters")) fn["parameters"] = read_object(f["parameters"], at + ".function.parameters");
+    if (present(f, "strict")) {
+      bool strict = false;
+      read_bool(f, "strict", strict);
+      if (strict) bad_request("'strict' tools need constrained decoding, which this server does not have yet", at + ".function.strict");
+    }
+    out.push_back({{"type", "function"}, {"function", std::move(fn)}});
+  }
+  return out.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
 std::string message_content(const json& m, const std::string& where) {
@@ -251,12 +361,24 @@ std::vector<ChatMessage> read_messages(const json& b) {
     if (!m.is_object() || !m.contains("role")) bad_request(fmt::format("'{}' must be an object with a role", where), where);
     std::string role = read_string(m["role"], where + ".role");
     if (role == "developer") role = "system";  // OpenAI's newer name for it
-    if (role != "system" && role != "user" && role != "assistant")
-      bad_request(fmt::format("'{}.role' must be system, developer, user or assistant, got {}", where, quote(role)),
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool")
+      bad_request(fmt::format("'{}.role' must be system, developer, user, assistant or tool, got {}", where, quote(role)),
                   where + ".role");
-    only_keys(m, {"role", "content", "name"}, where);
-    if (present(m, "name")) read_string(m["name"], where + ".name");
-    out.push_back({role, message_content(m, where + ".content")});
+    if (role == "assistant") only_keys(m, {"role", "content", "name", "tool_calls", "reasoning_content"}, where);
+    else if (role == "tool") only_keys(m, {"role", "content", "name", "tool_call_id"}, where);
+    else only_keys(m, {"role", "content", "name"}, where);
+    ChatMessage msg{role, message_content(m, where + ".content")};
+    if (present(m, "name")) msg.name = read_string(m["name"], where + ".name");
+    if (role == "assistant" && present(m, "reasoning_content")) read_string(m["reasoning_content"], where + ".reasoning_content");
+    if (role == "assistant" && present(m, "tool_calls")) msg.tool_calls = read_tool_calls(m["tool_calls"], where + ".tool_calls");
+    if (role == "tool") {
+      if (!present(m, "tool_call_id")) bad_request(fmt::format("'{}.tool_call_id' is required", where), where + ".tool_call_id");
+      msg.tool_call_id = read_string(m["tool_call_id"], where + ".tool_call_id");
+      if (i == 0 || (out.back().role != "tool" && out.back().tool_calls.empty()))
+        bad_request(fmt::format("'{}': a tool message must follow an assistant message with tool_calls (or another tool "
+                                "message)", where), where);
+    }
+    out.push_back(std::move(msg));
   }
   return out;
 }
@@ -272,10 +394,10 @@ std::vector<int32_t> token_ids(const json& v, const std::string& name, int64_t v
 }
 
 std::vector<int32_t> chat_prompt(const ServedModel& model, const std::vector<ChatMessage>& messages,
-                                 std::optional<bool> thinking) {
+                                 std::optional<bool> thinking, std::string_view tools = {}) {
   if (!model.chat_prompt) bad_request("the model has no chat format; use /v1/completions with a prompt", "messages");
   try {
-    return model.chat_prompt(messages, thinking);
+    return model.chat_prompt(messages, thinking, tools);
   } catch (const std::exception& e) {  // the chat format's own errors (a plugin's Error type)
     bad_request(e.what(), "messages");
   }
@@ -305,7 +427,9 @@ json parse_json_body(std::string_view body) {
 
 CompletionRequest read_completion(const json& b, bool chat, const ServedModel& model, uint64_t unseeded) {
   std::set<std::string> keys = kCommonKeys;
-  if (chat) keys.insert({"messages", "max_completion_tokens", "include_reasoning", "chat_template_kwargs", "response_format"});
+  if (chat)
+    keys.insert({"messages", "max_completion_tokens", "include_reasoning", "chat_template_kwargs", "response_format", "tools",
+                 "tool_choice", "parallel_tool_calls"});
   else keys.insert({"prompt", "echo", "suffix", "best_of"});
   only_keys(b, keys);
   check_model_name(b, model);
@@ -332,7 +456,22 @@ CompletionRequest read_completion(const json& b, bool chat, const ServedModel& m
       if (f.size() != 1 || !f.contains("type") || f["type"] != "text")
         bad_request("only response_format {\"type\": \"text\"} is supported", "response_format");
     }
-    r.prompt = chat_prompt(model, messages, thinking);
+    if (present(b, "tools")) r.tools = read_tools(b["tools"]);
+    read_bool(b, "parallel_tool_calls", r.parallel_tool_calls);
+    if (present(b, "tool_choice")) {
+      const json& c = b["tool_choice"];
+      if (c.is_string() && c == "none") {
+        r.tools.clear();  // the model is not told of the tools (a call it writes anyway is still parsed)
+      } else if (c.is_string() && c == "auto") {
+      } else if ((c.is_string() && c == "required") || c.is_object()) {
+        bad_request("tool_choice \"required\" and a named function need constrained decoding, which this server does not "
+                    "have yet; use \"auto\"", "tool_choice");
+      } else {
+        bad_request(fmt::format("'tool_choice' must be \"none\", \"auto\", \"required\" or {{\"type\": \"function\", "
+                                "\"function\": {{\"name\"}}}}, got {}", quote(c)), "tool_choice");
+      }
+    }
+    r.prompt = chat_prompt(model, messages, thinking, r.tools);
   } else {
     if (!b.contains("prompt")) bad_request("'prompt' is required", "prompt");
     const json* p = &b["prompt"];
@@ -364,6 +503,13 @@ CompletionRequest read_completion(const json& b, bool chat, const ServedModel& m
                                      "({} in the prompt, {} in the completion). Please reduce the length of the {} or "
                                      "the completion.", capacity, n + s.max_tokens, n, s.max_tokens, prompt_field),
                     "invalid_request_error", prompt_field, "context_length_exceeded"};
+  if (!model.has_drafter && r.asks_drafting)
+    bad_request("this server runs no drafter: speculative.mode \"fixed\"/\"auto\" or speculative.n_max > 0 cannot be "
+                "honoured", present(b, "speculative.mode") ? "speculative.mode" : "speculative.n_max");
+  for (int32_t id : s.stop_token_ids)
+    if (id >= model.vocab_size)
+      bad_request(fmt::format("'stop_token_ids' holds {}, outside the vocabulary of {} tokens", id, model.vocab_size),
+                  "stop_token_ids");
   if (s.min_tokens > s.max_tokens)
     bad_request(fmt::format("'min_tokens' ({}) must not exceed max_tokens ({})", s.min_tokens, s.max_tokens), "min_tokens");
   return r;

@@ -49,8 +49,12 @@ struct ServedModel {
   int64_t context_length = 0;
   int32_t bos = -1;
   api::SamplingConfig defaults;
-  // The conversation as prompt ids in the model's chat format; empty function: the model has none.
-  std::function<std::vector<int32_t>(std::span<const ChatMessage>, std::optional<bool> enable_thinking)> chat_prompt;
+  bool has_drafter = false;  // per-request speculative settings other than "off" need one
+  // The conversation as prompt ids in the model's chat format, with tool declarations (`tools`: a JSON
+  // array in OpenAI's form, "" for none); empty function: the model has none.
+  std::function<std::vector<int32_t>(std::span<const ChatMessage>, std::optional<bool> enable_thinking,
+                                     std::string_view tools)>
+      chat_prompt;
   // Raw text as prompt ids, special tokens parsed (a completion prompt is written in the model's format).
   std::function<std::vector<int32_t>(std::string_view)> tokenize;
 };
@@ -62,7 +66,15 @@ struct CompletionRequest {
   api::SamplingConfig sampling;
   bool stream = false;
   bool include_usage = false;
+  // Tool calling (chat): the declarations rendered into the prompt (a JSON array, "" for none), and
+  // whether more than the first tool call the model writes is returned.
+  std::string tools;
+  bool parallel_tool_calls = true;
+  bool asks_drafting = false;  // speculative.mode fixed/auto or speculative.n_max > 0: needs a drafter
 };
+
+// Function names as OpenAI allows them (plus '.'): 1-64 of [A-Za-z0-9_.-].
+inline constexpr size_t kMaxTools = 128;
 
 // `unseeded`: the seed of a request that names none (each request draws its own; the caller passes it
 // in so that reading stays deterministic).

@@ -23,9 +23,10 @@ std::string finish_reason(core::StopReason r) {
 Job::Output Job::take() {
   std::lock_guard lock(mu);
   update_pending = false;
-  Output o{std::move(text), std::move(reasoning), done};
+  Output o{std::move(text), std::move(reasoning), std::move(tool_calls), done};
   text.clear();
   reasoning.clear();
+  tool_calls.clear();
   return o;
 }
 
@@ -210,11 +211,12 @@ void Scheduler::start(Slot& slot, std::shared_ptr<Job> job, size_t cached) {
         slot.first = false;
         slot.last_token = now;
       }
-      if (c.text.empty() && c.reasoning.empty()) return;
+      if (c.text.empty() && c.reasoning.empty() && c.tool_calls.empty()) return;
       {
         std::lock_guard lock(j->mu);
         j->text += c.text;
         j->reasoning += c.reasoning;
+        j->tool_calls.insert(j->tool_calls.end(), c.tool_calls.begin(), c.tool_calls.end());
       }
       j->notify();
     });

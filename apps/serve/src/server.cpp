@@ -176,6 +176,7 @@ class CompletionAnswer : public std::enable_shared_from_this<CompletionAnswer> {
   void watch(const CompletionRequest& r) {
     stream_ = r.stream;
     include_usage_ = r.include_usage;
+    parallel_tool_calls_ = r.parallel_tool_calls;
     reasoning_ = r.sampling.reasoning;
     job_->on_update = [answer = weak_from_this(), exchange = exchange_] {
       exchange->run([answer] {
@@ -211,10 +212,13 @@ class CompletionAnswer : public std::enable_shared_from_this<CompletionAnswer> {
       std::string events;
       if (!out.reasoning.empty()) events += event(chunk(json{{"reasoning_content", out.reasoning}}, nullptr));
       if (!out.text.empty()) events += event(chunk(chat_ ? json{{"content", out.text}} : json(out.text), nullptr));
+      // Each tool call as one delta, whole (id, name and arguments), as soon as its closing token is out.
+      for (json& call : new_calls(out.tool_calls)) events += event(chunk(json{{"tool_calls", json::array({std::move(call)})}}, nullptr));
       if (!events.empty()) exchange_->send(std::move(events));
     } else {
       text_ += out.text;
       reasoning_text_ += out.reasoning;
+      new_calls(out.tool_calls);
     }
     if (!out.done) return;
     ended_ = true;
@@ -223,6 +227,28 @@ class CompletionAnswer : public std::enable_shared_from_this<CompletionAnswer> {
   }
 
   static std::string event(const json& j) { return "data: " + dump(j) + "\n\n"; }
+
+  // The tool calls parsed since the last update, as OpenAI's tool_calls entries (kept for the plain
+  // answer); with parallel_tool_calls false only the first call of the answer is returned.
+  std::vector<json> new_calls(const std::vector<api::ToolCall>& calls) {
+    std::vector<json> out;
+    if (!chat_) return out;
+    for (const auto& c : calls) {
+      if (!parallel_tool_calls_ && !calls_.empty()) break;
+      json call = {{"index", calls_.size()},
+                   {"id", "call_" + request_id("").substr(1, 24)},
+                   {"type", "function"},
+                   {"function", {{"name", c.name}, {"arguments", c.arguments}}}};
+      calls_.push_back(call);
+      out.push_back(std::move(call));
+    }
+    return out;
+  }
+
+  // finish_reason: "tool_calls" when the model stopped after calling tools.
+  std::string finish_reason() const {
+    return job_->finish_reason == "stop" && !calls_.empty() ? "tool_calls" : job_->finish_reason;
+  }
 
   json chunk(json delta_or_text, json finish) const {
     json choice = {{"index", 0}, {"finish_reason", std::move(finish)}, {"logprobs", nullptr}};
@@ -255,7 +281,7 @@ class CompletionAnswer : public std::enable_shared_from_this<CompletionAnswer> {
     if (cut()) {
       events += "data: " + error_body(cut_error()) + "\n\n";
     } else {
-      events += event(chunk(chat_ ? json::object() : json(""), job_->finish_reason));
+      events += event(chunk(chat_ ? json::object() : json(""), finish_reason()));
       if (include_usage_ && job_->result) {
         events += event({{"id", id_}, {"object", chat_ ? "chat.completion.chunk" : "text_completion"}, {"created", created_},
                          {"model", model_}, {"choices", json::array()}, {"usage", usage(*job_->result)}});
@@ -267,9 +293,19 @@ class CompletionAnswer : public std::enable_shared_from_this<CompletionAnswer> {
 
   void respond() {
     const api::Result* r = job_->result ? &*job_->result : nullptr;
-    json choice = {{"index", 0}, {"finish_reason", cut() ? "abort" : job_->finish_reason}, {"logprobs", nullptr}};
+    json choice = {{"index", 0}, {"finish_reason", cut() ? "abort" : finish_reason()}, {"logprobs", nullptr}};
     if (chat_) {
-      json message = {{"role", "assistant"}, {"content", r ? r->text : text_}};
+      std::string content = r ? r->text : text_;
+      json message = {{"role", "assistant"}, {"content", content}};
+      if (!calls_.empty()) {
+        if (content.empty()) message["content"] = nullptr;
+        json calls = json::array();
+        for (json c : calls_) {
+          c.erase("index");
+          calls.push_back(std::move(c));
+        }
+        message["tool_calls"] = std::move(calls);
+      }
       if (reasoning_) message["reasoning_content"] = r ? r->reasoning : reasoning_text_;
       choice["message"] = std::move(message);
     } else {
@@ -288,7 +324,8 @@ class CompletionAnswer : public std::enable_shared_from_this<CompletionAnswer> {
 
   std::shared_ptr<Job> job_;
   std::shared_ptr<http::Exchange> exchange_;
-  bool chat_, stream_ = false, include_usage_ = false, reasoning_ = false;
+  bool chat_, stream_ = false, include_usage_ = false, reasoning_ = false, parallel_tool_calls_ = true;
+  std::vector<json> calls_;  // the tool calls returned so far
   std::string id_, model_;
   int64_t created_;
   std::string text_, reasoning_text_;  // a plain answer's output so far
@@ -552,10 +589,12 @@ void Server::set_model(std::shared_ptr<api::Model> model) {
   served->context_length = model->context_length();
   served->bos = model->built().target->tokenizer()->bos();
   served->defaults = model->default_sampling();
+  served->has_drafter = model->has_drafter();
   if (model->built().target->chat_format()) {
     const auto content = o.control_tokens_in_content ? api::ContentTokens::Parsed : api::ContentTokens::Text;
-    served->chat_prompt = [model, content](std::span<const ChatMessage> m, std::optional<bool> thinking) {
-      return model->chat_prompt(m, thinking, content);
+    served->chat_prompt = [model, content](std::span<const ChatMessage> m, std::optional<bool> thinking,
+                                           std::string_view tools) {
+      return model->chat_prompt(m, thinking, content, tools);
     };
   }
   served->tokenize = [model](std::string_view text) { return model->tokenize(text, true); };

@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -46,8 +47,14 @@ class Tokenizer {
 std::shared_ptr<const Tokenizer> make_tokenizer(const ModelFile& file);
 
 struct ChatMessage {
-  std::string role;     // "system", "user", "assistant"
+  std::string role;     // "system", "user", "assistant", "tool"
   std::string content;
+  // An assistant message's tool calls: a JSON array in OpenAI's form
+  // ([{"id", "type": "function", "function": {"name", "arguments"}}]), "" for none.
+  std::string tool_calls = {};
+  // A tool message's answer to: the call's id, and the function's name when the client gives it.
+  std::string tool_call_id = {};
+  std::string name = {};
 };
 
 // A conversation rendered: the prompt text, and where in it the messages' contents went (what
@@ -65,6 +72,17 @@ class ChatFormat {
   // ranges of the messages' contents in it.
   virtual RenderedChat render_chat(std::span<const ChatMessage> messages, bool add_generation_prompt,
                                    bool enable_thinking) const = 0;
+  // With tool declarations: `tools` a JSON array in OpenAI's form ([{"type": "function", "function":
+  // {"name", "description", "parameters"}}]), "" for none. A format without tool support throws for
+  // tools, tool messages or tool calls.
+  virtual RenderedChat render_chat_tools(std::span<const ChatMessage> messages, std::string_view tools,
+                                         bool add_generation_prompt, bool enable_thinking) const {
+    if (!tools.empty()) throw std::runtime_error("this model's chat format does not support tools");
+    for (const auto& m : messages)
+      if (m.role == "tool" || !m.tool_calls.empty())
+        throw std::runtime_error("this model's chat format does not support tool messages or tool calls");
+    return render_chat(messages, add_generation_prompt, enable_thinking);
+  }
   // The prompt text alone.
   std::string render(std::span<const ChatMessage> messages, bool add_generation_prompt, bool enable_thinking) const {
     return render_chat(messages, add_generation_prompt, enable_thinking).text;

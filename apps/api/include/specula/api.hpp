@@ -32,10 +32,12 @@
 #include "specula/core/pipeline.hpp"
 #include "specula/model.hpp"
 #include "specula/tokenizer.hpp"
+#include "specula/tool_calls.hpp"
 
 namespace specula::api {
 
-using ChatMessage = specula::ChatMessage;  // {role: "system" | "user" | "assistant", content}
+using ChatMessage = specula::ChatMessage;  // {role: "system" | "user" | "assistant" | "tool", content, tool_calls, tool_call_id, name}
+using ToolCall = specula::ToolCall;        // {name, arguments (JSON object text)}
 
 // How a chat prompt tokenizes what the messages say: as text (a control token's spelling, "<|turn>",
 // stays text: no message can open a turn of another role), or with the special tokens it spells parsed
@@ -56,6 +58,14 @@ struct SamplingConfig {
   std::vector<std::string> stop;    // generation ends before the first of these strings
   bool show_thoughts = false;       // keep the thought channel in the answer text
   bool reasoning = false;           // hand the thought channel separately (Chunk::reasoning, Result::reasoning)
+  std::vector<int32_t> stop_token_ids;  // generation also ends at these tokens (vLLM's stop_token_ids)
+  bool ignore_eos = false;          // the model's end tokens and the chat format's stop tokens do not end it
+  // Speculative decoding for this generation (with a drafter; unset: the pipeline's drafter section):
+  // draft_tokens 0 = off, N = N tokens per round; draft_auto = pick the length per round, at most
+  // draft_max.
+  std::optional<int> draft_tokens;
+  std::optional<bool> draft_auto;
+  std::optional<int> draft_max;
 };
 
 struct OpenOptions {
@@ -71,6 +81,9 @@ struct Chunk {
   int32_t token = -1;
   std::string_view text;
   std::string_view reasoning;
+  // The tool calls this token completed (Gemma 4: `<|tool_call>call:NAME{...}<tool_call|>`, parsed;
+  // the call's text never reaches `text`).
+  std::span<const ToolCall> tool_calls;
 };
 using ChunkCallback = std::function<void(const Chunk&)>;
 using TextCallback = std::function<void(std::string_view text)>;
@@ -78,6 +91,7 @@ using TextCallback = std::function<void(std::string_view text)>;
 struct Result {
   std::string text;                 // the answer (visible text)
   std::string reasoning;            // the thought channel (with SamplingConfig::reasoning)
+  std::vector<ToolCall> tool_calls; // the tool calls the model wrote, parsed, in order
   std::vector<int32_t> tokens;      // generated ids, without the end token
   core::StopReason stop_reason = core::StopReason::MaxTokens;  // Interrupted after Session::cancel()
   int32_t stop_token = -1;
@@ -116,11 +130,14 @@ class Model {
   // The conversation in the model's chat format, ending with the generation prompt; the pipeline's
   // chat.system is added when `messages` hold no system message. Needs a chat format.
   // `enable_thinking` overrides the pipeline's chat.enable_thinking.
-  std::string render(std::span<const ChatMessage> messages, std::optional<bool> enable_thinking = {}) const;
+  // `tools`: tool declarations, a JSON array in OpenAI's form ([{"type": "function", "function": {"name",
+  // "description", "parameters"}}]); "" for none (docs/api.md "Tool calls").
+  std::string render(std::span<const ChatMessage> messages, std::optional<bool> enable_thinking = {},
+                     std::string_view tools = {}) const;
   // render() tokenized, ready for Session::generate: the template's special tokens parsed, the messages'
   // contents as `content` says.
   std::vector<int32_t> chat_prompt(std::span<const ChatMessage> messages, std::optional<bool> enable_thinking = {},
-                                   ContentTokens content = ContentTokens::Text) const;
+                                   ContentTokens content = ContentTokens::Text, std::string_view tools = {}) const;
 
   std::unique_ptr<Session> new_session();
 
@@ -135,7 +152,8 @@ class Model {
  private:
   friend class Session;
   explicit Model(std::shared_ptr<Impl> impl);
-  RenderedChat rendered(std::span<const ChatMessage> messages, std::optional<bool> enable_thinking) const;
+  RenderedChat rendered(std::span<const ChatMessage> messages, std::optional<bool> enable_thinking,
+                        std::string_view tools) const;
   std::shared_ptr<Impl> impl_;
 };
 

@@ -64,6 +64,8 @@ struct GenerationOptions {
   int max_tokens = 256;                 // tokens generated at most (stop/end tokens not counted)
   std::vector<int32_t> stop_tokens;     // extra stop tokens besides the model's end tokens and the chat
                                         // format's stop tokens
+  bool ignore_eos = false;              // the model's end tokens and the chat format's stop tokens do not
+                                        // end generation (stop_tokens still do)
   bool show_thoughts = false;           // AnswerFilter: keep the thought channel visible
   int draft_tokens = 3;                 // tokens the drafter proposes per speculative step
   bool draft_auto = false;              // pick the length per step from measured costs and acceptance

@@ -71,6 +71,9 @@ struct SamplerConfig {
   int max_tokens = 256;                // generation limit per reply
   std::vector<std::string> stop;       // stop strings: generation ends when the text holds one
   bool random_seed = false;            // `seed: -1`: params.seed was drawn at random (print it)
+  // The sampling keys the YAML or the command line set (temperature, top_k, top_p, min_p,
+  // repetition_penalty): the model's generation_config.json fills only the others.
+  std::vector<std::string> given;
   nlohmann::json options = nlohmann::json::object();
   OptionLocations options_at;
 };
@@ -126,7 +129,15 @@ struct BuiltPipeline {
   std::shared_ptr<const ModelFile> drafter_file;    // null without a drafter section
   std::shared_ptr<Drafter> drafter;                 // null without a drafter section
   std::shared_ptr<Sampler> sampler;
+  // What the sampler was built with: the pipeline's sampler section, and for the keys it leaves unset
+  // (SamplerConfig::given) the target checkpoint's generation_config.json (generation_defaults).
+  SamplingParams sampling;
 };
+
+// The pipeline's sampling parameters with the checkpoint's generation_config.json (Hugging Face
+// semantics: do_sample false = greedy) filling the keys the pipeline leaves unset; values out of range
+// are ignored. `target_file` may be null (the pipeline's params unchanged).
+SamplingParams generation_defaults(const Pipeline& p, const ModelFile* target_file);
 
 // How the builder turns the models a pipeline names (a path, an hf:// id, drafter `auto`) into the local
 // paths the plugin host opens. The core resolves no id: unset, a path is used as written and an id is an

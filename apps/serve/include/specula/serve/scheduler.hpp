@@ -37,6 +37,7 @@ struct Job {
 
   std::mutex mu;
   std::string text, reasoning;      // produced, not yet taken
+  std::vector<api::ToolCall> tool_calls;  // parsed, not yet taken
   bool done = false;
   bool update_pending = false;      // on_update was called and take() has not run since
   std::optional<api::Result> result;  // absent when the request failed
@@ -45,6 +46,7 @@ struct Job {
 
   struct Output {
     std::string text, reasoning;
+    std::vector<api::ToolCall> tool_calls;
     bool done = false;
   };
   Output take();  // what was produced since the last take

@@ -1,0 +1,246 @@
+// Issue 38's request fields through `specula serve` on the tiny pair (drafter on): tools, tool_choice,
+// tool messages and assistant tool_calls rendered into the prompt as the API renders them; stop_token_ids,
+// ignore_eos and per-request speculative settings (speculative.n_max, speculative.mode); and the
+// checkpoint's generation_config.json as the default of a request that sets no sampling field.
+#include "serve_harness.hpp"
+
+#include "request.hpp"  // apps/serve/src
+#include "specula/core/pipeline.hpp"
+
+namespace {
+
+using namespace serve_test;
+
+const json kWeather = json::parse(R"({"type": "function", "function": {"name": "get_weather",
+  "description": "Current weather for a city.", "parameters": {"type": "object",
+  "properties": {"city": {"type": "string", "description": "City name"}}, "required": ["city"]}}})");
+
+json tool_history() {
+  return json::array({{{"role", "user"}, {"content", "Weather in Paris?"}},
+                      {{"role", "assistant"}, {"content", nullptr},
+                       {"tool_calls", json::array({{{"id", "c1"}, {"type", "function"},
+                                                    {"function", {{"name", "get_weather"}, {"arguments", R"({"city": "Paris"})"}}}}})}},
+                      {{"role", "tool"}, {"tool_call_id", "c1"}, {"content", "21 C, clear"}}});
+}
+
+TEST(ServeTools, ToolsAndToolHistoryAreRenderedAsTheApiRendersThem) {
+  Running s;
+  json body = chat_body("", 4);
+  body["messages"] = tool_history();
+  body["tools"] = json::array({kWeather});
+  body["tool_choice"] = "auto";
+  body["parallel_tool_calls"] = true;
+  const auto r = post(s, "/v1/chat/completions", body);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  std::vector<specula::api::ChatMessage> m = {{"user", "Weather in Paris?"}, {"assistant", ""}, {"tool", "21 C, clear"}};
+  m[1].tool_calls = json::array({{{"id", "c1"}, {"type", "function"},
+                                  {"function", {{"name", "get_weather"}, {"arguments", R"({"city": "Paris"})"}}}}}).dump();
+  m[2].tool_call_id = "c1";
+  const std::string tools = json::array({kWeather}).dump();
+  const auto prompt = tiny()->chat_prompt(m, {}, specula::api::ContentTokens::Text, tools);
+  EXPECT_EQ(r.body["usage"]["prompt_tokens"], prompt.size());
+  // The prompt ends inside the model's turn, after the tool's answer (the template's continuation).
+  const std::string text = tiny()->render(m, {}, tools);
+  EXPECT_NE(text.find("<|tool>declaration:get_weather{"), std::string::npos) << text;
+  EXPECT_NE(text.find("<|tool_call>call:get_weather{city:<|\"|>Paris<|\"|>}<tool_call|>"), std::string::npos) << text;
+  EXPECT_TRUE(text.ends_with("<|tool_response>response:get_weather{value:<|\"|>21 C, clear<|\"|>}<tool_response|>")) << text;
+  // A plain answer: no tool call was written, so no tool_calls and finish_reason is not "tool_calls".
+  EXPECT_FALSE(r.body["choices"][0]["message"].contains("tool_calls"));
+  EXPECT_NE(r.body["choices"][0]["finish_reason"], "tool_calls");
+
+  // tool_choice "none": the tools are left out of the prompt.
+  body["tool_choice"] = "none";
+  const auto none = post(s, "/v1/chat/completions", body);
+  ASSERT_EQ(none.status, 200) << none.raw;
+  EXPECT_EQ(none.body["usage"]["prompt_tokens"], tiny()->chat_prompt(m).size());
+}
+
+TEST(ServeTools, ToolRequestsThatCannotBeHonouredAre400) {
+  Running s;
+  auto expect_400 = [&](json body, const std::string& param) {
+    const auto r = post(s, "/v1/chat/completions", body);
+    EXPECT_EQ(r.status, 400) << body.dump() << " -> " << r.raw;
+    EXPECT_EQ(r.body["error"]["param"], param) << r.raw;
+  };
+  json body = chat_body("Hi", 4);
+  body["tools"] = json::array({kWeather});
+  for (const json& choice : {json("required"), json{{"type", "function"}, {"function", {{"name", "get_weather"}}}}}) {
+    json b = body;
+    b["tool_choice"] = choice;
+    expect_400(b, "tool_choice");
+  }
+  json b = body;
+  b["tool_choice"] = "sometimes";
+  expect_400(b, "tool_choice");
+  b = body;
+  b["tools"][0]["function"]["name"] = "bad name<|turn>";
+  expect_400(b, "tools[0].function.name");
+  b = body;
+  b["tools"][0]["type"] = "retrieval";
+  expect_400(b, "tools[0].type");
+  b = body;
+  b["tools"][0]["function"]["strict"] = true;
+  expect_400(b, "tools[0].function.strict");
+  // A tool message that answers no call.
+  b = chat_body("Hi", 4);
+  b["messages"].push_back({{"role", "tool"}, {"tool_call_id", "x"}, {"content", "1"}});
+  expect_400(b, "messages[1]");
+  b = chat_body("Hi", 4);
+  b["messages"] = tool_history();
+  b["messages"][2].erase("tool_call_id");
+  expect_400(b, "messages[2].tool_call_id");
+  b = chat_body("Hi", 4);
+  b["messages"] = tool_history();
+  b["messages"][1]["tool_calls"][0]["function"]["arguments"] = 5;
+  expect_400(b, "messages[1].tool_calls[0].function.arguments");
+}
+
+TEST(ServeTools, StopTokenIdsIgnoreEosAndSpeculativeSettingsWithTheDrafterOn) {
+  ASSERT_TRUE(tiny()->has_drafter());
+  Running s;
+  json body = chat_body("And God said", 16);
+  const auto plain = post(s, "/v1/chat/completions", body);
+  ASSERT_EQ(plain.status, 200) << plain.raw;
+  const std::string answer = plain.body["choices"][0]["message"]["content"];
+  auto sampling = tiny()->default_sampling();
+  sampling.temperature = 0;
+  sampling.max_tokens = 16;
+  const std::vector<specula::api::ChatMessage> m = {{"user", "And God said"}};
+  const auto tokens = tiny()->generate(tiny()->chat_prompt(m), sampling).tokens;
+  ASSERT_GE(tokens.size(), 4u);
+
+  // stop_token_ids: generation ends at the fourth token (not shown), finish_reason "stop".
+  json b = body;
+  b["stop_token_ids"] = json::array({tokens[3]});
+  auto r = post(s, "/v1/chat/completions", b);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body["choices"][0]["finish_reason"], "stop");
+  const auto k = std::find(tokens.begin(), tokens.end(), tokens[3]) - tokens.begin();  // its first occurrence
+  EXPECT_EQ(r.body["usage"]["completion_tokens"], k);
+  EXPECT_EQ(r.body["choices"][0]["message"]["content"], tiny()->detokenize(std::vector<int32_t>(tokens.begin(), tokens.begin() + k)));
+
+  // ignore_eos: the answer runs to max_tokens.
+  b = body;
+  b["ignore_eos"] = true;
+  b["max_tokens"] = 40;
+  r = post(s, "/v1/chat/completions", b);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  EXPECT_EQ(r.body["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(r.body["usage"]["completion_tokens"], 40);
+
+  // Drafting off, a fixed length, auto: greedy answers are the same; the drafter's work shows in /metrics.
+  for (const json& fields : {json{{"speculative.n_max", 0}}, json{{"speculative.mode", "off"}},
+                             json{{"speculative.n_max", 3}}, json{{"speculative.mode", "fixed"}, {"speculative.n_max", 2}},
+                             json{{"speculative.mode", "auto"}}, json{{"speculative.mode", "auto"}, {"speculative.n_max", 4}}}) {
+    b = body;
+    b.update(fields);
+    r = post(s, "/v1/chat/completions", b);
+    ASSERT_EQ(r.status, 200) << fields.dump() << " " << r.raw;
+    EXPECT_EQ(r.body["choices"][0]["message"]["content"], answer) << fields.dump();
+  }
+  for (const json& bad : {json{{"speculative.n_max", 17}}, json{{"speculative.n_max", -1}}, json{{"speculative.mode", "on"}},
+                          json{{"speculative.mode", "auto"}, {"speculative.n_max", 0}}, json{{"stop_token_ids", 5}},
+                          json{{"stop_token_ids", json::array({-1})}}, json{{"ignore_eos", "yes"}}}) {
+    b = body;
+    b.update(bad);
+    r = post(s, "/v1/chat/completions", b);
+    EXPECT_EQ(r.status, 400) << bad.dump() << " " << r.raw;
+  }
+}
+
+// A request on a server without a drafter that asks for drafting is refused, not served without it.
+TEST(ServeTools, SpeculativeSettingsWithoutADrafterAre400ExceptOff) {
+  specula::serve::ServedModel model;
+  model.name = "m";
+  model.vocab_size = 100;
+  model.context_length = 64;
+  model.tokenize = [](std::string_view) { return std::vector<int32_t>{1, 2, 3}; };
+  const json base = {{"prompt", "x"}, {"max_tokens", 4}};
+  for (const json& f : {json{{"speculative.n_max", 2}}, json{{"speculative.mode", "auto"}}, json{{"speculative.mode", "fixed"}}}) {
+    json b = base;
+    b.update(f);
+    EXPECT_THROW(specula::serve::read_completion(b, false, model, 1), specula::serve::HttpError) << f.dump();
+  }
+  json b = base;
+  b["speculative.mode"] = "off";
+  EXPECT_EQ(specula::serve::read_completion(b, false, model, 1).sampling.draft_tokens, 0);
+  model.has_drafter = true;
+  b = base;
+  b["speculative.mode"] = "auto";
+  b["speculative.n_max"] = 5;
+  const auto r = specula::serve::read_completion(b, false, model, 1);
+  EXPECT_EQ(r.sampling.draft_auto, true);
+  EXPECT_EQ(r.sampling.draft_max, 5);
+  b = base;
+  b["speculative.n_max"] = 2;
+  const auto fixed = specula::serve::read_completion(b, false, model, 1);
+  EXPECT_EQ(fixed.sampling.draft_tokens, 2);
+  EXPECT_EQ(fixed.sampling.draft_auto, false);
+}
+
+class GenerationConfigFile final : public specula::ModelFile {
+ public:
+  explicit GenerationConfigFile(json g) : md_({{"generation_config", std::move(g)}}) {}
+  std::string format() const override { return "safetensors"; }
+  std::filesystem::path path() const override { return "fixture"; }
+  const json& metadata() const override { return md_; }
+  const std::vector<specula::TensorInfo>& tensors() const override { return tensors_; }
+  const specula::TensorInfo* find(const std::string&) const override { return nullptr; }
+
+ private:
+  json md_;
+  std::vector<specula::TensorInfo> tensors_;
+};
+
+// generation_config.json fills what the pipeline leaves unset; a request without temperature gets the
+// default, one with temperature 0 stays greedy.
+TEST(ServeTools, GenerationConfigDefaultsApplyWhenNothingSetsThem) {
+  const GenerationConfigFile file(json{{"do_sample", true}, {"temperature", 0.7}, {"top_k", 40}, {"top_p", 0.95},
+                                       {"min_p", 5}, {"repetition_penalty", "x"}});
+  const auto bare = specula::core::parse_pipeline("backend: {plugin: cpu}\ntarget: {model: m.gguf}\n", "t.yaml", ".");
+  auto d = specula::core::generation_defaults(bare, &file);
+  EXPECT_FLOAT_EQ(d.temperature, 0.7f);
+  EXPECT_EQ(d.top_k, 40);
+  EXPECT_FLOAT_EQ(d.top_p, 0.95f);
+  EXPECT_FLOAT_EQ(d.min_p, 0.0f);              // out of range: ignored
+  EXPECT_FLOAT_EQ(d.repetition_penalty, 1.0f); // not a number: ignored
+  // The YAML's (or a command-line flag's) value wins over the checkpoint's.
+  const auto yaml = specula::core::parse_pipeline("backend: {plugin: cpu}\ntarget: {model: m.gguf}\nsampler: {temperature: 0}\n",
+                                                  "t.yaml", ".");
+  d = specula::core::generation_defaults(yaml, &file);
+  EXPECT_FLOAT_EQ(d.temperature, 0.0f);
+  EXPECT_EQ(d.top_k, 40);
+  const auto flag = specula::core::parse_pipeline("backend: {plugin: cpu}\ntarget: {model: m.gguf}\n", "t.yaml", ".",
+                                                  {{"sampler.top_k", "7", "--top-k"}});
+  EXPECT_EQ(specula::core::generation_defaults(flag, &file).top_k, 7);
+  // do_sample false: greedy whatever the temperature.
+  const GenerationConfigFile greedy(json{{"do_sample", false}, {"temperature", 0.7}});
+  EXPECT_FLOAT_EQ(specula::core::generation_defaults(bare, &greedy).temperature, 0.0f);
+  EXPECT_FLOAT_EQ(specula::core::generation_defaults(bare, nullptr).temperature, 0.0f);
+
+  // The server's defaults (Model::default_sampling from those params) reach a request that sets none.
+  specula::serve::ServedModel model;
+  model.name = "m";
+  model.vocab_size = 100;
+  model.context_length = 64;
+  model.tokenize = [](std::string_view) { return std::vector<int32_t>{1, 2, 3}; };
+  d = specula::core::generation_defaults(bare, &file);
+  model.defaults.temperature = d.temperature;
+  model.defaults.top_k = d.top_k;
+  model.defaults.top_p = d.top_p;
+  auto r = specula::serve::read_completion({{"prompt", "x"}, {"max_tokens", 4}}, false, model, 1);
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 0.7f);
+  EXPECT_EQ(r.sampling.top_k, 40);
+  r = specula::serve::read_completion({{"prompt", "x"}, {"max_tokens", 4}, {"temperature", 0}}, false, model, 1);
+  EXPECT_FLOAT_EQ(r.sampling.temperature, 0.0f);
+  EXPECT_EQ(r.sampling.top_k, 40);
+}
+
+// The shipped default pipeline sets temperature 0 in its sampler section, and a GGUF carries no
+// generation_config.json: the tiny pair stays greedy.
+TEST(ServeTools, TheDefaultPipelineStaysGreedy) {
+  EXPECT_FLOAT_EQ(tiny()->default_sampling().temperature, 0.0f);
+  EXPECT_FLOAT_EQ(tiny()->built().sampling.temperature, 0.0f);
+}
+
+}  // namespace
