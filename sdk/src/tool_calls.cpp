@@ -175,7 +175,9 @@ std::optional<ToolCall> parse_gemma4_tool_call(std::string_view body) {
     const json args = r.object(0);
     r.skip_ws();
     if (!r.done()) return std::nullopt;
-    call.arguments = args.dump(-1, ' ', false, json::error_handler_t::replace);
+    // Invalid UTF-8 becomes U+FFFD in the dump, which can reorder the object's keys: parsed once more, the
+    // text is canonical (what a client re-serialising it gets).
+    call.arguments = json::parse(args.dump(-1, ' ', false, json::error_handler_t::replace)).dump();
   } catch (const Malformed&) {
     return std::nullopt;
   }
