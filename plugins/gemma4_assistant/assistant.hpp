@@ -1,8 +1,8 @@
 // The Gemma 4 "assistant" MTP drafter (gemma4-assistant-spec.md §2, §3): a 4-layer Q-only decoder that
 // reads the target's KV caches, its final-normed last hidden state and its token embedding through
-// TargetView, and proposes K tokens, one graph run per draft step: greedily (only the ids leave the
-// backend), or with each step's logits read back (scattered to the vocabulary for the centroid head)
-// so that the engine samples the draft (DraftRequest::pick) or traces it.
+// TargetView, and proposes K tokens, one graph run per draft step. It is a DrafterBase: this plugin
+// writes the step graph, the weights and the configuration; the SDK binds the target, caches the
+// graphs and runs the K steps (on the backend, or on the host for traces and host sampling).
 //
 // Checkpoints: GGUF in the upstream llama.cpp layout (nextn.pre_projection / nextn.post_projection,
 // dense head), GGUF in the fork layout of shared/seeds/gemma4-assistant.md (assist_pre_proj,
@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "rope.hpp"
+#include "specula/drafter_base.hpp"
 #include "specula/model.hpp"
 #include "specula/options.hpp"
 
@@ -83,9 +84,9 @@ struct StepTrace {
   std::vector<float> h_next;     // post_projection output [backbone], the next step's h
 };
 
-class AssistantDrafter : public Drafter {
+class AssistantDrafter : public DrafterBase {
  public:
-  ~AssistantDrafter() override = default;
+  using DrafterBase::DrafterBase;
   // Runs n steps like draft() and returns everything each step produced. When `forced` is given, step
   // k + 1 embeds forced[k] instead of step k's draft (to compare against a reference step by step).
   virtual std::vector<StepTrace> trace(const TargetView& target, int32_t last_token, int n,
@@ -101,6 +102,6 @@ std::shared_ptr<AssistantDrafter> load_drafter(std::shared_ptr<const ModelFile> 
 
 // The centroid head's full-vocabulary output (§2.6 step 5): every id not selected gets
 // min(selected) - 1 (HF's filler), the selected ids their logits.
-std::vector<float> scatter_logits(int64_t vocab, std::span<const int32_t> ids, std::span<const float> logits);
+using specula::scatter_logits;
 
 }  // namespace specula::gemma4_assistant
