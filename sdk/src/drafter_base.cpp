@@ -97,8 +97,8 @@ bool DrafterBase::draft_on_backend(const DraftRequest& r) {
   return true;
 }
 
-// Reads the target's tensors; when they are not the ones the graphs were built for (another context),
-// checks them and drops the graphs.
+// Reads the target's tensors and makes their set current: checked and given its own graphs the first
+// time it is seen.
 void DrafterBase::bind(const TargetView& target) {
   DraftTarget t;
   for (const std::string& type : setup_.attention_types) {
@@ -121,18 +121,22 @@ void DrafterBase::bind(const TargetView& target) {
          t.embed.table ? shape_str(t.embed.table->shape()) : "missing");
   std::vector<const void*> key{t.hidden.get(), t.embed.table.get()};
   for (const auto& [type, kv] : t.kv) key.insert(key.end(), {kv.k.get(), kv.v.get(), kv.positions.get()});
-  if (key != target_key_) {
+  auto it = bound_.find(key);
+  if (it == bound_.end()) {
     check_target(t);
-    steps_.clear();  // before target_: the graphs hold the old tensors
-    target_ = std::move(t);
-    target_key_ = std::move(key);
+    if (bound_.size() >= kBoundTargets)
+      bound_.erase(std::min_element(bound_.begin(), bound_.end(),
+                                    [](const auto& a, const auto& b) { return a.second.used < b.second.used; }));
+    it = bound_.emplace(std::move(key), Bound{std::move(t), {}, 0}).first;
   }
+  current_ = &it->second;
+  current_->used = ++uses_;
   in_use_ = static_cast<int32_t>(target.position());
   position_ = static_cast<int32_t>(std::max<int64_t>(0, target.position() - setup_.query_offset));
 }
 
 DrafterBase::Step& DrafterBase::step(const Kind& kind, const DraftRequest* request) {
-  std::unique_ptr<Step>& s = steps_[kind];
+  std::unique_ptr<Step>& s = current_->steps[kind];
   if (!s && kind.logits && !zeros_) zeros_ = backend_->allocate("drafter.zeros", DType::F32, {setup_.vocab});
   if (!s) s = build(kind, request);
   return *s;
@@ -157,7 +161,7 @@ std::unique_ptr<DrafterBase::Step> DrafterBase::build(const Kind& kind, const Dr
     in.position = s->position = g.input(DType::I32, {1}, "query_position");
     in.row0 = s->row0 = g.input(DType::I32, {1}, "row0");
     in.slots_in_use = s->slots_in_use = g.input(DType::I32, {1}, "slots_in_use");
-    const DraftHead head = build_step(g, target_, in);
+    const DraftHead head = build_step(g, current_->target, in);
     s->logits = g.named(head.logits, "logits");
     s->ids = head.ids;
     const int64_t N = g.shape(head.logits).back();
@@ -216,7 +220,7 @@ RunInputs DrafterBase::inputs(const Step& s) const {
 }
 
 void DrafterBase::check_token(int32_t token) const {
-  const int64_t vocab = target_.embed.table->shape()[0];
+  const int64_t vocab = current_->target.embed.table->shape()[0];
   if (token < 0 || token >= vocab)
     fail("{}: token {} is outside the target's embedding table [0, {})", setup_.name, token, vocab);
 }

@@ -252,6 +252,29 @@ void centroid_head_agrees_with_dense_head(const std::string& file) {
 }
 
 // ---------------------------------------------------------------------------------- draft requests
+// DrafterBase keeps the graphs of several contexts (sequences batched together take turns every round)
+// and drops the least recently used: drafting over more contexts than it keeps, in turn and twice, gives
+// each context the drafts it gets alone.
+TEST(Assistant, ContextsTakingTurnsDraftAsEachAlone) {
+  auto d = drafter("assistant-seed-f32.gguf", {{"head", "centroid"}});
+  const auto prompt = golden()["prompt"].get<std::vector<int32_t>>();
+  std::vector<std::unique_ptr<specula::ModelContext>> contexts;
+  std::vector<std::vector<int32_t>> alone;
+  for (int i = 0; i < 10; ++i) {  // prompts of different lengths: different drafts
+    contexts.push_back(target()->new_context({64}));
+    contexts.back()->forward(std::span(prompt).first(prompt.size() - static_cast<size_t>(i % 4)), 1);
+    std::vector<int32_t> ids;
+    for (const auto& st : d->draft(contexts.back()->view(), greedy(prompt[static_cast<size_t>(i)], 3))) ids.push_back(st.token);
+    alone.push_back(ids);
+  }
+  for (int round = 0; round < 2; ++round)
+    for (size_t i = 0; i < contexts.size(); ++i) {
+      std::vector<int32_t> ids;
+      for (const auto& st : d->draft(contexts[i]->view(), greedy(prompt[i], 3))) ids.push_back(st.token);
+      EXPECT_EQ(ids, alone[i]) << "context " << i << ", round " << round;
+    }
+}
+
 // What Drafter::draft returns beyond the greedy ids: each step's logits over the vocabulary (the dense
 // head's own, the centroid head's scattered with HF's filler) and, with a pick, the picked token
 // embedded next: the same steps trace() computes with that token sequence forced.

@@ -114,12 +114,22 @@ class DrafterBase : public Drafter {
   RunInputs inputs(const Step& s) const;
   void check_token(int32_t token) const;
 
+  // A set of target tensors (one context's) with the step graphs that read them. Several are kept, so
+  // that sequences batched together do not rebuild their graphs every round; the graphs hold the
+  // tensors, so a key's addresses cannot be reused while it is kept.
+  struct Bound {
+    DraftTarget target;
+    std::map<Kind, std::unique_ptr<Step>> steps;
+    uint64_t used = 0;
+  };
+  static constexpr size_t kBoundTargets = 8;  // contexts kept; the least recently used goes first
+
   std::shared_ptr<ComputeBackend> backend_;
   Setup setup_;
-  DraftTarget target_;
-  std::vector<const void*> target_key_;  // the bound target's tensors; the graphs below read them
-  int32_t position_ = 0, in_use_ = 0;    // this round's step inputs
-  std::map<Kind, std::unique_ptr<Step>> steps_;
+  std::map<std::vector<const void*>, Bound> bound_;
+  Bound* current_ = nullptr;           // the target of this call
+  uint64_t uses_ = 0;
+  int32_t position_ = 0, in_use_ = 0;  // this round's step inputs
   BackendTensorPtr zeros_;  // F32 [vocab]: a candidate head's logits are spread over it for the verification
 };
 
