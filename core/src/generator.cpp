@@ -8,6 +8,7 @@
 #include "round_policy.hpp"
 #include "specula/core/draft_length.hpp"
 #include "specula/core/speculative.hpp"
+#include "specula/core/token_constraint.hpp"
 #include "specula/error.hpp"
 #include "specula/log.hpp"
 
@@ -68,6 +69,8 @@ struct Generation::State {
   bool sampled_drafts = false;  // drafts sampled from the drafter's distribution (else greedy)
   SamplingDevice device = SamplingDevice::Auto;
   std::unordered_set<int32_t> stops;
+  std::unique_ptr<TokenConstraint> constraint;  // GenerationOptions::response_format
+  std::vector<float> masked;                    // a row with the constraint's mask applied
   GenerationResult result;
   std::vector<int32_t> history;  // prompt and accepted tokens: the sampler's state
   bool done = false;
@@ -131,6 +134,14 @@ struct Generation::State {
     if (t < 0 || t >= vocab) fail("sampler returned token {} outside the vocabulary [0, {})", t, vocab);
     return t;
   }
+  // A row of the target's logits as the sampling rule sees it: masked by the constraint (after the
+  // accepted tokens and `drafted`), when there is one.
+  std::span<const float> constrained(std::span<const float> row, std::span<const int32_t> drafted) {
+    if (!constraint) return row;
+    masked.assign(row.begin(), row.end());
+    constraint->mask(masked, drafted);
+    return masked;
+  }
   // Accepts one token; false when generation has ended (an end or stop token, a stop string, max_tokens).
   bool accept(int32_t t) {
     if (stops.count(t)) {
@@ -139,6 +150,7 @@ struct Generation::State {
       done = true;
       return false;
     }
+    if (constraint) constraint->accept(t);
     result.tokens.push_back(t);
     history.push_back(t);
     const TextOutput::Piece piece = text.push(t);
@@ -219,6 +231,17 @@ void Generation::State::begin() {
     }
   }
   stops.insert(options.stop_tokens.begin(), options.stop_tokens.end());
+  if (!options.response_format.empty()) {
+    if (options.response_format != "json_object")
+      fail("response_format '{}' is not supported; \"json_object\" is", options.response_format);
+    if (stops.empty())
+      fail("response_format json_object needs a token that ends generation after the object; with ignore_eos "
+           "give stop_token_ids");
+    const auto tokenizer = model->tokenizer();
+    if (!tokenizer) fail("response_format json_object needs the model's tokenizer, and this model has none");
+    // The answer may end only where the object is complete, with a token that ends generation.
+    constraint = json_object_constraint(token_trie(*tokenizer), std::vector<int32_t>(stops.begin(), stops.end()), vocab);
+  }
 
   stats().prompt_tokens = static_cast<int64_t>(prompt.size());
   history = prompt;
@@ -291,6 +314,13 @@ void Generation::State::choose_verifier() {
   const int64_t n = round.n;
   round.on_backend = false;
   if (device == SamplingDevice::Off) return;
+  if (constraint) {
+    if (n == 0 && device == SamplingDevice::On)
+      fail("device sampling required but unavailable: {} masks the logits on the host", constraint->name());
+    if (stats().host_sampling_reason.empty())
+      stats().host_sampling_reason = constraint->name() + " masks the logits on the host";
+    return;
+  }
   if (n > 0 && (!rules->rounds_on_backend() || options.on_round || (!sampled_drafts && !argmax_greedy()))) return;
   round.rule = RoundRule{n > 0 && !sampled_drafts ? nullptr : sampler.get(), state_after({}), {}};
   std::string why;
@@ -422,7 +452,7 @@ Generation::State::Outcome Generation::State::decide(std::span<const float> logi
          (n + 1) * vocab);
   }
   if (n == 0) {  // a plain step
-    o.tokens = {sample_row(logits, round.uniforms[0])};
+    o.tokens = {sample_row(constrained(logits, {}), round.uniforms[0])};
     return o;
   }
   // Each draft in turn by the speculative sampling rule (speculative.hpp), p being the target's
@@ -431,7 +461,8 @@ Generation::State::Outcome Generation::State::decide(std::span<const float> logi
   const std::span<const float> u(round.uniforms);
   const std::span<const int32_t> drafts(round.drafts);
   for (int64_t i = 0; i <= n; ++i) {
-    const Distribution p = distribution_of(logits.subspan(i * vocab, vocab), drafts.first(i), "model");
+    const Distribution p = distribution_of(constrained(logits.subspan(i * vocab, vocab), drafts.first(i)),
+                                           drafts.first(i), "model");
     if (i == n) {
       o.tokens.push_back(draw(p, u[2 * n]));
       break;

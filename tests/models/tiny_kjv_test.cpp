@@ -24,6 +24,7 @@
 #include "specula/core/acceptance_replay.hpp"
 #include "specula/core/generator.hpp"
 #include "specula/core/plugin_host.hpp"
+#include "specula/core/token_constraint.hpp"
 #include "specula/error.hpp"
 #include "specula/model.hpp"
 #include "specula/quant.hpp"
@@ -489,6 +490,105 @@ TEST(TinyKjv, BatchedSequencesEqualEachAloneWithAndWithoutTheDrafter) {
       EXPECT_GT(accepted.size(), 1u) << "every sequence accepted as many drafts";
     }
   }
+  }
+}
+
+// ---------------------------------------------------------------------------- structured output
+// The recognizer behind response_format json_object, on texts written by hand.
+TEST(JsonObjectConstraint, RecognizerTakesJsonObjectsAndTheirPrefixesOnly) {
+  for (const char* whole : {"{}", "{\"a\":1}", "{ \"a\" : [1, -2.5e+3, 0, true, false, null, {\"b\": \"\\u00e9\\n\\ud83d\\ude00\"}] }",
+                            "{\"k\":\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\"}", "{\"a\":{\"b\":{\"c\":[[]]}}}",
+                            "{\n  \"x\": 0.5\n}"}) {
+    const auto r = specula::check_json_object_prefix(whole);
+    EXPECT_TRUE(r.valid && r.complete) << whole;
+    EXPECT_NO_THROW((void)nlohmann::json::parse(whole)) << whole;  // the reference agrees
+    for (size_t n = 0; n < std::strlen(whole); ++n) {
+      const auto p = specula::check_json_object_prefix(std::string_view(whole, n));
+      EXPECT_TRUE(p.valid && !p.complete) << "prefix " << n << " of " << whole;
+    }
+  }
+  for (const char* bad : {"[]", "1", "\"a\"", "{a:1}", "{\"a\" 1}", "{\"a\":01}", "{\"a\":1,}", "{\"a\":-}",
+                          "{\"a\":1.}", "{\"a\":tru}", "{\"a\":\"\n\"}", "{\"a\":\"\\x\"}", "{\"a\":[1}",
+                          "{\"a\":1]", "{} ", "{}{}", "{\"a\":\"\xc0\xaf\"}", "{\"a\":\"\xed\xa0\x80\"}",
+                          "{                 }", "{\"a\":\"\\ud800\"}", "{\"a\":\"\\udc00\"}", "{\"a\":\"\\ud800\\n\"}"}) {
+    EXPECT_FALSE(specula::check_json_object_prefix(bad).valid) << bad;
+  }
+  std::string deep = "{\"a\":";
+  for (int i = 0; i < 63; ++i) deep += "[";
+  EXPECT_TRUE(specula::check_json_object_prefix(deep).valid);
+  EXPECT_FALSE(specula::check_json_object_prefix(deep + "[").valid) << "nesting is capped at 64 levels";
+}
+
+// The mask over Gemma's 262144 tokens equals trying every token's bytes after the text so far.
+TEST(JsonObjectConstraint, MaskEqualsEveryTokenTriedOnItsOwn) {
+  auto target = target_q8();
+  const auto tok = target->tokenizer();
+  const int64_t V = target->info().vocab_size;
+  const int32_t end = target->info().end_tokens.front();
+  auto c = specula::json_object_constraint(specula::token_trie(*tok), {end}, V);
+  const std::vector<int32_t> prefix = tok->encode("{\"name\": \"Lo", false, false);
+  for (const int32_t t : prefix) c->accept(t);
+  for (const std::string& more : {std::string(), std::string("rd\", \"n\": 1"), std::string("rd\"}")}) {
+    SCOPED_TRACE("after '{\"name\": \"Lo" + more + "'");
+    const std::vector<int32_t> pending = tok->encode(more, false, false);
+    const std::string text = tok->decode(prefix, false) + tok->decode(pending, false);
+    std::vector<float> logits(static_cast<size_t>(V), 0.0f);
+    c->mask(logits, pending);
+    const bool complete = specula::check_json_object_prefix(text).complete;
+    int64_t allowed = 0;
+    for (int32_t id = 0; id < V; ++id) {
+      const bool want = complete ? id == end
+                                 : !tok->is_special(id) && !tok->token_bytes(id).empty() &&
+                                       specula::check_json_object_prefix(text + tok->token_bytes(id)).valid;
+      ASSERT_EQ(std::isinf(logits[static_cast<size_t>(id)]), !want) << "token " << id << " '" << tok->token_bytes(id) << "'";
+      allowed += want;
+    }
+    EXPECT_GT(allowed, 0);
+  }
+  EXPECT_EQ(V, tok->vocab_size());
+  std::printf("[json_object] vocabulary %lld tokens\n", static_cast<long long>(V));
+  EXPECT_THROW(c->accept(tok->encode("\n", false, false).front()), specula::Error) << "a raw newline inside a string";
+}
+
+// response_format json_object on the default pair: the answer is a JSON object (or, cut by max_tokens, a
+// prefix of one), greedy output is the same with and without the drafter, drafts still run, and the
+// statistics say why rounds verify on the host.
+TEST(TinyKjv, JsonObjectOutputWithAndWithoutTheDrafter) {
+  auto target = target_q8();
+  auto d = drafter(kModels / kDrafter, target, "auto");
+  const auto tok = target->tokenizer();
+  const std::vector<specula::ChatMessage> messages{{"user", "Give the name of the first king of Israel as JSON."}};
+  const auto prompt = tok->encode(target->chat_format()->render(messages, true, false), false, true);
+  for (const bool sampled : {false, true}) {
+    specula::SamplingParams params;
+    if (sampled) {
+      params.temperature = 0.8f;
+      params.seed = 5;
+    }
+    specula::core::GenerationOptions o;
+    o.max_tokens = 48;
+    o.draft_tokens = 3;
+    o.response_format = "json_object";
+    std::vector<std::vector<int32_t>> outputs;
+    for (const bool speculative : {false, true}) {
+      const std::string what = fmt::format("{}{}", sampled ? "sampled" : "greedy", speculative ? ", drafter" : "");
+      const auto r = specula::core::Generator(target, host().make_sampler("standard", params), speculative ? d : nullptr)
+                         .generate(prompt, o);
+      const std::string text = tok->decode(r.tokens, false);
+      const auto check = specula::check_json_object_prefix(text);
+      EXPECT_TRUE(check.valid) << what << ": " << text;
+      if (r.stop_reason == specula::core::StopReason::EndToken) {
+        EXPECT_TRUE(check.complete) << what << ": " << text;
+        EXPECT_TRUE(nlohmann::json::parse(text).is_object()) << what << ": " << text;
+      }
+      EXPECT_NE(r.stats.host_sampling_reason.find("json_object"), std::string::npos) << r.stats.host_sampling_reason;
+      if (speculative) EXPECT_GT(r.stats.speculative_steps, 0) << what;
+      std::printf("[json_object] %s: %s (%s, acceptance %lld/%lld)\n", what.c_str(), text.c_str(),
+                  r.stop_reason == specula::core::StopReason::EndToken ? "complete" : "cut", 
+                  static_cast<long long>(r.stats.accepted_tokens), static_cast<long long>(r.stats.drafted_tokens));
+      outputs.push_back(r.tokens);
+    }
+    if (!sampled) EXPECT_EQ(outputs[0], outputs[1]) << "greedy output changed with the drafter";
   }
 }
 

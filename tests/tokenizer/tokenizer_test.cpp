@@ -1,6 +1,9 @@
 // Gemma 4 tokenizer parity: llama.cpp's own test vectors for the real vocabulary, byte-exact.
 #include <unistd.h>
 
+#include <chrono>
+#include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <random>
 #include <sstream>
@@ -9,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include "specula/core/token_constraint.hpp"
 #include "specula/error.hpp"
 #include "vocab_fixture.hpp"
 
@@ -194,3 +198,35 @@ TEST(Gemma4Tokenizer, BadTokenizerJsonIsAClearError) {
 
 }  // namespace
 }  // namespace specula
+
+// response_format json_object's mask over the real Gemma 4 vocabulary (262144 tokens): equal to trying
+// every token's bytes after the text, and what a mask costs (printed: the benchmark figure lives in
+// docs/serving.md; no timing is asserted).
+TEST(JsonObjectConstraint, MaskOverTheGemma4Vocabulary) {
+  const auto tok = specula::test::gemma4_tokenizer();
+  const int64_t V = tok->vocab_size();
+  const int32_t end = tok->eos();
+  auto c = specula::json_object_constraint(specula::token_trie(*tok), {end}, V);
+  std::string text;
+  for (const std::string& more : {std::string("{\"name\": \"Saul\", \"reign\": ["), std::string("\"")}) {
+    SCOPED_TRACE("after '" + text + more + "'");
+    for (const int32_t t : tok->encode(more, false, false)) c->accept(t);
+    text += more;
+    std::vector<float> logits(static_cast<size_t>(V), 0.0f);
+    c->mask(logits, {});
+    int64_t allowed = 0;
+    for (int32_t id = 0; id < V; ++id) {
+      const std::string bytes = tok->is_special(id) ? std::string() : tok->token_bytes(id);
+      const bool want = !bytes.empty() && specula::check_json_object_prefix(text + bytes).valid;
+      ASSERT_EQ(std::isinf(logits[static_cast<size_t>(id)]), !want) << "token " << id << " '" << bytes << "'";
+      allowed += want;
+    }
+    EXPECT_GT(allowed, 10);
+    // Inside a string nearly every token is allowed: the most a mask sets.
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int i = 0; i < 5; ++i) c->mask(logits, {});
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count() / 5;
+    std::printf("[json_object] mask over %lld tokens after '%s': %.2f ms, %lld allowed\n", static_cast<long long>(V),
+                text.c_str(), ms, static_cast<long long>(allowed));
+  }
+}

@@ -235,6 +235,7 @@ void Session::begin(std::span<const int32_t> prompt, const SamplingConfig& sampl
   core::apply_drafting(s.model->pipeline, o);
   o.stop_tokens = sampling.stop_token_ids;
   o.ignore_eos = sampling.ignore_eos;
+  o.response_format = sampling.response_format;
   if (sampling.draft_tokens) o.draft_tokens = *sampling.draft_tokens;
   if (sampling.draft_auto) o.draft_auto = *sampling.draft_auto;
   if (sampling.draft_max) o.draft_max = *sampling.draft_max;

@@ -452,9 +452,16 @@ CompletionRequest read_completion(const json& b, bool chat, const ServedModel& m
     }
     read_bool(b, "include_reasoning", r.sampling.reasoning);
     if (present(b, "response_format")) {
+      // {"type": "text"} or {"type": "json_object"}; json_schema needs a schema compiler (not yet).
       const json& f = read_object(b["response_format"], "response_format");
-      if (f.size() != 1 || !f.contains("type") || f["type"] != "text")
-        bad_request("only response_format {\"type\": \"text\"} is supported", "response_format");
+      const json type = f.contains("type") ? f["type"] : json();
+      if (type == "json_schema")
+        bad_request("response_format {\"type\": \"json_schema\"} is not supported yet; {\"type\": \"json_object\"} "
+                    "constrains the answer to a JSON object (state the schema in the prompt)", "response_format");
+      if (f.size() != 1 || (type != "text" && type != "json_object"))
+        bad_request(fmt::format("'response_format' must be {{\"type\": \"text\"}} or {{\"type\": \"json_object\"}}, got {}",
+                                quote(f)), "response_format");
+      if (type == "json_object") r.sampling.response_format = "json_object";
     }
     if (present(b, "tools")) r.tools = read_tools(b["tools"]);
     read_bool(b, "parallel_tool_calls", r.parallel_tool_calls);

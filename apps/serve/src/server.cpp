@@ -262,10 +262,18 @@ class CompletionAnswer : public std::enable_shared_from_this<CompletionAnswer> {
   static json usage(const api::Result& r) {
     const auto prompt = r.stats.prompt_tokens + r.cached_tokens;
     const auto completion = static_cast<int64_t>(r.tokens.size());
-    return {{"prompt_tokens", prompt},
-            {"completion_tokens", completion},
-            {"total_tokens", prompt + completion},
-            {"prompt_tokens_details", {{"cached_tokens", r.cached_tokens}}}};
+    json u = {{"prompt_tokens", prompt},
+              {"completion_tokens", completion},
+              {"total_tokens", prompt + completion},
+              {"prompt_tokens_details", {{"cached_tokens", r.cached_tokens}}}};
+    // Speculative decoding, as OpenAI reports predicted outputs, and why rounds ran on the host when a
+    // request's features forced it there (a response_format, penalties): nothing turns off silently.
+    const core::GenerationStats& st = r.stats;
+    if (st.drafted_tokens > 0)
+      u["completion_tokens_details"] = {{"accepted_prediction_tokens", st.accepted_tokens},
+                                        {"rejected_prediction_tokens", st.drafted_tokens - st.accepted_tokens}};
+    if (!st.host_sampling_reason.empty()) u["host_sampling_reason"] = st.host_sampling_reason;
+    return u;
   }
 
   // Cut short by shutdown (503) or a failure (500): never passed off as a complete answer.

@@ -66,6 +66,8 @@ struct SamplingConfig {
   std::optional<int> draft_tokens;
   std::optional<bool> draft_auto;
   std::optional<int> draft_max;
+  // Structured output: "" or "json_object" (the answer is one JSON object; core::GenerationOptions).
+  std::string response_format;
 };
 
 struct OpenOptions {

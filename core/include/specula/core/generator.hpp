@@ -82,6 +82,11 @@ struct GenerationOptions {
   // Sees (and may replace) each round's drafts before verification, e.g. the acceptance replay
   // benchmark. Must outlive the generation.
   DraftHook* draft_hook = nullptr;
+  // Structured output (token_constraint.hpp): "" (none) or "json_object": the answer is one JSON object,
+  // then an end token. Every row the target computes is masked on the host before the sampling rule, so
+  // rounds verify on the host (GenerationStats::host_sampling_reason says so); drafts keep running and a
+  // draft the constraint forbids is rejected.
+  std::string response_format;
 };
 
 struct GenerationStats {
