@@ -106,6 +106,9 @@ enum NumState : uint8_t { Minus, Zero, Int, Dot, Frac, Exp, ExpSign, ExpDigits }
 
 constexpr int kMaxDepth = 64;
 constexpr int kMaxWhitespace = 16;
+// Numbers every strict parser reads as finite doubles (nlohmann refuses 1e400): at most 20 integer digits
+// and a two-digit exponent. The bound also keeps a model from writing digits forever.
+constexpr int kMaxIntegerDigits = 20, kMaxExponentDigits = 2;
 constexpr const char* kLiterals[3] = {"true", "false", "null"};
 
 struct Json {
@@ -120,6 +123,7 @@ struct Json {
   bool key = false;
   bool need_low = false;   // a \u escape of a high surrogate must be followed by one of a low surrogate
   uint16_t code = 0;       // the \u escape read so far
+  uint8_t digits = 0;      // in a number: integer digits, then exponent digits
 
   bool in_object() const { return depth > 0 && ((stack >> (depth - 1)) & 1); }
   bool open(bool object) {
@@ -150,6 +154,7 @@ struct Json {
         if (c >= '0' && c <= '9') {
           mode = Mode::Number;
           count = c == '0' ? Zero : Int;
+          digits = 1;
           return true;
         }
         return false;
@@ -264,13 +269,14 @@ struct Json {
       case Minus:
         if (!d) return false;
         count = c == '0' ? Zero : Int;
+        digits = 1;
         return true;
       case Zero:
         if (c == '.') return count = Dot, true;
         if (c == 'e' || c == 'E') return count = Exp, true;
         break;  // the number ends
       case Int:
-        if (d) return true;
+        if (d) return ++digits <= kMaxIntegerDigits;
         if (c == '.') return count = Dot, true;
         if (c == 'e' || c == 'E') return count = Exp, true;
         break;
@@ -288,9 +294,10 @@ struct Json {
       case ExpSign:
         if (!d) return false;
         count = ExpDigits;
+        digits = 1;
         return true;
       case ExpDigits:
-        if (d) return true;
+        if (d) return ++digits <= kMaxExponentDigits;
         break;
     }
     // A complete number ends at the byte after it, which the container then reads.

@@ -510,7 +510,7 @@ TEST(JsonObjectConstraint, RecognizerTakesJsonObjectsAndTheirPrefixesOnly) {
   for (const char* bad : {"[]", "1", "\"a\"", "{a:1}", "{\"a\" 1}", "{\"a\":01}", "{\"a\":1,}", "{\"a\":-}",
                           "{\"a\":1.}", "{\"a\":tru}", "{\"a\":\"\n\"}", "{\"a\":\"\\x\"}", "{\"a\":[1}",
                           "{\"a\":1]", "{} ", "{}{}", "{\"a\":\"\xc0\xaf\"}", "{\"a\":\"\xed\xa0\x80\"}",
-                          "{                 }", "{\"a\":\"\\ud800\"}", "{\"a\":\"\\udc00\"}", "{\"a\":\"\\ud800\\n\"}"}) {
+                          "{                 }", "{\"a\":1e100}", "{\"a\":123456789012345678901}", "{\"a\":\"\\ud800\"}", "{\"a\":\"\\udc00\"}", "{\"a\":\"\\ud800\\n\"}"}) {
     EXPECT_FALSE(specula::check_json_object_prefix(bad).valid) << bad;
   }
   std::string deep = "{\"a\":";

@@ -35,9 +35,10 @@ class TokenConstraint {
 class TokenTrie;
 std::shared_ptr<const TokenTrie> token_trie(const Tokenizer& tokenizer);
 
-// OpenAI's response_format {"type": "json_object"}: the output is one JSON object (RFC 8259: strings with
-// their escapes and valid UTF-8, numbers, literals, nesting up to 64 levels, at most 16 whitespace bytes
-// in a row), then one of `end_tokens`.
+// OpenAI's response_format {"type": "json_object"}: the output is one JSON object, then one of
+// `end_tokens`. RFC 8259 as strict parsers read it: strings with their escapes, valid UTF-8 and
+// surrogates only in pairs; numbers of at most 20 integer digits and a two-digit exponent (always a
+// finite double); literals; nesting up to 64 levels; at most 16 whitespace bytes in a row.
 std::unique_ptr<TokenConstraint> json_object_constraint(std::shared_ptr<const TokenTrie> trie,
                                                         std::vector<int32_t> end_tokens, int64_t vocab);
 
