@@ -1,6 +1,7 @@
 // Issue 38's request fields with the official `openai` npm client against `specula serve` on the tiny pair
 // (drafter on): tools, tool history (an agent loop's second request) and tool_choice as the SDK sends them;
-// tool_choice "required" / named refused as typed 400s (no constrained decoding yet); stop_token_ids,
+// tool_choice "required" / named refused as typed 400s (no schema-constrained decoding yet); response_format
+// json_object; stop_token_ids,
 // ignore_eos and per-request speculative settings (speculative.n_max, speculative.mode) as extra body
 // fields. The tiny KJV model never writes a tool call by itself, so the parsing of calls is tested on
 // token sequences in tests/chat (chat_tests) rather than here.
@@ -95,4 +96,23 @@ test("stop_token_ids, ignore_eos and speculative settings work with the drafter 
   assert.ok(r.usage.completion_tokens <= 1, JSON.stringify(r));
   await assert.rejects(client.chat.completions.create({ model, messages, max_tokens: 4, "speculative.mode": "sometimes" }),
                        (e) => e instanceof OpenAI.BadRequestError && e.param === "speculative.mode");
+});
+
+test("response_format json_object: the answer JSON.parse reads as an object, plain and streamed, drafter on", async () => {
+  const messages = [{ role: "user", content: "Who was the first king? Answer in JSON." }];
+  const r = await client.chat.completions.create({ model, messages, max_tokens: 96, temperature: 0,
+                                                   response_format: { type: "json_object" } });
+  const content = r.choices[0].message.content;
+  if (r.choices[0].finish_reason === "stop") assert.equal(typeof JSON.parse(content), "object", content);
+  else assert.ok(content.trimStart().startsWith("{"), content);
+  assert.match(r.usage.host_sampling_reason, /json_object/);
+  let streamed = "";
+  for await (const chunk of await client.chat.completions.create({ model, messages, max_tokens: 96, temperature: 0,
+                                                                    response_format: { type: "json_object" }, stream: true })) {
+    streamed += chunk.choices[0]?.delta?.content ?? "";
+  }
+  assert.equal(streamed, content);
+  await assert.rejects(client.chat.completions.create({ model, messages, max_tokens: 4,
+                         response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "object" } } } }),
+                       (e) => e instanceof OpenAI.BadRequestError && e.param === "response_format");
 });
