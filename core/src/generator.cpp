@@ -182,10 +182,17 @@ struct Generation::State {
   }
   // Greedy choices are plain argmaxes now (no repetition penalty, end tokens no longer held back), so a
   // round can be verified on the backend without logits.
-  bool argmax_greedy() const {
+  bool argmax_greedy() const { return greedy_host_reason().empty(); }
+  // Why a greedy round's choices are not plain argmaxes of the target's logits (empty when they are).
+  std::string greedy_host_reason() const {
     const SamplingParams& sp = sampler->params();
-    return sp.temperature == 0.0f && sp.repetition_penalty == 1.0f &&
-           sp.min_length <= static_cast<int64_t>(result.tokens.size());
+    if (sp.temperature != 0.0f) return "sampled";
+    if (sp.repetition_penalty != 1.0f) return "the repetition penalty reads the history";
+    if (sp.presence_penalty != 0.0f || sp.frequency_penalty != 0.0f)
+      return "presence_penalty / frequency_penalty read the generated tokens";
+    if (!sp.logit_bias.empty()) return "logit_bias changes the argmax";
+    if (sp.min_length > static_cast<int64_t>(result.tokens.size())) return "end tokens are suppressed (min_length)";
+    return {};
   }
   void count_step(int64_t n) {
     auto& by_length = stats().steps_by_draft_length;
@@ -291,7 +298,13 @@ void Generation::State::choose_verifier() {
   const int64_t n = round.n;
   round.on_backend = false;
   if (device == SamplingDevice::Off) return;
-  if (n > 0 && (!rules->rounds_on_backend() || options.on_round || (!sampled_drafts && !argmax_greedy()))) return;
+  if (n > 0 && (!rules->rounds_on_backend() || options.on_round)) return;
+  if (n > 0 && !sampled_drafts && !argmax_greedy()) {
+    // Greedy drafts verified on the host under rules the argmax cannot apply: say which.
+    if (stats().host_sampling_reason.empty())
+      stats().host_sampling_reason = "speculative rounds verify on the host: " + greedy_host_reason();
+    return;
+  }
   round.rule = RoundRule{n > 0 && !sampled_drafts ? nullptr : sampler.get(), state_after({}), {}};
   std::string why;
   round.on_backend = ctx.prepare_round(static_cast<int64_t>(round.tokens.size()), n, round.rule, round.buffers, why);

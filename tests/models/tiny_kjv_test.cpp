@@ -396,6 +396,45 @@ TEST(TinyKjv, SampledRoundReadsOnceFromTheBackendAndEqualsTheHost) {
   EXPECT_EQ(runs[1], runs[0]);
 }
 
+// OpenAI's presence / frequency penalties and logit_bias read what was generated (the drafts included
+// while a round is verified): greedy decoding with them and the drafter on gives the tokens it gives
+// without the drafter, the drafts verified on the host, and the reason names them.
+TEST(TinyKjv, PenaltiesAndLogitBiasKeepDraftingOnAndEqualPlainGreedy) {
+  auto target = target_q8();
+  auto d = drafter(kModels / kDrafter, target, "auto");
+  const std::vector<specula::ChatMessage> messages{
+      {"user", golden("tiny-kjv-assistant.json")["held_out_prompts"][0].get<std::string>()}};
+  const auto ids = target->tokenizer()->encode(target->chat_format()->render(messages, true, false), false, true);
+  specula::core::GenerationOptions o;
+  o.max_tokens = 32;
+  o.draft_tokens = 3;
+  specula::SamplingParams p{.temperature = 0.0f, .presence_penalty = 0.7f, .frequency_penalty = 0.4f};
+  // Two biases that move the argmax somewhere: favour the prompt's last token, forbid the plain run's first.
+  {
+    auto ctx = target->new_context({});
+    const auto first = specula::core::Generator(target, host().make_sampler("standard", specula::SamplingParams{}), nullptr).generate(*ctx, ids, o);
+    ASSERT_FALSE(first.tokens.empty());
+    p.logit_bias = {{first.tokens[0], -100.0f}, {ids.back(), 1.5f}};
+  }
+  std::vector<specula::core::GenerationResult> runs;
+  for (auto dr : {std::shared_ptr<ga::AssistantDrafter>{}, d}) {
+    auto ctx = target->new_context({});
+    runs.push_back(specula::core::Generator(target, host().make_sampler("standard", p), dr).generate(*ctx, ids, o));
+  }
+  EXPECT_EQ(runs[1].tokens, runs[0].tokens);
+  EXPECT_GT(runs[1].stats.speculative_steps, 0);
+  EXPECT_GT(runs[1].stats.accepted_tokens, 0);
+  EXPECT_NE(runs[0].tokens.front(), p.logit_bias[0].first);
+  for (const auto& r : runs) {
+    EXPECT_EQ(r.stats.device_sampled_tokens, 0);
+    EXPECT_NE(r.stats.host_sampling_reason.find("presence_penalty"), std::string::npos) << r.stats.host_sampling_reason;
+  }
+  // Penalties change the answer (else the test would prove little): the plain greedy run differs.
+  auto ctx = target->new_context({});
+  const auto plain = specula::core::Generator(target, host().make_sampler("standard", specula::SamplingParams{}), nullptr).generate(*ctx, ids, o);
+  EXPECT_NE(plain.tokens, runs[0].tokens);
+}
+
 // Where the backend cannot decide a sampled round (no AcceptDrafts: the verification graph; no TopPDraw:
 // the drafter's draw), the round runs on the host, the reason names the op, and the tokens are the same.
 TEST(TinyKjv, SampledRoundFallsBackToTheHostWhereTheBackendCannot) {

@@ -27,6 +27,9 @@ struct Model::Impl {
     p.top_p = s.top_p;
     p.min_p = s.min_p;
     p.repetition_penalty = s.repetition_penalty;
+    p.presence_penalty = s.presence_penalty;
+    p.frequency_penalty = s.frequency_penalty;
+    p.logit_bias = s.logit_bias;
     p.min_length = s.min_tokens;
     p.seed = s.seed;
     return host->make_sampler(pipeline.sampler.plugin, p, pipeline.sampler.options, pipeline.sampler.options_at);
@@ -51,6 +54,9 @@ SamplingConfig sampling_of(const core::Pipeline& p, const SamplingParams& sp) {
   s.top_p = sp.top_p;
   s.min_p = sp.min_p;
   s.repetition_penalty = sp.repetition_penalty;
+  s.presence_penalty = sp.presence_penalty;
+  s.frequency_penalty = sp.frequency_penalty;
+  s.logit_bias = sp.logit_bias;
   s.min_tokens = sp.min_length;
   s.seed = sp.seed;
   s.max_tokens = p.sampler.max_tokens;

@@ -276,6 +276,11 @@ void Scheduler::complete(Slot& slot, std::optional<api::Result> result, const st
   }
   const std::string reason = !error.empty() ? "error" : result ? finish_reason(result->stop_reason) : "abort";
   metrics_.finished(reason, result ? &result->stats : nullptr, seconds(Clock::now() - job->arrival));
+  // Nothing forces the host path silently (penalties, logit_bias, logprobs): the log says why.
+  if (result && result->stats.host_sampled_tokens > 0 && !result->stats.host_sampling_reason.empty())
+    log_info("request sampled {} of {} tokens on the host{}: {}", result->stats.host_sampled_tokens,
+             result->tokens.size(), result->stats.drafted_tokens > 0 ? " (drafting stayed on)" : "",
+             result->stats.host_sampling_reason);
   {
     std::lock_guard lock(mu_);
     --running_;

@@ -52,6 +52,12 @@ struct SamplingConfig {
   float top_p = 1.0f;               // 1 = off
   float min_p = 0.0f;               // 0 = off
   float repetition_penalty = 1.0f;  // 1 = off
+  // OpenAI's penalties, [-2, 2], 0 = off: logit -= presence * (count > 0) + frequency * count over the
+  // tokens generated so far (not the prompt). They and logit_bias are applied on the host: a drafter
+  // stays on, its drafts verified there (Result's stats say why: host_sampling_reason).
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  std::vector<std::pair<int32_t, float>> logit_bias = {};  // (token id, bias in [-100, 100]) added to the logits
   int max_tokens = 256;
   int32_t min_tokens = 0;           // end tokens suppressed before this many tokens
   uint64_t seed = 0;
