@@ -166,6 +166,7 @@ struct Session::State {
   std::optional<ToolCallExtractor> tool_calls;
   std::vector<ToolCall> calls;
   ChunkCallback on_chunk;
+  std::optional<core::TokenLogprob> logprob;  // the token being delivered's (GenerationOptions::on_logprob)
 
   ContextOptions context_options;
 
@@ -241,6 +242,10 @@ void Session::begin(std::span<const int32_t> prompt, const SamplingConfig& sampl
   core::apply_drafting(s.model->pipeline, o);
   o.stop_tokens = sampling.stop_token_ids;
   o.ignore_eos = sampling.ignore_eos;
+  if (sampling.logprobs > 20) fail("logprobs {} is more than 20 alternatives", sampling.logprobs);
+  o.logprobs = sampling.logprobs;
+  s.logprob.reset();
+  if (o.logprobs >= 0) o.on_logprob = [&s](const core::TokenLogprob& lp) { s.logprob = lp; };
   if (sampling.draft_tokens) o.draft_tokens = *sampling.draft_tokens;
   if (sampling.draft_auto) o.draft_auto = *sampling.draft_auto;
   if (sampling.draft_max) o.draft_max = *sampling.draft_max;
@@ -269,7 +274,10 @@ void Session::begin(std::span<const int32_t> prompt, const SamplingConfig& sampl
       std::vector<ToolCall> calls;
       if (s.tool_calls && token >= 0) calls = s.tool_calls->push(token);
       s.calls.insert(s.calls.end(), calls.begin(), calls.end());
-      if (s.on_chunk) s.on_chunk(Chunk{token, text, thought, calls});
+      Chunk chunk{token, text, thought, calls};
+      if (token >= 0 && s.logprob) chunk.logprob = &*s.logprob;
+      if (s.on_chunk) s.on_chunk(chunk);
+      if (token >= 0) s.logprob.reset();
     }));
   } catch (...) {
     s.forget();
@@ -343,6 +351,7 @@ Result Session::end() {
   r.stop_token = g.stop_token;
   r.cached_tokens = s.cached;
   r.stats = std::move(g.stats);
+  r.logprobs = std::move(g.logprobs);
   s.on_chunk = {};
   s.splitter.reset();
   return r;

@@ -225,10 +225,21 @@ bool read_sampling(const json& b, CompletionRequest& r, uint64_t unseeded) {
       s.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(v));
     }
   }
+  // logprobs: chat {"logprobs": true, "top_logprobs": 0..20}; completions {"logprobs": 0..20} (OpenAI
+  // allows 5; vLLM 20). Off: false / null / absent.
   if (present(b, "logprobs")) {
     const json& v = b["logprobs"];
-    if (!(v.is_boolean() && !v.get<bool>()) && !(v.is_number_integer() && v.get<int64_t>() == 0))
-      bad_request("'logprobs' is not supported", "logprobs");
+    if (r.chat) {
+      if (!v.is_boolean()) bad_request(fmt::format("'logprobs' must be a boolean, got {}", quote(v)), "logprobs");
+      if (v.get<bool>()) s.logprobs = 0;
+    } else {
+      s.logprobs = static_cast<int>(read_int(v, "logprobs", 0, 20));
+    }
+  }
+  if (r.chat && present(b, "top_logprobs")) {
+    const int n = static_cast<int>(read_int(b["top_logprobs"], "top_logprobs", 0, 20));
+    if (s.logprobs < 0) bad_request("'top_logprobs' needs \"logprobs\": true", "top_logprobs");
+    s.logprobs = n;
   }
   if (present(b, "user")) read_string(b["user"], "user");
   // vLLM's stop_token_ids and ignore_eos.
@@ -447,7 +458,7 @@ json parse_json_body(std::string_view body) {
 CompletionRequest read_completion(const json& b, bool chat, const ServedModel& model, uint64_t unseeded) {
   std::set<std::string> keys = kCommonKeys;
   if (chat)
-    keys.insert({"messages", "max_completion_tokens", "include_reasoning", "chat_template_kwargs", "response_format", "tools",
+    keys.insert({"messages", "max_completion_tokens", "top_logprobs", "include_reasoning", "chat_template_kwargs", "response_format", "tools",
                  "tool_choice", "parallel_tool_calls"});
   else keys.insert({"prompt", "echo", "suffix", "best_of"});
   only_keys(b, keys);
