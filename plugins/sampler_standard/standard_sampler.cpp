@@ -160,9 +160,14 @@ std::vector<int32_t> StandardSampler::device_ids(const SamplingState& state) con
 
 std::string StandardSampler::device_key(const SamplingState& state) const {
   const SamplingParams& p = params_;
-  return fmt::format("standard t={} k={} p={} minp={} rp={} window={} ends={}", p.temperature, p.top_k, p.top_p, p.min_p,
-                     p.repetition_penalty, window_slots(state),
-                     suppression_active(state) ? static_cast<int64_t>(state.end_tokens.size()) : 0);
+  // The host-only rules are part of the key: a graph cached for a sampler without them (its key otherwise
+  // equal) must not be reused for one with them, which the device forms decline.
+  const std::string host = host_only_reason().empty() ? "" : fmt::format(" presence={} frequency={} bias={}",
+                                                                         p.presence_penalty, p.frequency_penalty,
+                                                                         p.logit_bias.size());
+  return fmt::format("standard t={} k={} p={} minp={} rp={} window={} ends={}{}", p.temperature, p.top_k, p.top_p,
+                     p.min_p, p.repetition_penalty, window_slots(state),
+                     suppression_active(state) ? static_cast<int64_t>(state.end_tokens.size()) : 0, host);
 }
 
 Value StandardSampler::sample_in_graph(Graph& g, Value logits, Value ids, Value uniform, const SamplingState& state,

@@ -433,6 +433,15 @@ TEST(TinyKjv, PenaltiesAndLogitBiasKeepDraftingOnAndEqualPlainGreedy) {
   auto ctx = target->new_context({});
   const auto plain = specula::core::Generator(target, host().make_sampler("standard", specula::SamplingParams{}), nullptr).generate(*ctx, ids, o);
   EXPECT_NE(plain.tokens, runs[0].tokens);
+  // The same context again (as a server slot is): the device graph cached for the plain sampler must not
+  // serve the penalised one (Sampler::device_key tells them apart).
+  ctx->truncate(0);
+  for (auto dr : {std::shared_ptr<ga::AssistantDrafter>{}, d}) {
+    ctx->truncate(0);
+    const auto again = specula::core::Generator(target, host().make_sampler("standard", p), dr).generate(*ctx, ids, o);
+    EXPECT_EQ(again.tokens, runs[0].tokens) << (dr ? "with" : "without") << " the drafter, a reused context";
+    EXPECT_EQ(again.stats.device_sampled_tokens, 0);
+  }
 }
 
 // logprobs: log_softmax of the target's raw logits at each emitted position, the same with and without

@@ -741,6 +741,8 @@ TEST(StandardSamplerDevice, DeclinesPenaltiesAndLogitBiasNamingThem) {
     EXPECT_FALSE(s.sample_in_graph(g, in, Value{}, u, state, dev.backend(), &why));
     EXPECT_EQ(g.nodes().size(), nodes);
     EXPECT_NE(why.find(name), std::string::npos) << why;
+    // Graphs are cached by device_key: one built without these rules must not serve a sampler with them.
+    EXPECT_NE(s.device_key(state), StandardSampler({.temperature = p.temperature}).device_key(state)) << name;
     if (p.temperature > 0.0f) {
       Graph v;
       const Value t = v.input(DType::F32, {3, 10}, "t"), q = v.input(DType::F32, {2, 10}, "q");
