@@ -458,8 +458,8 @@ json parse_json_body(std::string_view body) {
 CompletionRequest read_completion(const json& b, bool chat, const ServedModel& model, uint64_t unseeded) {
   std::set<std::string> keys = kCommonKeys;
   if (chat)
-    keys.insert({"messages", "max_completion_tokens", "top_logprobs", "include_reasoning", "chat_template_kwargs", "response_format", "tools",
-                 "tool_choice", "parallel_tool_calls"});
+    keys.insert({"messages", "max_completion_tokens", "top_logprobs", "include_reasoning", "chat_template_kwargs",
+                 "response_format", "tools", "tool_choice", "parallel_tool_calls"});
   else keys.insert({"prompt", "echo", "suffix", "best_of"});
   only_keys(b, keys);
   check_model_name(b, model);
