@@ -125,6 +125,10 @@ void add_sampling_options(po::options_description& desc, ModelArgs& a) {
   add_key(desc, a, "top-p", "sampler.top_p", "nucleus sampling mass (1 = off)");
   add_key(desc, a, "min-p", "sampler.min_p", "drop tokens below min-p times the most likely one's probability (0 = off)");
   add_key(desc, a, "repeat-penalty", "sampler.repetition_penalty", "repetition penalty (1 = off)");
+  add_key(desc, a, "presence-penalty", "sampler.presence_penalty",
+          "subtract X from the logit of every token already generated, -2..2 (0 = off; host sampling)");
+  add_key(desc, a, "frequency-penalty", "sampler.frequency_penalty",
+          "subtract X times its count from the logit of every generated token, -2..2 (0 = off; host sampling)");
   add_key(desc, a, "repeat-last-n", "sampler.penalty_window", "how many recent tokens the penalty looks at (default 64)");
   add_key(desc, a, "seed", "sampler.seed", "random seed (-1 = a random one, printed)");
   add_key(desc, a, "n-predict,n", "sampler.max_tokens", "tokens to generate at most (default 256)");

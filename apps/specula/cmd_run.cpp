@@ -53,6 +53,7 @@ ordered_json round_json(const specula::core::RoundTrace& r) {
 int run_run(const std::vector<std::string>& args) {
   cli::ModelArgs model;
   std::string prompt, tokens_text, prompt_file;
+  int logprobs = -1;
   bool as_json = false, show_thoughts = false, raw = false, no_drafter = false, speedup = false, trace_json = false;
   cli::po::options_description desc(
       "usage: specula run PIPELINE.yaml (-p TEXT | -f FILE | --tokens 1,2,3) [options]\n"
@@ -68,6 +69,9 @@ int run_run(const std::vector<std::string>& args) {
       "tokens", cli::po::value(&tokens_text), "prompt token ids, comma-separated")(
       "raw", cli::po::bool_switch(&raw), "tokenize --prompt as is, without the chat format")(
       "json", cli::po::bool_switch(&as_json), "print one JSON object (tokens, text, statistics) at the end")(
+      "logprobs", cli::po::value(&logprobs),
+      "with --json: each token's log-probability (log_softmax of the target's raw logits) and the N most likely "
+      "tokens there, 0..20 (the host samples and verifies; drafting stays on)")(
       "trace-json", cli::po::bool_switch(&trace_json),
       "print one JSON line per speculative round (draft, the target's tokens, acceptance, the drafter's top-20 "
       "log-probabilities per step), then a summary line, instead of the text (docs/cli.md)")(
@@ -84,6 +88,8 @@ int run_run(const std::vector<std::string>& args) {
   }
   if (prompt.empty() == tokens_text.empty()) specula::fail("give exactly one of --prompt TEXT and --tokens IDS (--file FILE reads the prompt from a file)");
 
+  if (logprobs != -1 && !as_json) specula::fail("--logprobs N is reported in --json's object; add --json");
+  if (logprobs != -1 && (logprobs < 0 || logprobs > 20)) specula::fail("--logprobs must be 0..20, got {}", logprobs);
   if (speedup && no_drafter) specula::fail("--speedup measures the drafter; it cannot be combined with --no-drafter");
   if (trace_json && (no_drafter || as_json || speedup))
     specula::fail("--trace-json prints the drafter's rounds and a summary instead of the text; it cannot be combined "
@@ -125,6 +131,7 @@ int run_run(const std::vector<std::string>& args) {
   specula::core::apply_drafting(s.pipeline, options);
   options.stop_strings = s.pipeline.sampler.stop;
   options.interrupt = cli::interrupt_flag();
+  options.logprobs = logprobs;
   if (trace_json) options.on_round = [](const specula::core::RoundTrace& r) { fmt::print("{}\n", round_json(r).dump()); };
   cli::install_interrupt_handler();
   specula::core::Generator generator(target, s.built.sampler, s.built.drafter);
@@ -217,6 +224,19 @@ int run_run(const std::vector<std::string>& args) {
                   {"host_sampled_tokens", st.host_sampled_tokens},
                   {"device_verified_steps", st.device_verified_steps}};
     if (!st.host_sampling_reason.empty()) j["stats"]["host_sampling_reason"] = st.host_sampling_reason;
+    if (logprobs >= 0) {
+      // Per token: its id, text (the token's bytes, invalid UTF-8 replaced) and log-probability, and the
+      // most likely alternatives there (docs/cli.md).
+      const auto tok = target->tokenizer();
+      auto text_of = [&](int32_t id) { return tok ? tok->token_bytes(id) : std::string(); };
+      nlohmann::json lps = nlohmann::json::array();
+      for (const auto& lp : result.logprobs) {
+        nlohmann::json top = nlohmann::json::array();
+        for (const auto& [id, v] : lp.top) top.push_back({{"token", id}, {"text", text_of(id)}, {"logprob", v}});
+        lps.push_back({{"token", lp.token}, {"text", text_of(lp.token)}, {"logprob", lp.logprob}, {"top_logprobs", top}});
+      }
+      j["logprobs"] = std::move(lps);
+    }
     j["stats"].update(by_position);
     if (plain) {
       j["baseline"] = {{"tokens", plain->tokens},

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <optional>
 #include <unordered_set>
 
@@ -77,6 +78,7 @@ struct Generation::State {
   int32_t last = -1;             // accepted, not yet processed by the target
   std::optional<DraftLength> length;  // draft_tokens: auto
   std::vector<int32_t> scratch;
+  std::optional<TokenLogprob> first_logprob;  // the prefill's token, accepted at the end of begin()
   int64_t rounds = 0;
   Clock::time_point t1;
 
@@ -102,6 +104,7 @@ struct Generation::State {
     std::vector<int32_t> tokens;         // [accepted + 1]
     double seconds = 0;                  // the verification's forward
     std::vector<int32_t> target_greedy;  // GenerationOptions::on_round: the target's argmax per verified row
+    std::vector<TokenLogprob> logprobs;  // GenerationOptions::logprobs: one per token of `tokens`
   };
 
   State(std::shared_ptr<Model> m, std::shared_ptr<Sampler> s, std::shared_ptr<Drafter> d, ModelContext& c,
@@ -143,7 +146,7 @@ struct Generation::State {
     return masked;
   }
   // Accepts one token; false when generation has ended (an end or stop token, a stop string, max_tokens).
-  bool accept(int32_t t) {
+  bool accept(int32_t t, const TokenLogprob* lp = nullptr) {
     if (stops.count(t)) {
       result.stop_reason = StopReason::EndToken;
       result.stop_token = t;
@@ -153,6 +156,10 @@ struct Generation::State {
     if (constraint) constraint->accept(t);
     result.tokens.push_back(t);
     history.push_back(t);
+    if (lp) {
+      result.logprobs.push_back(*lp);
+      if (options.on_logprob) options.on_logprob(*lp);
+    }
     const TextOutput::Piece piece = text.push(t);
     result.text += piece.text;
     if (on_token) on_token(t, piece.text);
@@ -194,10 +201,27 @@ struct Generation::State {
   }
   // Greedy choices are plain argmaxes now (no repetition penalty, end tokens no longer held back), so a
   // round can be verified on the backend without logits.
-  bool argmax_greedy() const {
+  bool argmax_greedy() const { return greedy_host_reason().empty(); }
+  // Why a greedy round's choices are not plain argmaxes of the target's logits (empty when they are).
+  std::string greedy_host_reason() const {
     const SamplingParams& sp = sampler->params();
-    return sp.temperature == 0.0f && sp.repetition_penalty == 1.0f &&
-           sp.min_length <= static_cast<int64_t>(result.tokens.size());
+    if (sp.temperature != 0.0f) return "sampled";
+    if (sp.repetition_penalty != 1.0f) return "the repetition penalty reads the history";
+    if (sp.presence_penalty != 0.0f || sp.frequency_penalty != 0.0f)
+      return "presence_penalty / frequency_penalty read the generated tokens";
+    if (!sp.logit_bias.empty()) return "logit_bias changes the argmax";
+    if (sp.min_length > static_cast<int64_t>(result.tokens.size())) return "end tokens are suppressed (min_length)";
+    return {};
+  }
+  // Token i of a host-decided outcome was decided from row i of its logits.
+  void record_logprobs(std::span<const float> logits, Outcome& o) const {
+    if (options.logprobs < 0) return;
+    for (size_t i = 0; i < o.tokens.size(); ++i)
+      o.logprobs.push_back(token_logprob(logits.subspan(i * static_cast<size_t>(vocab), static_cast<size_t>(vocab)),
+                                         o.tokens[i], options.logprobs));
+  }
+  static const TokenLogprob* logprob_at(const Outcome& o, size_t i) {
+    return i < o.logprobs.size() ? &o.logprobs[i] : nullptr;
   }
   void count_step(int64_t n) {
     auto& by_length = stats().steps_by_draft_length;
@@ -265,13 +289,14 @@ void Generation::State::begin() {
       const Outcome o = verify_rounds({&self, 1}).front();
       ++(round.on_backend ? stats().device_sampled_tokens : stats().host_sampled_tokens);
       last = o.tokens.front();
+      if (const TokenLogprob* lp = logprob_at(o, 0)) first_logprob = *lp;
     }
   }
   if (!first_token) last = prompt.back();
   stats().prefill_seconds = seconds_since(t0);
 
   t1 = Clock::now();
-  if (first_token) accept(last);
+  if (first_token) accept(last, first_logprob ? &*first_logprob : nullptr);
   if (drafter && options.draft_auto) length.emplace(options.draft_max, options.draft_tokens);
 }
 
@@ -321,7 +346,18 @@ void Generation::State::choose_verifier() {
       stats().host_sampling_reason = constraint->name() + " masks the logits on the host";
     return;
   }
-  if (n > 0 && (!rules->rounds_on_backend() || options.on_round || (!sampled_drafts && !argmax_greedy()))) return;
+  if (options.logprobs >= 0) {  // the logprobs are read from the target's logits, on the host
+    if (stats().host_sampling_reason.empty())
+      stats().host_sampling_reason = "logprobs read the target's logits (every step samples and verifies on the host)";
+    return;
+  }
+  if (n > 0 && (!rules->rounds_on_backend() || options.on_round)) return;
+  if (n > 0 && !sampled_drafts && !argmax_greedy()) {
+    // Greedy drafts verified on the host under rules the argmax cannot apply: say which.
+    if (stats().host_sampling_reason.empty())
+      stats().host_sampling_reason = "speculative rounds verify on the host: " + greedy_host_reason();
+    return;
+  }
   round.rule = RoundRule{n > 0 && !sampled_drafts ? nullptr : sampler.get(), state_after({}), {}};
   std::string why;
   round.on_backend = ctx.prepare_round(static_cast<int64_t>(round.tokens.size()), n, round.rule, round.buffers, why);
@@ -453,6 +489,7 @@ Generation::State::Outcome Generation::State::decide(std::span<const float> logi
   }
   if (n == 0) {  // a plain step
     o.tokens = {sample_row(constrained(logits, {}), round.uniforms[0])};
+    record_logprobs(logits, o);
     return o;
   }
   // Each draft in turn by the speculative sampling rule (speculative.hpp), p being the target's
@@ -474,6 +511,7 @@ Generation::State::Outcome Generation::State::decide(std::span<const float> logi
     if (!v.accepted) break;
     ++o.accepted;
   }
+  record_logprobs(logits, o);
   if (options.on_round) {
     for (int64_t i = 0; i <= n; ++i) {
       const auto r = logits.subspan(i * vocab, vocab);
@@ -491,7 +529,7 @@ void Generation::State::emit(const Outcome& o) {
     last = o.tokens.front();
     if (length) length->observe_plain(o.seconds);
     if (drafter) count_step(0);
-    accept(last);
+    accept(last, logprob_at(o, 0));
     return;
   }
   const int64_t n = round.n;
@@ -501,7 +539,7 @@ void Generation::State::emit(const Outcome& o) {
     ++(round.on_backend ? st.device_sampled_tokens : st.host_sampled_tokens);
     last = o.tokens[i];
     if (draft) ++accepted;
-    accept(last);
+    accept(last, logprob_at(o, i));
     if (!draft) break;
   }
   // Keep `last` of the round and the accepted drafts; forget the rejected ones.
@@ -558,6 +596,31 @@ GenerationResult Generation::State::finish() {
   stats().decode_seconds = seconds_since(t1);
   stats().generated_tokens = static_cast<int64_t>(result.tokens.size());
   return std::move(result);
+}
+
+TokenLogprob token_logprob(std::span<const float> row, int32_t token, int top) {
+  if (row.empty() || token < 0 || token >= static_cast<int32_t>(row.size()))
+    fail("token_logprob: token {} outside a row of {} logits", token, row.size());
+  double m = row[0];
+  for (float x : row) m = std::max(m, static_cast<double>(x));
+  double sum = 0;
+  for (float x : row) sum += std::exp(static_cast<double>(x) - m);
+  const double log_z = m + std::log(sum);
+  TokenLogprob out;
+  out.token = token;
+  out.logprob = static_cast<float>(row[token] - log_z);
+  // The `top` largest by a scan with a small sorted list: the vocabulary is large, `top` at most 20.
+  const auto k = static_cast<size_t>(std::clamp<int64_t>(top, 0, static_cast<int64_t>(row.size())));
+  std::vector<int32_t> best;
+  best.reserve(k + 1);
+  for (int32_t i = 0; k > 0 && i < static_cast<int32_t>(row.size()); ++i) {
+    if (best.size() == k && row[i] <= row[best.back()]) continue;  // ties: the lower id stays
+    auto at = std::upper_bound(best.begin(), best.end(), i, [&](int32_t a, int32_t b) { return row[a] > row[b]; });
+    best.insert(at, i);
+    if (best.size() > k) best.pop_back();
+  }
+  for (int32_t i : best) out.top.emplace_back(i, static_cast<float>(row[i] - log_z));
+  return out;
 }
 
 Generation::Generation(std::unique_ptr<State> state) : s_(std::move(state)) {}

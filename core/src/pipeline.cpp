@@ -459,6 +459,8 @@ Pipeline read_pipeline(YAML::Node root, const fs::path& source, const Reader& r)
   if (auto s = root["sampler"]; s && !s.IsNull()) {
     r.check_section(s, "sampler", {{"plugin", Kind::String}, {"temperature", Kind::Float}, {"top_k", Kind::Int},
                                    {"top_p", Kind::Float}, {"min_p", Kind::Float}, {"repetition_penalty", Kind::Float},
+                                   {"presence_penalty", Kind::Float}, {"frequency_penalty", Kind::Float},
+                                   {"logit_bias", Kind::Map},
                                    {"penalty_window", Kind::Int}, {"min_length", Kind::Int}, {"seed", Kind::Int},
                                    {"max_tokens", Kind::Int}, {"device", Kind::String}, {"stop", Kind::StringList},
                                    {"options", Kind::Map}});
@@ -472,6 +474,17 @@ Pipeline read_pipeline(YAML::Node root, const fs::path& source, const Reader& r)
     if (auto n = s["min_p"]) sp.min_p = static_cast<float>(r.number(n, "sampler.min_p", 0, 1));
     if (auto n = s["repetition_penalty"]) {
       sp.repetition_penalty = static_cast<float>(r.number(n, "sampler.repetition_penalty", 0.01, 100));
+    }
+    if (auto n = s["presence_penalty"]) sp.presence_penalty = static_cast<float>(r.number(n, "sampler.presence_penalty", -2, 2));
+    if (auto n = s["frequency_penalty"])
+      sp.frequency_penalty = static_cast<float>(r.number(n, "sampler.frequency_penalty", -2, 2));
+    if (auto n = s["logit_bias"]; n && !n.IsNull()) {  // token id: bias, as the server's logit_bias
+      if (!n.IsMap()) fail("{}: key 'sampler.logit_bias' must be a map of token id to bias", r.where(n, "sampler.logit_bias"));
+      sp.logit_bias.clear();
+      for (const auto& item : n) {
+        const int64_t id = r.integer(item.first, "sampler.logit_bias", 0, kMaxInt);
+        sp.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(r.number(item.second, "sampler.logit_bias", -100, 100)));
+      }
     }
     if (auto n = s["penalty_window"]) sp.penalty_window = static_cast<int32_t>(r.integer(n, "sampler.penalty_window", 0, kMaxInt));
     if (auto n = s["min_length"]) sp.min_length = static_cast<int32_t>(r.integer(n, "sampler.min_length", 0, kMaxInt));

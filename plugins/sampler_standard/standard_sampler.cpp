@@ -6,6 +6,7 @@
 #include <limits>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "specula/error.hpp"
 
@@ -21,6 +22,15 @@ StandardSampler::StandardSampler(const SamplingParams& p) : params_(p), rng_(p.s
     fail("sampler 'standard': repetition_penalty {} must be a finite number > 0", p.repetition_penalty);
   if (p.penalty_window < 0) fail("sampler 'standard': penalty_window {} must be >= 0", p.penalty_window);
   if (p.min_length < 0) fail("sampler 'standard': min_length {} must be >= 0", p.min_length);
+  if (!(p.presence_penalty >= -2.0f && p.presence_penalty <= 2.0f))
+    fail("sampler 'standard': presence_penalty {} must be in [-2, 2]", p.presence_penalty);
+  if (!(p.frequency_penalty >= -2.0f && p.frequency_penalty <= 2.0f))
+    fail("sampler 'standard': frequency_penalty {} must be in [-2, 2]", p.frequency_penalty);
+  for (const auto& [id, bias] : p.logit_bias) {
+    if (id < 0) fail("sampler 'standard': logit_bias names token {}; ids are >= 0", id);
+    if (!(bias >= -100.0f && bias <= 100.0f))
+      fail("sampler 'standard': logit_bias of token {} is {}; biases are in [-100, 100]", id, bias);
+  }
 }
 
 float StandardSampler::next_uniform() {
@@ -44,6 +54,21 @@ std::vector<float> StandardSampler::adjusted_logits(std::span<const float> logit
     for (int32_t id : ids)
       if (in_range(id)) x[id] = x[id] > 0.0f ? x[id] / p : x[id] * p;
   }
+  if (history_penalties_active(state)) {
+    // Counts over this completion's tokens only: the last `generated` ids of the history.
+    const size_t n = std::min(state.history.size(), static_cast<size_t>(std::max(state.generated, 0)));
+    std::vector<int32_t> ids(state.history.end() - static_cast<std::ptrdiff_t>(n), state.history.end());
+    std::sort(ids.begin(), ids.end());
+    for (size_t i = 0; i < ids.size();) {
+      size_t j = i;
+      while (j < ids.size() && ids[j] == ids[i]) ++j;
+      const auto count = static_cast<float>(j - i);
+      if (in_range(ids[i])) x[ids[i]] -= params_.presence_penalty + params_.frequency_penalty * count;
+      i = j;
+    }
+  }
+  for (const auto& [id, bias] : params_.logit_bias)
+    if (in_range(id) && x[id] != -FLT_MAX) x[id] += bias;  // a suppressed end token stays suppressed
   return x;
 }
 
@@ -96,6 +121,22 @@ bool StandardSampler::penalty_active(const SamplingState& state) const {
   return params_.repetition_penalty != 1.0f && params_.penalty_window > 0 && !state.history.empty();
 }
 
+bool StandardSampler::history_penalties_active(const SamplingState& state) const {
+  return (params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f) && state.generated > 0 &&
+         !state.history.empty();
+}
+
+// Why the device forms refuse this state: the OpenAI penalties and logit_bias have no graph form yet.
+std::string StandardSampler::host_only_reason() const {
+  std::vector<std::string> what;
+  if (params_.presence_penalty != 0.0f) what.emplace_back("presence_penalty");
+  if (params_.frequency_penalty != 0.0f) what.emplace_back("frequency_penalty");
+  if (!params_.logit_bias.empty()) what.emplace_back("logit_bias");
+  if (what.empty()) return {};
+  return fmt::format("{} {} applied on the host only (the sampler has no device form of {})", fmt::join(what, ", "),
+                     what.size() == 1 ? "is" : "are", what.size() == 1 ? "it" : "them");
+}
+
 bool StandardSampler::suppression_active(const SamplingState& state) const {
   return state.generated < params_.min_length && !state.end_tokens.empty();
 }
@@ -119,9 +160,14 @@ std::vector<int32_t> StandardSampler::device_ids(const SamplingState& state) con
 
 std::string StandardSampler::device_key(const SamplingState& state) const {
   const SamplingParams& p = params_;
-  return fmt::format("standard t={} k={} p={} minp={} rp={} window={} ends={}", p.temperature, p.top_k, p.top_p, p.min_p,
-                     p.repetition_penalty, window_slots(state),
-                     suppression_active(state) ? static_cast<int64_t>(state.end_tokens.size()) : 0);
+  // The host-only rules are part of the key: a graph cached for a sampler without them (its key otherwise
+  // equal) must not be reused for one with them, which the device forms decline.
+  const std::string host = host_only_reason().empty() ? "" : fmt::format(" presence={} frequency={} bias={}",
+                                                                         p.presence_penalty, p.frequency_penalty,
+                                                                         p.logit_bias.size());
+  return fmt::format("standard t={} k={} p={} minp={} rp={} window={} ends={}{}", p.temperature, p.top_k, p.top_p,
+                     p.min_p, p.repetition_penalty, window_slots(state),
+                     suppression_active(state) ? static_cast<int64_t>(state.end_tokens.size()) : 0, host);
 }
 
 Value StandardSampler::sample_in_graph(Graph& g, Value logits, Value ids, Value uniform, const SamplingState& state,
@@ -134,6 +180,10 @@ Value StandardSampler::sample_in_graph(Graph& g, Value logits, Value ids, Value 
   const int64_t slots = window_slots(state);
   const int64_t ends = suppression_active(state) ? static_cast<int64_t>(state.end_tokens.size()) : 0;
   const bool greedy = params_.temperature == 0.0f;
+  if (std::string host = host_only_reason(); !host.empty()) {
+    if (why) *why = std::move(host);
+    return {};
+  }
   if (slots + ends > 0 && (!ids || g.shape(ids) != Shape{slots + ends}))
     fail("sampler 'standard': the ids input must be I32 [{}] (device_ids), got {}", slots + ends,
          ids ? fmt::format("{} values", g.shape(ids)[0]) : std::string("none"));
@@ -190,6 +240,7 @@ Value StandardSampler::verify_in_graph(Graph& g, Value target, Value draft, Valu
   if (params_.temperature == 0.0f) return refuse("greedy rounds are verified by argmax");
   // The penalty window and end-token suppression would differ from row to row with the drafts.
   if (penalty_active(state)) return refuse("the repetition penalty depends on the drafts (the host verifies)");
+  if (std::string host = host_only_reason(); !host.empty()) return refuse(host + " (the host verifies)");
   if (suppression_active(state))
     return refuse(fmt::format("end tokens are suppressed for {} more tokens (the host verifies)",
                               params_.min_length - state.generated));

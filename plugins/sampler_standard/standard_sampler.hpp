@@ -3,6 +3,9 @@
 //   1. end-token suppression: while state.generated < min_length every end token gets -FLT_MAX;
 //   2. repetition penalty over the distinct ids among the last `penalty_window` of the history:
 //      a positive logit is divided by the penalty, any other multiplied by it;
+//   2b. presence / frequency penalties over this completion's tokens (the last state.generated ids):
+//      logit -= presence * (count > 0) + frequency * count (OpenAI's, as vLLM applies them);
+//   2c. logit_bias added (a suppressed end token stays suppressed);
 //   3. greedy (temperature 0): the highest logit, the lowest index among equal maxima;
 //   4. otherwise logits / temperature, top-K by logit (ties: lower index first), softmax over those;
 //      with min_p > 0 the candidates below min_p times the highest probability are dropped and the
@@ -46,7 +49,7 @@ class StandardSampler final : public Sampler {
   std::vector<int32_t> device_ids(const SamplingState& state) const override;
   std::string device_key(const SamplingState& state) const override;
 
-  // Steps 1-2 on a copy: what the sampler ranks. Exposed for tests and the device form's reference.
+  // Steps 1-2c on a copy: what the sampler ranks. Exposed for tests and the device form's reference.
   std::vector<float> adjusted_logits(std::span<const float> logits, const SamplingState& state) const;
 
  private:
@@ -62,6 +65,8 @@ class StandardSampler final : public Sampler {
   static constexpr int64_t kPaddedWindow = 1024;
   bool penalty_active(const SamplingState& state) const;
   bool suppression_active(const SamplingState& state) const;
+  bool history_penalties_active(const SamplingState& state) const;
+  std::string host_only_reason() const;  // empty when the device forms can apply every rule
   int64_t window_slots(const SamplingState& state) const;
 
   SamplingParams params_;

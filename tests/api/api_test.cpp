@@ -223,4 +223,36 @@ TEST(Api, TheThoughtSplitterHandsTheThoughtChannelApart) {
   EXPECT_EQ(thought, "Let me think.\n");
 }
 
+// SamplingConfig::logprobs: Result::logprobs holds one TokenLogprob per token, and each streamed chunk of
+// a token carries the same one; with and without the drafter they agree. Penalties reach the sampler.
+TEST(Api, LogprobsAndPenaltiesReachTheResultAndTheChunks) {
+  auto model = tiny();
+  const auto prompt = model->chat_prompt(kMessages);
+  SamplingConfig s = greedy(12);
+  s.logprobs = 2;
+  std::vector<specula::core::TokenLogprob> streamed;
+  const auto r = model->new_session()->generate_chunks(prompt, s, [&](const specula::api::Chunk& c) {
+    if (c.logprob) streamed.push_back(*c.logprob);
+  });
+  ASSERT_EQ(r.logprobs.size(), r.tokens.size());
+  ASSERT_EQ(streamed.size(), r.tokens.size());
+  for (size_t i = 0; i < r.tokens.size(); ++i) {
+    EXPECT_EQ(r.logprobs[i].token, r.tokens[i]);
+    EXPECT_EQ(streamed[i].logprob, r.logprobs[i].logprob);
+    ASSERT_EQ(r.logprobs[i].top.size(), 2u);
+    EXPECT_EQ(r.logprobs[i].top[0].first, r.tokens[i]);  // greedy: the most likely token
+  }
+  EXPECT_NE(r.stats.host_sampling_reason.find("logprobs"), std::string::npos) << r.stats.host_sampling_reason;
+  SamplingConfig off = s;
+  off.draft_tokens = 0;
+  const auto plain = model->new_session()->generate(prompt, off);
+  ASSERT_EQ(plain.tokens, r.tokens);
+  for (size_t i = 0; i < r.tokens.size(); ++i) EXPECT_NEAR(plain.logprobs[i].logprob, r.logprobs[i].logprob, 1e-4);
+  // logit_bias -100 on the greedy answer's first token: another first token.
+  SamplingConfig biased = greedy(4);
+  biased.logit_bias = {{r.tokens[0], -100.0f}};
+  biased.presence_penalty = 0.5f;
+  EXPECT_NE(model->new_session()->generate(prompt, biased).tokens.front(), r.tokens[0]);
+}
+
 }  // namespace

@@ -48,6 +48,9 @@ sampler:
   top_k: 40
   top_p: 0.9
   repetition_penalty: 1.1
+  presence_penalty: 0.5
+  frequency_penalty: -1.25
+  logit_bias: {7: -100, 12: 2.5}
   penalty_window: 32
   min_length: 2
   seed: 42
@@ -77,6 +80,9 @@ chat:
   EXPECT_EQ(p.sampler.params.top_k, 40);
   EXPECT_FLOAT_EQ(p.sampler.params.top_p, 0.9f);
   EXPECT_FLOAT_EQ(p.sampler.params.repetition_penalty, 1.1f);
+  EXPECT_FLOAT_EQ(p.sampler.params.presence_penalty, 0.5f);
+  EXPECT_FLOAT_EQ(p.sampler.params.frequency_penalty, -1.25f);
+  EXPECT_EQ(p.sampler.params.logit_bias, (std::vector<std::pair<int32_t, float>>{{7, -100.0f}, {12, 2.5f}}));
   EXPECT_EQ(p.sampler.params.penalty_window, 32);
   EXPECT_EQ(p.sampler.params.min_length, 2);
   EXPECT_EQ(p.sampler.params.seed, 42u);

@@ -397,6 +397,122 @@ TEST(TinyKjv, SampledRoundReadsOnceFromTheBackendAndEqualsTheHost) {
   EXPECT_EQ(runs[1], runs[0]);
 }
 
+// OpenAI's presence / frequency penalties and logit_bias read what was generated (the drafts included
+// while a round is verified): greedy decoding with them and the drafter on gives the tokens it gives
+// without the drafter, the drafts verified on the host, and the reason names them.
+TEST(TinyKjv, PenaltiesAndLogitBiasKeepDraftingOnAndEqualPlainGreedy) {
+  auto target = target_q8();
+  auto d = drafter(kModels / kDrafter, target, "auto");
+  const std::vector<specula::ChatMessage> messages{
+      {"user", golden("tiny-kjv-assistant.json")["held_out_prompts"][0].get<std::string>()}};
+  const auto ids = target->tokenizer()->encode(target->chat_format()->render(messages, true, false), false, true);
+  specula::core::GenerationOptions o;
+  o.max_tokens = 32;
+  o.draft_tokens = 3;
+  specula::SamplingParams p{.temperature = 0.0f, .presence_penalty = 0.7f, .frequency_penalty = 0.4f};
+  // Two biases that move the argmax somewhere: favour the prompt's last token, forbid the plain run's first.
+  {
+    auto ctx = target->new_context({});
+    const auto first = specula::core::Generator(target, host().make_sampler("standard", specula::SamplingParams{}), nullptr).generate(*ctx, ids, o);
+    ASSERT_FALSE(first.tokens.empty());
+    p.logit_bias = {{first.tokens[0], -100.0f}, {ids.back(), 1.5f}};
+  }
+  std::vector<specula::core::GenerationResult> runs;
+  for (auto dr : {std::shared_ptr<ga::AssistantDrafter>{}, d}) {
+    auto ctx = target->new_context({});
+    runs.push_back(specula::core::Generator(target, host().make_sampler("standard", p), dr).generate(*ctx, ids, o));
+  }
+  EXPECT_EQ(runs[1].tokens, runs[0].tokens);
+  EXPECT_GT(runs[1].stats.speculative_steps, 0);
+  EXPECT_GT(runs[1].stats.accepted_tokens, 0);
+  EXPECT_NE(runs[0].tokens.front(), p.logit_bias[0].first);
+  for (const auto& r : runs) {
+    EXPECT_EQ(r.stats.device_sampled_tokens, 0);
+    EXPECT_NE(r.stats.host_sampling_reason.find("presence_penalty"), std::string::npos) << r.stats.host_sampling_reason;
+  }
+  // Penalties change the answer (else the test would prove little): the plain greedy run differs.
+  auto ctx = target->new_context({});
+  const auto plain = specula::core::Generator(target, host().make_sampler("standard", specula::SamplingParams{}), nullptr).generate(*ctx, ids, o);
+  EXPECT_NE(plain.tokens, runs[0].tokens);
+  // The same context again (as a server slot is): the device graph cached for the plain sampler must not
+  // serve the penalised one (Sampler::device_key tells them apart).
+  ctx->truncate(0);
+  for (auto dr : {std::shared_ptr<ga::AssistantDrafter>{}, d}) {
+    ctx->truncate(0);
+    const auto again = specula::core::Generator(target, host().make_sampler("standard", p), dr).generate(*ctx, ids, o);
+    EXPECT_EQ(again.tokens, runs[0].tokens) << (dr ? "with" : "without") << " the drafter, a reused context";
+    EXPECT_EQ(again.stats.device_sampled_tokens, 0);
+  }
+}
+
+// logprobs: log_softmax of the target's raw logits at each emitted position, the same with and without
+// the drafter (there: the verification row each accepted draft and each correction/bonus came from), and
+// equal to log_softmax of one plain forward over prompt + answer.
+TEST(TinyKjv, LogprobsAgreeWithAndWithoutTheDrafterAndWithAPlainForward) {
+  auto target = target_q8();
+  auto d = drafter(kModels / kDrafter, target, "auto");
+  const std::vector<specula::ChatMessage> messages{
+      {"user", golden("tiny-kjv-assistant.json")["held_out_prompts"][1].get<std::string>()}};
+  const auto ids = target->tokenizer()->encode(target->chat_format()->render(messages, true, false), false, true);
+  for (const float temperature : {0.0f, 0.8f}) {
+    SCOPED_TRACE(fmt::format("temperature {}", temperature));
+    specula::core::GenerationOptions o;
+    o.max_tokens = 24;
+    o.draft_tokens = 3;
+    o.logprobs = 5;
+    int streamed = 0;
+    o.on_logprob = [&](const specula::core::TokenLogprob&) { ++streamed; };
+    const specula::SamplingParams p{.temperature = temperature, .top_k = 40, .seed = 3};
+    std::vector<specula::core::GenerationResult> runs;
+    for (auto dr : {std::shared_ptr<ga::AssistantDrafter>{}, d}) {
+      auto ctx = target->new_context({});
+      runs.push_back(specula::core::Generator(target, host().make_sampler("standard", p), dr).generate(*ctx, ids, o));
+    }
+    const auto& plain = runs[0];
+    const auto& spec = runs[1];
+    EXPECT_EQ(streamed, static_cast<int>(plain.tokens.size() + spec.tokens.size()));
+    EXPECT_GT(spec.stats.accepted_tokens, 0);
+    EXPECT_NE(spec.stats.host_sampling_reason.find("logprobs"), std::string::npos) << spec.stats.host_sampling_reason;
+    ASSERT_EQ(plain.logprobs.size(), plain.tokens.size());
+    ASSERT_EQ(spec.logprobs.size(), spec.tokens.size());
+    if (temperature == 0.0f) {
+      ASSERT_EQ(spec.tokens, plain.tokens);
+    }
+    // One forward over prompt + the plain run's answer: row i is the distribution of token i.
+    std::vector<int32_t> all = ids;
+    all.insert(all.end(), plain.tokens.begin(), plain.tokens.end() - 1);
+    auto ctx = target->new_context({});
+    const auto logits = ctx->forward(all, static_cast<int64_t>(plain.tokens.size()));
+    const size_t vocab = static_cast<size_t>(target->info().vocab_size);
+    double worst_spec = 0, worst_forward = 0;
+    const size_t same = std::min(plain.tokens.size(), spec.tokens.size());
+    for (size_t i = 0; i < plain.tokens.size(); ++i) {
+      const auto& a = plain.logprobs[i];
+      EXPECT_EQ(a.token, plain.tokens[i]);
+      ASSERT_EQ(a.top.size(), 5u);
+      const auto want = log_softmax(logits.data() + i * vocab, vocab);
+      worst_forward = std::max(worst_forward, std::abs(a.logprob - want[static_cast<size_t>(a.token)]));
+      for (const auto& [t, lp] : a.top) worst_forward = std::max(worst_forward, std::abs(lp - want[static_cast<size_t>(t)]));
+      for (size_t j = 1; j < a.top.size(); ++j) EXPECT_GE(a.top[j - 1].second, a.top[j].second);
+      // The speculative run's positions agree while its tokens do (sampled: up to the first difference).
+      bool prefix = i < same && std::equal(plain.tokens.begin(), plain.tokens.begin() + static_cast<std::ptrdiff_t>(i) + 1,
+                                           spec.tokens.begin());
+      if (!prefix) continue;
+      const auto& b = spec.logprobs[i];
+      worst_spec = std::max(worst_spec, static_cast<double>(std::abs(a.logprob - b.logprob)));
+      ASSERT_EQ(b.top.size(), a.top.size());
+      for (size_t j = 0; j < a.top.size(); ++j) {
+        EXPECT_EQ(b.top[j].first, a.top[j].first) << "position " << i;
+        worst_spec = std::max(worst_spec, static_cast<double>(std::abs(a.top[j].second - b.top[j].second)));
+      }
+    }
+    std::printf("[tiny-kjv] logprobs, temperature %.1f: largest difference with/without the drafter %.2e, against a "
+                "plain forward %.2e\n", temperature, worst_spec, worst_forward);
+    EXPECT_LT(worst_spec, 1e-4);
+    EXPECT_LT(worst_forward, 1e-4);
+  }
+}
+
 // Where the backend cannot decide a sampled round (no AcceptDrafts: the verification graph; no TopPDraw:
 // the drafter's draw), the round runs on the host, the reason names the op, and the tokens are the same.
 TEST(TinyKjv, SampledRoundFallsBackToTheHostWhereTheBackendCannot) {

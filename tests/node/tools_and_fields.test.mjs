@@ -116,3 +116,42 @@ test("response_format json_object: the answer JSON.parse reads as an object, pla
                          response_format: { type: "json_schema", json_schema: { name: "x", schema: { type: "object" } } } }),
                        (e) => e instanceof OpenAI.BadRequestError && e.param === "response_format");
 });
+
+test("presence/frequency penalties and logit_bias keep the drafter on; bad values are typed 400s", async () => {
+  const messages = [{ role: "user", content: "And God said" }];
+  const fields = { presence_penalty: 0.8, frequency_penalty: 0.5, logit_bias: { "1": -100 } };
+  const on = await client.chat.completions.create({ model, messages, max_tokens: 24, temperature: 0, ...fields });
+  const off = await client.chat.completions.create({ model, messages, max_tokens: 24, temperature: 0, ...fields,
+                                                     "speculative.mode": "off" });
+  assert.equal(on.choices[0].message.content, off.choices[0].message.content);
+  for (const [param, value] of [["presence_penalty", 3], ["frequency_penalty", -2.5], ["logit_bias", { "x": 1 }],
+                                ["logit_bias", { "5": 200 }]]) {
+    await assert.rejects(client.chat.completions.create({ model, messages, max_tokens: 4, [param]: value }),
+                         (e) => e instanceof OpenAI.BadRequestError && e.param === param, `${param}: ${JSON.stringify(value)}`);
+  }
+});
+
+test("logprobs are the same with and without the drafter, plain and streamed", async () => {
+  const messages = [{ role: "user", content: "Who made the heaven and the earth?" }];
+  const ask = { model, messages, max_tokens: 16, temperature: 0, logprobs: true, top_logprobs: 3 };
+  const on = await client.chat.completions.create(ask);
+  const off = await client.chat.completions.create({ ...ask, "speculative.mode": "off" });
+  const a = on.choices[0].logprobs.content, b = off.choices[0].logprobs.content;
+  assert.equal(a.length, on.usage.completion_tokens);
+  assert.equal(a.length, b.length);
+  for (let i = 0; i < a.length; ++i) {
+    assert.equal(a[i].token, b[i].token);
+    assert.ok(Math.abs(a[i].logprob - b[i].logprob) < 1e-4, `position ${i}: ${a[i].logprob} vs ${b[i].logprob}`);
+    assert.equal(a[i].top_logprobs.length, 3);
+    assert.deepEqual(a[i].bytes, [...Buffer.from(a[i].token, "utf8")]);
+  }
+  const streamed = [];
+  for await (const chunk of await client.chat.completions.create({ ...ask, stream: true }))
+    for (const c of chunk.choices) streamed.push(...(c.logprobs?.content ?? []));
+  assert.deepEqual(streamed.map((t) => t.logprob), a.map((t) => t.logprob));
+  const legacy = await client.completions.create({ model, prompt: "And the earth was", max_tokens: 6, temperature: 0, logprobs: 2 });
+  const l = legacy.choices[0].logprobs;
+  assert.equal(l.tokens.length, legacy.usage.completion_tokens);
+  assert.equal(l.token_logprobs.length, l.tokens.length);
+  assert.equal(l.text_offset.length, l.tokens.length);
+});

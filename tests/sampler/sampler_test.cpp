@@ -674,4 +674,84 @@ TEST(StandardSamplerDevice, DISABLED_TimingAtGemmaVocab) {
 }
 
 }  // namespace
+// OpenAI's presence / frequency penalties against a hand-computed reference: only this completion's
+// tokens (the last `generated` ids) count, logit -= presence * (count > 0) + frequency * count.
+TEST(StandardSampler, PresenceAndFrequencyPenaltiesCountGeneratedTokensOnly) {
+  const StandardSampler s({.temperature = 0.0f, .presence_penalty = 0.5f, .frequency_penalty = 0.25f});
+  const std::vector<float> x{1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f};
+  const std::vector<int32_t> history{0, 1, 2, 2, 3, 0};  // prompt {0, 1}, generated {2, 2, 3, 0}
+  // id 0: 1 - 0.5 - 0.25; id 1 only in the prompt; id 2: 3 - 0.5 - 2 * 0.25; id 3: 4 - 0.5 - 0.25.
+  EXPECT_EQ(s.adjusted_logits(x, state_of(history, 4, {})), (std::vector<float>{0.25f, 2.0f, 2.0f, 3.25f, 5.0f, 6.0f}));
+  EXPECT_EQ(s.adjusted_logits(x, state_of(history, 0, {})), x);  // nothing generated yet
+  // Negative values encourage repeats.
+  const StandardSampler neg({.temperature = 0.0f, .presence_penalty = -1.0f, .frequency_penalty = -2.0f});
+  EXPECT_EQ(neg.adjusted_logits(x, state_of(history, 4, {})), (std::vector<float>{4.0f, 2.0f, 8.0f, 7.0f, 5.0f, 6.0f}));
+  EXPECT_EQ(neg.sample(x, state_of(history, 4, {}), 0.0f), 2);
+  EXPECT_EQ(s.sample(x, state_of(history, 4, {}), 0.0f), 5);
+}
+
+TEST(StandardSampler, PenalisedDistributionIsTheSoftmaxOfThePenalisedLogits) {
+  const StandardSampler s({.temperature = 1.0f, .presence_penalty = 1.0f, .frequency_penalty = 0.5f});
+  const std::vector<float> x{0.0f, 0.0f, 0.0f};
+  const std::vector<int32_t> history{1, 0, 0};  // prompt {1}, generated {0, 0}: id 0 at 0 - 1 - 2 * 0.5 = -2
+  const auto d = s.distribution(x, state_of(history, 2, {}));
+  const double z = 2.0 + std::exp(-2.0);
+  ASSERT_EQ(d.size(), 3u);
+  EXPECT_EQ(d[0].token, 1);
+  EXPECT_EQ(d[1].token, 2);
+  EXPECT_EQ(d[2].token, 0);
+  EXPECT_NEAR(d[0].probability, 1.0 / z, 1e-6);
+  EXPECT_NEAR(d[1].probability, 1.0 / z, 1e-6);
+  EXPECT_NEAR(d[2].probability, std::exp(-2.0) / z, 1e-6);
+}
+
+TEST(StandardSampler, LogitBiasIsAddedAndKeepsSuppressedEndTokensOut) {
+  const StandardSampler s({.temperature = 0.0f, .min_length = 2, .logit_bias = {{5, -100.0f}, {1, 10.5f}, {4, 100.0f}, {99, 3.0f}}});
+  const std::vector<float> x{1.0f, 2.0f, 3.0f, 4.0f, 5.0f, 6.0f};
+  const std::vector<int32_t> ends{4};
+  const auto adj = s.adjusted_logits(x, state_of({}, 0, ends));
+  EXPECT_EQ(adj, (std::vector<float>{1.0f, 12.5f, 3.0f, 4.0f, -FLT_MAX, -94.0f}));  // id 99: outside, ignored
+  EXPECT_EQ(s.sample(x, state_of({}, 0, ends), 0.0f), 1);
+  EXPECT_EQ(s.sample(x, state_of({}, 2, ends), 0.0f), 4);  // no longer suppressed: 5 + 100
+}
+
+TEST(StandardSampler, RejectsPenaltiesAndBiasesOutOfRange) {
+  EXPECT_THROW(StandardSampler({.presence_penalty = 2.5f}), Error);
+  EXPECT_THROW(StandardSampler({.frequency_penalty = -2.01f}), Error);
+  EXPECT_THROW(StandardSampler({.logit_bias = {{3, 100.5f}}}), Error);
+  EXPECT_THROW(StandardSampler({.logit_bias = {{-1, 1.0f}}}), Error);
+  EXPECT_NO_THROW(StandardSampler({.presence_penalty = -2.0f, .frequency_penalty = 2.0f, .logit_bias = {{0, -100.0f}}}));
+}
+
+// The device forms decline the OpenAI penalties and logit_bias, naming them, so that the engine samples
+// and verifies on the host and says why.
+TEST(StandardSamplerDevice, DeclinesPenaltiesAndLogitBiasNamingThem) {
+  Device dev;
+  const std::vector<int32_t> history{1, 2, 3};
+  for (const auto& [p, name] : {std::pair<SamplingParams, std::string>{{.presence_penalty = 0.5f}, "presence_penalty"},
+                                {{.temperature = 0.7f, .frequency_penalty = 0.5f}, "frequency_penalty"},
+                                {{.temperature = 0.7f, .logit_bias = {{1, 2.0f}}}, "logit_bias"}}) {
+    const StandardSampler s(p);
+    const auto state = state_of(history, 1, {});
+    Graph g;
+    const Value in = g.input(DType::F32, {10}, "logits");
+    const Value u = g.input(DType::F32, {1}, "u");
+    const size_t nodes = g.nodes().size();
+    std::string why;
+    EXPECT_FALSE(s.sample_in_graph(g, in, Value{}, u, state, dev.backend(), &why));
+    EXPECT_EQ(g.nodes().size(), nodes);
+    EXPECT_NE(why.find(name), std::string::npos) << why;
+    // Graphs are cached by device_key: one built without these rules must not serve a sampler with them.
+    EXPECT_NE(s.device_key(state), StandardSampler({.temperature = p.temperature}).device_key(state)) << name;
+    if (p.temperature > 0.0f) {
+      Graph v;
+      const Value t = v.input(DType::F32, {3, 10}, "t"), q = v.input(DType::F32, {2, 10}, "q");
+      const Value d = v.input(DType::I32, {2}, "d"), us = v.input(DType::F32, {5}, "u");
+      why.clear();
+      EXPECT_FALSE(s.verify_in_graph(v, t, q, d, us, state, dev.backend(), &why));
+      EXPECT_NE(why.find(name), std::string::npos) << why;
+    }
+  }
+}
+
 }  // namespace specula

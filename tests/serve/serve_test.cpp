@@ -99,6 +99,65 @@ TEST(Serve, StreamedChatIsFramedAsServerSentEventsAndConcatenatesToThePlainAnswe
   EXPECT_EQ(streamed, plain);
 }
 
+// logprobs in OpenAI's shapes: chat choices[].logprobs.content[] = {token, logprob, bytes, top_logprobs};
+// completions {tokens, token_logprobs, top_logprobs, text_offset}; streamed chunks carry their tokens'.
+TEST(Serve, LogprobsHaveOpenAIsShapePlainAndStreamed) {
+  Running s;
+  json body = chat_body("And God said", 6);
+  body["temperature"] = 0;
+  body["logprobs"] = true;
+  body["top_logprobs"] = 3;
+  const auto r = post(s, "/v1/chat/completions", body);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  const json& content = r.body["choices"][0]["logprobs"]["content"];
+  ASSERT_TRUE(content.is_array()) << r.raw;
+  EXPECT_EQ(content.size(), r.body["usage"]["completion_tokens"].get<size_t>());
+  std::vector<double> plain;
+  for (const json& t : content) {
+    EXPECT_TRUE(t["token"].is_string());
+    EXPECT_LE(t["logprob"].get<double>(), 0.0);
+    EXPECT_TRUE(t["bytes"].is_array());
+    EXPECT_EQ(t["bytes"].size(), t["token"].get<std::string>().size());
+    ASSERT_EQ(t["top_logprobs"].size(), 3u);
+    // Greedy: the chosen token is the most likely one.
+    EXPECT_EQ(t["top_logprobs"][0]["token"], t["token"]);
+    EXPECT_NEAR(t["top_logprobs"][0]["logprob"].get<double>(), t["logprob"].get<double>(), 1e-6);
+    EXPECT_GE(t["top_logprobs"][0]["logprob"].get<double>(), t["top_logprobs"][2]["logprob"].get<double>());
+    plain.push_back(t["logprob"].get<double>());
+  }
+  json streamed_body = body;
+  streamed_body["stream"] = true;
+  auto c = s.client();
+  auto sr = c.Post("/v1/chat/completions", streamed_body.dump(), "application/json");
+  ASSERT_TRUE(sr);
+  std::vector<double> streamed;
+  for (const auto& e : events(sr->body)) {
+    if (e == "[DONE]") continue;
+    const json j = json::parse(e);
+    if (j["choices"].empty() || j["choices"][0]["logprobs"].is_null()) continue;
+    for (const json& t : j["choices"][0]["logprobs"]["content"]) streamed.push_back(t["logprob"].get<double>());
+  }
+  EXPECT_EQ(streamed, plain);
+  // Completions: the legacy form, logprobs N.
+  const auto cr = post(s, "/v1/completions", json{{"prompt", "And the earth was"}, {"max_tokens", 4}, {"temperature", 0}, {"logprobs", 2}});
+  ASSERT_EQ(cr.status, 200) << cr.raw;
+  const json& l = cr.body["choices"][0]["logprobs"];
+  const size_t n = cr.body["usage"]["completion_tokens"].get<size_t>();
+  ASSERT_EQ(l["tokens"].size(), n) << cr.raw;
+  ASSERT_EQ(l["token_logprobs"].size(), n);
+  ASSERT_EQ(l["top_logprobs"].size(), n);
+  ASSERT_EQ(l["text_offset"].size(), n);
+  EXPECT_EQ(l["text_offset"][0], 0);
+  for (const json& top : l["top_logprobs"]) EXPECT_EQ(top.size(), 2u);
+  // Bad values are a 400 naming the field.
+  EXPECT_EQ(post(s, "/v1/completions", json{{"prompt", "x"}, {"max_tokens", 2}, {"logprobs", 21}}).status, 400);
+  json bad = chat_body("And God said", 2);
+  bad["top_logprobs"] = 2;  // without logprobs: true
+  const auto br = post(s, "/v1/chat/completions", bad);
+  EXPECT_EQ(br.status, 400);
+  EXPECT_EQ(br.body["error"]["param"], "top_logprobs");
+}
+
 TEST(Serve, CompletionsContinueTheRawPromptPlainAndStreamed) {
   Running s;
   const json body = {{"prompt", "And the earth was without form"}, {"max_tokens", 8}, {"temperature", 0}};

@@ -244,6 +244,43 @@ TEST(ServeTools, TheDefaultPipelineStaysGreedy) {
   EXPECT_FLOAT_EQ(tiny()->built().sampling.temperature, 0.0f);
 }
 
+// presence_penalty, frequency_penalty and logit_bias reach the sampling settings; bad values are a 400
+// naming the field.
+TEST(ServeTools, PenaltiesAndLogitBiasAreReadAndBadValuesNameTheField) {
+  specula::serve::ServedModel model;
+  model.name = "m";
+  model.vocab_size = 100;
+  model.context_length = 64;
+  model.tokenize = [](std::string_view) { return std::vector<int32_t>{1, 2, 3}; };
+  const json base = {{"prompt", "x"}, {"max_tokens", 4}};
+  json b = base;
+  b["presence_penalty"] = 1.5;
+  b["frequency_penalty"] = -0.5;
+  b["logit_bias"] = {{"7", -100}, {"42", 2.5}};
+  const auto r = specula::serve::read_completion(b, false, model, 1);
+  EXPECT_FLOAT_EQ(r.sampling.presence_penalty, 1.5f);
+  EXPECT_FLOAT_EQ(r.sampling.frequency_penalty, -0.5f);
+  const std::vector<std::pair<int32_t, float>> bias{{42, 2.5f}, {7, -100.0f}};  // nlohmann orders keys as strings
+  EXPECT_EQ(r.sampling.logit_bias, bias);
+  EXPECT_EQ(specula::serve::read_completion(base, false, model, 1).sampling.presence_penalty, 0.0f);
+  for (const auto& [field, value] : std::vector<std::pair<std::string, json>>{
+           {"presence_penalty", 2.5}, {"presence_penalty", "x"}, {"frequency_penalty", -3},
+           {"logit_bias", json::array({1})}, {"logit_bias", {{"abc", 1}}}, {"logit_bias", {{"-1", 1}}},
+           {"logit_bias", {{"100", 1}}}, {"logit_bias", {{"5", 101}}}, {"logit_bias", {{"5", "high"}}},
+           {"logit_bias", {{"5x", 1}}}}) {
+    json bad = base;
+    bad[field] = value;
+    try {
+      specula::serve::read_completion(bad, false, model, 1);
+      ADD_FAILURE() << bad.dump() << " was accepted";
+    } catch (const specula::serve::HttpError& e) {
+      EXPECT_EQ(e.status, 400) << bad.dump();
+      EXPECT_EQ(e.param, field) << bad.dump() << ": " << e.message;
+      EXPECT_NE(e.message.find(field), std::string::npos) << e.message;
+    }
+  }
+}
+
 }  // namespace
 
 // response_format json_object through the server, drafter on: the answer parses as a JSON object (or, cut

@@ -27,6 +27,9 @@ struct Model::Impl {
     p.top_p = s.top_p;
     p.min_p = s.min_p;
     p.repetition_penalty = s.repetition_penalty;
+    p.presence_penalty = s.presence_penalty;
+    p.frequency_penalty = s.frequency_penalty;
+    p.logit_bias = s.logit_bias;
     p.min_length = s.min_tokens;
     p.seed = s.seed;
     return host->make_sampler(pipeline.sampler.plugin, p, pipeline.sampler.options, pipeline.sampler.options_at);
@@ -51,6 +54,9 @@ SamplingConfig sampling_of(const core::Pipeline& p, const SamplingParams& sp) {
   s.top_p = sp.top_p;
   s.min_p = sp.min_p;
   s.repetition_penalty = sp.repetition_penalty;
+  s.presence_penalty = sp.presence_penalty;
+  s.frequency_penalty = sp.frequency_penalty;
+  s.logit_bias = sp.logit_bias;
   s.min_tokens = sp.min_length;
   s.seed = sp.seed;
   s.max_tokens = p.sampler.max_tokens;
@@ -160,6 +166,7 @@ struct Session::State {
   std::optional<ToolCallExtractor> tool_calls;
   std::vector<ToolCall> calls;
   ChunkCallback on_chunk;
+  std::optional<core::TokenLogprob> logprob;  // the token being delivered's (GenerationOptions::on_logprob)
 
   ContextOptions context_options;
 
@@ -236,6 +243,10 @@ void Session::begin(std::span<const int32_t> prompt, const SamplingConfig& sampl
   o.stop_tokens = sampling.stop_token_ids;
   o.ignore_eos = sampling.ignore_eos;
   o.response_format = sampling.response_format;
+  if (sampling.logprobs > 20) fail("logprobs {} is more than 20 alternatives", sampling.logprobs);
+  o.logprobs = sampling.logprobs;
+  s.logprob.reset();
+  if (o.logprobs >= 0) o.on_logprob = [&s](const core::TokenLogprob& lp) { s.logprob = lp; };
   if (sampling.draft_tokens) o.draft_tokens = *sampling.draft_tokens;
   if (sampling.draft_auto) o.draft_auto = *sampling.draft_auto;
   if (sampling.draft_max) o.draft_max = *sampling.draft_max;
@@ -264,7 +275,10 @@ void Session::begin(std::span<const int32_t> prompt, const SamplingConfig& sampl
       std::vector<ToolCall> calls;
       if (s.tool_calls && token >= 0) calls = s.tool_calls->push(token);
       s.calls.insert(s.calls.end(), calls.begin(), calls.end());
-      if (s.on_chunk) s.on_chunk(Chunk{token, text, thought, calls});
+      Chunk chunk{token, text, thought, calls};
+      if (token >= 0 && s.logprob) chunk.logprob = &*s.logprob;
+      if (s.on_chunk) s.on_chunk(chunk);
+      if (token >= 0) s.logprob.reset();
     }));
   } catch (...) {
     s.forget();
@@ -338,6 +352,7 @@ Result Session::end() {
   r.stop_token = g.stop_token;
   r.cached_tokens = s.cached;
   r.stats = std::move(g.stats);
+  r.logprobs = std::move(g.logprobs);
   s.on_chunk = {};
   s.splitter.reset();
   return r;

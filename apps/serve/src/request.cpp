@@ -1,6 +1,7 @@
 #include "request.hpp"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <limits>
 #include <set>
@@ -149,7 +150,7 @@ void check_model_name(const json& b, const ServedModel& model) {
 // as vLLM and llama-server add them).
 const std::set<std::string> kCommonKeys = {
     "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n",
-    "user", "frequency_penalty", "presence_penalty", "repetition_penalty", "min_tokens", "logprobs",
+    "user", "frequency_penalty", "presence_penalty", "logit_bias", "repetition_penalty", "min_tokens", "logprobs",
     "stop_token_ids", "ignore_eos", "speculative.n_max", "speculative.mode"};
 
 constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
@@ -202,14 +203,43 @@ bool read_sampling(const json& b, CompletionRequest& r, uint64_t unseeded) {
     }
   }
   if (present(b, "n") && read_int(b["n"], "n", 1, 128) != 1) bad_request("only n = 1 is supported", "n");
-  for (const char* key : {"frequency_penalty", "presence_penalty"}) {
-    if (present(b, key) && read_number(b[key], key, -2, 2) != 0)
-      bad_request(fmt::format("'{}' is not supported; use repetition_penalty", key), key);
+  if (present(b, "presence_penalty"))
+    s.presence_penalty = static_cast<float>(read_number(b["presence_penalty"], "presence_penalty", -2, 2));
+  if (present(b, "frequency_penalty"))
+    s.frequency_penalty = static_cast<float>(read_number(b["frequency_penalty"], "frequency_penalty", -2, 2));
+  if (present(b, "logit_bias")) {
+    // OpenAI's form: {"token id": bias}; ids are checked against the vocabulary in read_completion.
+    const json& o = read_object(b["logit_bias"], "logit_bias");
+    if (o.size() > 1024) bad_request(fmt::format("'logit_bias' holds at most 1024 ids, got {}", o.size()), "logit_bias");
+    s.logit_bias.clear();
+    for (const auto& [key, bias] : o.items()) {
+      int64_t id = -1;
+      const auto [end, ec] = std::from_chars(key.data(), key.data() + key.size(), id);
+      if (ec != std::errc{} || end != key.data() + key.size() || id < 0 || id > kMaxInt32)
+        bad_request(fmt::format("'logit_bias' keys must be token ids (decimal integers >= 0), got {}", quote(json(key))),
+                    "logit_bias");
+      const double v = bias.is_number() ? bias.get<double>() : NAN;
+      if (!(v >= -100 && v <= 100))
+        bad_request(fmt::format("'logit_bias' of token {} must be a number between -100 and 100, got {}", key, quote(bias)),
+                    "logit_bias");
+      s.logit_bias.emplace_back(static_cast<int32_t>(id), static_cast<float>(v));
+    }
   }
+  // logprobs: chat {"logprobs": true, "top_logprobs": 0..20}; completions {"logprobs": 0..20} (OpenAI
+  // allows 5; vLLM 20). Off: false / null / absent.
   if (present(b, "logprobs")) {
     const json& v = b["logprobs"];
-    if (!(v.is_boolean() && !v.get<bool>()) && !(v.is_number_integer() && v.get<int64_t>() == 0))
-      bad_request("'logprobs' is not supported", "logprobs");
+    if (r.chat) {
+      if (!v.is_boolean()) bad_request(fmt::format("'logprobs' must be a boolean, got {}", quote(v)), "logprobs");
+      if (v.get<bool>()) s.logprobs = 0;
+    } else {
+      s.logprobs = static_cast<int>(read_int(v, "logprobs", 0, 20));
+    }
+  }
+  if (r.chat && present(b, "top_logprobs")) {
+    const int n = static_cast<int>(read_int(b["top_logprobs"], "top_logprobs", 0, 20));
+    if (s.logprobs < 0) bad_request("'top_logprobs' needs \"logprobs\": true", "top_logprobs");
+    s.logprobs = n;
   }
   if (present(b, "user")) read_string(b["user"], "user");
   // vLLM's stop_token_ids and ignore_eos.
@@ -428,8 +458,8 @@ json parse_json_body(std::string_view body) {
 CompletionRequest read_completion(const json& b, bool chat, const ServedModel& model, uint64_t unseeded) {
   std::set<std::string> keys = kCommonKeys;
   if (chat)
-    keys.insert({"messages", "max_completion_tokens", "include_reasoning", "chat_template_kwargs", "response_format", "tools",
-                 "tool_choice", "parallel_tool_calls"});
+    keys.insert({"messages", "max_completion_tokens", "top_logprobs", "include_reasoning", "chat_template_kwargs",
+                 "response_format", "tools", "tool_choice", "parallel_tool_calls"});
   else keys.insert({"prompt", "echo", "suffix", "best_of"});
   only_keys(b, keys);
   check_model_name(b, model);
@@ -517,6 +547,10 @@ CompletionRequest read_completion(const json& b, bool chat, const ServedModel& m
     if (id >= model.vocab_size)
       bad_request(fmt::format("'stop_token_ids' holds {}, outside the vocabulary of {} tokens", id, model.vocab_size),
                   "stop_token_ids");
+  for (const auto& [id, bias] : s.logit_bias)
+    if (id >= model.vocab_size)
+      bad_request(fmt::format("'logit_bias' names token {}, outside the vocabulary of {} tokens", id, model.vocab_size),
+                  "logit_bias");
   if (s.min_tokens > s.max_tokens)
     bad_request(fmt::format("'min_tokens' ({}) must not exceed max_tokens ({})", s.min_tokens, s.max_tokens), "min_tokens");
   return r;

@@ -23,7 +23,8 @@ std::string finish_reason(core::StopReason r) {
 Job::Output Job::take() {
   std::lock_guard lock(mu);
   update_pending = false;
-  Output o{std::move(text), std::move(reasoning), std::move(tool_calls), done};
+  Output o{std::move(text), std::move(reasoning), std::move(tool_calls), done, std::move(logprobs)};
+  logprobs.clear();
   text.clear();
   reasoning.clear();
   tool_calls.clear();
@@ -211,9 +212,10 @@ void Scheduler::start(Slot& slot, std::shared_ptr<Job> job, size_t cached) {
         slot.first = false;
         slot.last_token = now;
       }
-      if (c.text.empty() && c.reasoning.empty() && c.tool_calls.empty()) return;
+      if (c.text.empty() && c.reasoning.empty() && c.tool_calls.empty() && !c.logprob) return;
       {
         std::lock_guard lock(j->mu);
+        if (c.logprob) j->logprobs.push_back(*c.logprob);
         j->text += c.text;
         j->reasoning += c.reasoning;
         j->tool_calls.insert(j->tool_calls.end(), c.tool_calls.begin(), c.tool_calls.end());
@@ -276,6 +278,11 @@ void Scheduler::complete(Slot& slot, std::optional<api::Result> result, const st
   }
   const std::string reason = !error.empty() ? "error" : result ? finish_reason(result->stop_reason) : "abort";
   metrics_.finished(reason, result ? &result->stats : nullptr, seconds(Clock::now() - job->arrival));
+  // Nothing forces the host path silently (penalties, logit_bias, logprobs): the log says why.
+  if (result && result->stats.host_sampled_tokens > 0 && !result->stats.host_sampling_reason.empty())
+    log_info("request sampled {} of {} tokens on the host{}: {}", result->stats.host_sampled_tokens,
+             result->tokens.size(), result->stats.drafted_tokens > 0 ? " (drafting stayed on)" : "",
+             result->stats.host_sampling_reason);
   {
     std::lock_guard lock(mu_);
     --running_;

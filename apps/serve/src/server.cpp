@@ -168,9 +168,10 @@ class WithHeaders final : public http::Exchange {
 // it answers (a client that leaves takes it along); the job only points at it.
 class CompletionAnswer : public std::enable_shared_from_this<CompletionAnswer> {
  public:
-  CompletionAnswer(std::shared_ptr<Job> job, std::shared_ptr<http::Exchange> exchange, bool chat, std::string model)
+  CompletionAnswer(std::shared_ptr<Job> job, std::shared_ptr<http::Exchange> exchange, bool chat, std::string model,
+                   std::function<std::string(int32_t)> token_bytes)
       : job_(std::move(job)), exchange_(std::move(exchange)), chat_(chat), id_(request_id(chat ? "chatcmpl" : "cmpl")),
-        model_(std::move(model)), created_(static_cast<int64_t>(std::time(nullptr))) {}
+        model_(std::move(model)), created_(static_cast<int64_t>(std::time(nullptr))), token_bytes_(std::move(token_bytes)) {}
 
   // What the request asks for; then the job's updates are handed to the I/O thread (before it is submitted).
   void watch(const CompletionRequest& r) {
@@ -178,6 +179,7 @@ class CompletionAnswer : public std::enable_shared_from_this<CompletionAnswer> {
     include_usage_ = r.include_usage;
     parallel_tool_calls_ = r.parallel_tool_calls;
     reasoning_ = r.sampling.reasoning;
+    logprobs_ = r.sampling.logprobs >= 0;
     job_->on_update = [answer = weak_from_this(), exchange = exchange_] {
       exchange->run([answer] {
         if (auto a = answer.lock()) a->pump();
@@ -211,7 +213,12 @@ class CompletionAnswer : public std::enable_shared_from_this<CompletionAnswer> {
     if (stream_) {
       std::string events;
       if (!out.reasoning.empty()) events += event(chunk(json{{"reasoning_content", out.reasoning}}, nullptr));
-      if (!out.text.empty()) events += event(chunk(chat_ ? json{{"content", out.text}} : json(out.text), nullptr));
+      // A token's logprobs ride on the chunk of text it produced (an empty one when its text is held back).
+      if (!out.text.empty() || !out.logprobs.empty()) {
+        json c = chunk(chat_ ? json{{"content", out.text}} : json(out.text), nullptr);
+        if (!out.logprobs.empty()) c["choices"][0]["logprobs"] = logprobs_json(out.logprobs);
+        events += event(c);
+      }
       // Each tool call as one delta, whole (id, name and arguments), as soon as its closing token is out.
       for (json& call : new_calls(out.tool_calls)) events += event(chunk(json{{"tool_calls", json::array({std::move(call)})}}, nullptr));
       if (!events.empty()) exchange_->send(std::move(events));
@@ -227,6 +234,43 @@ class CompletionAnswer : public std::enable_shared_from_this<CompletionAnswer> {
   }
 
   static std::string event(const json& j) { return "data: " + dump(j) + "\n\n"; }
+
+  // OpenAI's logprobs object: chat {"content": [{token, logprob, bytes, top_logprobs}]}; completions
+  // {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset} (offsets in bytes of the
+  // tokens' text, counted over the whole answer).
+  json logprobs_json(const std::vector<core::TokenLogprob>& lps) {
+    auto bytes_of = [](const std::string& s) {
+      json b = json::array();
+      for (unsigned char ch : s) b.push_back(static_cast<int>(ch));
+      return b;
+    };
+    if (chat_) {
+      json content = json::array();
+      for (const auto& lp : lps) {
+        const std::string t = token_bytes_(lp.token);
+        json top = json::array();
+        for (const auto& [id, v] : lp.top) {
+          const std::string s = token_bytes_(id);
+          top.push_back({{"token", s}, {"logprob", v}, {"bytes", bytes_of(s)}});
+        }
+        content.push_back({{"token", t}, {"logprob", lp.logprob}, {"bytes", bytes_of(t)}, {"top_logprobs", std::move(top)}});
+      }
+      return {{"content", std::move(content)}};
+    }
+    json tokens = json::array(), values = json::array(), tops = json::array(), offsets = json::array();
+    for (const auto& lp : lps) {
+      const std::string t = token_bytes_(lp.token);
+      tokens.push_back(t);
+      values.push_back(lp.logprob);
+      json top = json::object();
+      for (const auto& [id, v] : lp.top) top[token_bytes_(id)] = v;
+      tops.push_back(std::move(top));
+      offsets.push_back(text_offset_);
+      text_offset_ += static_cast<int64_t>(t.size());
+    }
+    return {{"tokens", std::move(tokens)}, {"token_logprobs", std::move(values)}, {"top_logprobs", std::move(tops)},
+            {"text_offset", std::move(offsets)}};
+  }
 
   // The tool calls parsed since the last update, as OpenAI's tool_calls entries (kept for the plain
   // answer); with parallel_tool_calls false only the first call of the answer is returned.
@@ -302,6 +346,7 @@ class CompletionAnswer : public std::enable_shared_from_this<CompletionAnswer> {
   void respond() {
     const api::Result* r = job_->result ? &*job_->result : nullptr;
     json choice = {{"index", 0}, {"finish_reason", cut() ? "abort" : finish_reason()}, {"logprobs", nullptr}};
+    if (logprobs_ && r) choice["logprobs"] = logprobs_json(r->logprobs);
     if (chat_) {
       std::string content = r ? r->text : text_;
       json message = {{"role", "assistant"}, {"content", content}};
@@ -332,10 +377,12 @@ class CompletionAnswer : public std::enable_shared_from_this<CompletionAnswer> {
 
   std::shared_ptr<Job> job_;
   std::shared_ptr<http::Exchange> exchange_;
-  bool chat_, stream_ = false, include_usage_ = false, reasoning_ = false, parallel_tool_calls_ = true;
+  bool chat_, stream_ = false, include_usage_ = false, reasoning_ = false, parallel_tool_calls_ = true, logprobs_ = false;
   std::vector<json> calls_;  // the tool calls returned so far
   std::string id_, model_;
   int64_t created_;
+  std::function<std::string(int32_t)> token_bytes_;
+  int64_t text_offset_ = 0;  // completions' logprobs: bytes of the tokens reported so far
   std::string text_, reasoning_text_;  // a plain answer's output so far
   bool ended_ = false;
 };
@@ -499,7 +546,10 @@ struct Server::Impl final : http::Handler {
       return ex->respond(error_response(shutting_down ? kShuttingDown : queue_full()));
     }
     auto job = std::make_shared<Job>();
-    auto answer = std::make_shared<CompletionAnswer>(job, ex, chat, l.served->name);
+    auto tok = l.model->built().target->tokenizer();
+    auto answer = std::make_shared<CompletionAnswer>(job, ex, chat, l.served->name, [tok](int32_t id) {
+      return tok ? tok->token_bytes(id) : std::string();
+    });
     // A client that left frees its slot after the current step; till then the connection keeps the answer.
     on_abandon = [job, answer] { job->cancel = true; };
     net::post(workers, [this, answer, ex, chat, l, body = std::move(body), ticket = std::move(ticket)]() mutable {

@@ -41,7 +41,8 @@
 // 10: one round protocol: ModelContext::prepare_round and Model::verify (a batch of rounds in one graph)
 //    replace forward_sample, draft_tokens / verify_greedy and draft_logits / verify_sampled; DraftRequest
 //    carries RoundBuffers and a RoundRule instead of device_tokens / device_logits / sampler / state
-// 11: tool calling: ChatMessage gains tool_calls / tool_call_id / name; ChatFormat::render_chat_tools
+// 11: tool calling: ChatMessage gains tool_calls / tool_call_id / name; ChatFormat::render_chat_tools;
+//    SamplingParams gains presence_penalty / frequency_penalty / logit_bias
 #define SPECULA_PLUGIN_ABI_VERSION 11u
 #define SPECULA_PLUGIN_ENTRY_SYMBOL "specula_plugin_entry"
 

@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -27,6 +28,11 @@ struct SamplingParams {
   float repetition_penalty = 1.0f; // 1 = off
   int32_t penalty_window = 64;     // last ids the penalty looks at
   int32_t min_length = 0;          // end tokens suppressed while fewer tokens were generated
+  // OpenAI's penalties on the tokens generated so far (the last state.generated ids of the history, not
+  // the prompt), as vLLM applies them: logit -= presence * (count > 0) + frequency * count. 0 = off.
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  std::vector<std::pair<int32_t, float>> logit_bias = {};  // (token id, bias) added to the logits
   uint64_t seed = 0;
   SamplingDevice device = SamplingDevice::Auto;  // engine setting; the rules ignore it
 };

@@ -52,6 +52,16 @@ struct SamplingConfig {
   float top_p = 1.0f;               // 1 = off
   float min_p = 0.0f;               // 0 = off
   float repetition_penalty = 1.0f;  // 1 = off
+  // OpenAI's penalties, [-2, 2], 0 = off: logit -= presence * (count > 0) + frequency * count over the
+  // tokens generated so far (not the prompt). They and logit_bias are applied on the host: a drafter
+  // stays on, its drafts verified there (Result's stats say why: host_sampling_reason).
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  std::vector<std::pair<int32_t, float>> logit_bias = {};  // (token id, bias in [-100, 100]) added to the logits
+  // >= 0: Result::logprobs and Chunk::logprob, each token's log_softmax of the target's raw logits (before
+  // temperature, top-k/p, penalties) with this many most likely alternatives (0..20); -1 = off. The
+  // target's logits must reach the host: it samples and verifies there (a drafter stays on).
+  int logprobs = -1;
   int max_tokens = 256;
   int32_t min_tokens = 0;           // end tokens suppressed before this many tokens
   uint64_t seed = 0;
@@ -86,6 +96,7 @@ struct Chunk {
   // The tool calls this token completed (Gemma 4: `<|tool_call>call:NAME{...}<tool_call|>`, parsed;
   // the call's text never reaches `text`).
   std::span<const ToolCall> tool_calls;
+  const core::TokenLogprob* logprob = nullptr;  // with SamplingConfig::logprobs: this token's (token >= 0)
 };
 using ChunkCallback = std::function<void(const Chunk&)>;
 using TextCallback = std::function<void(std::string_view text)>;
@@ -99,6 +110,7 @@ struct Result {
   int32_t stop_token = -1;
   int64_t cached_tokens = 0;        // prompt tokens the session's context already held (not recomputed)
   core::GenerationStats stats;      // prompt/generated tokens, prefill/decode tok/s, drafted/accepted, ...
+  std::vector<core::TokenLogprob> logprobs;  // with SamplingConfig::logprobs: one per token of `tokens`
 };
 
 class Session;

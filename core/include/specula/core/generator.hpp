@@ -12,6 +12,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "specula/model.hpp"
@@ -60,6 +61,15 @@ struct RoundTrace {
   std::vector<std::vector<float>> draft_logits;  // the drafter's logits at each step ([vocab]; empty if none)
 };
 
+// One emitted token's log-probability: log_softmax of the target's raw logits at its position (before
+// the sampler's temperature, top-k/p, penalties and biases: vLLM's "raw" logprobs), with and without a
+// drafter alike (under speculation, the verification row the token was decided from).
+struct TokenLogprob {
+  int32_t token = -1;
+  float logprob = 0;
+  std::vector<std::pair<int32_t, float>> top;  // the most likely (token, logprob) there, most likely first
+};
+
 struct GenerationOptions {
   int max_tokens = 256;                 // tokens generated at most (stop/end tokens not counted)
   std::vector<int32_t> stop_tokens;     // extra stop tokens besides the model's end tokens and the chat
@@ -87,6 +97,11 @@ struct GenerationOptions {
   // rounds verify on the host (GenerationStats::host_sampling_reason says so); drafts keep running and a
   // draft the constraint forbids is rejected.
   std::string response_format;
+  // >= 0: record each emitted token's TokenLogprob with this many alternatives (0..20). The target's
+  // logits must reach the host: every step samples and every round verifies there (the stats' reason says so).
+  int logprobs = -1;
+  // With logprobs: called with each token's TokenLogprob just before the TokenCallback for that token.
+  std::function<void(const TokenLogprob&)> on_logprob;
 };
 
 struct GenerationStats {
@@ -137,7 +152,11 @@ struct GenerationResult {
   StopReason stop_reason = StopReason::MaxTokens;
   int32_t stop_token = -1;              // the end/stop token that ended generation, or -1
   GenerationStats stats;
+  std::vector<TokenLogprob> logprobs;   // with GenerationOptions::logprobs >= 0: one per token of `tokens`
 };
+
+// log_softmax(row)[token] and the `top` most likely tokens (ties: lower id), in double, rounded to float.
+TokenLogprob token_logprob(std::span<const float> row, int32_t token, int top);
 
 // Called as tokens are accepted: `text` is the visible text they completed (may be empty). A last call
 // with token -1 flushes text held back at the end (an incomplete UTF-8 sequence, a filter's tail).

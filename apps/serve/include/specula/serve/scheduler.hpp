@@ -38,6 +38,7 @@ struct Job {
   std::mutex mu;
   std::string text, reasoning;      // produced, not yet taken
   std::vector<api::ToolCall> tool_calls;  // parsed, not yet taken
+  std::vector<core::TokenLogprob> logprobs;  // with sampling.logprobs: the tokens' since the last take
   bool done = false;
   bool update_pending = false;      // on_update was called and take() has not run since
   std::optional<api::Result> result;  // absent when the request failed
@@ -48,6 +49,7 @@ struct Job {
     std::string text, reasoning;
     std::vector<api::ToolCall> tool_calls;
     bool done = false;
+    std::vector<core::TokenLogprob> logprobs;
   };
   Output take();  // what was produced since the last take
   void notify();  // on_update, unless one is still pending
