@@ -124,6 +124,7 @@ void DrafterBase::bind(const TargetView& target) {
   auto it = bound_.find(key);
   if (it == bound_.end()) {
     check_target(t);
+    std::erase_if(bound_, [](const auto& b) { return b.second.target.hidden.use_count() <= b.second.refs; });
     if (bound_.size() >= kBoundTargets)
       bound_.erase(std::min_element(bound_.begin(), bound_.end(),
                                     [](const auto& a, const auto& b) { return a.second.used < b.second.used; }));
@@ -138,7 +139,11 @@ void DrafterBase::bind(const TargetView& target) {
 DrafterBase::Step& DrafterBase::step(const Kind& kind, const DraftRequest* request) {
   std::unique_ptr<Step>& s = current_->steps[kind];
   if (!s && kind.logits && !zeros_) zeros_ = backend_->allocate("drafter.zeros", DType::F32, {setup_.vocab});
-  if (!s) s = build(kind, request);
+  if (!s) {
+    const long before = current_->target.hidden.use_count();
+    s = build(kind, request);
+    current_->refs += current_->target.hidden.use_count() - before;  // what the graph and its plan hold
+  }
   return *s;
 }
 

@@ -273,6 +273,14 @@ TEST(Assistant, ContextsTakingTurnsDraftAsEachAlone) {
       for (const auto& st : d->draft(contexts[i]->view(), greedy(prompt[i], 3))) ids.push_back(st.token);
       EXPECT_EQ(ids, alone[i]) << "context " << i << ", round " << round;
     }
+  // A context that is gone does not stay alive in the drafter: once another context is bound, the entries
+  // whose tensors only the drafter still holds are dropped.
+  const std::weak_ptr<const specula::BackendTensor> gone = contexts.back()->view().last_hidden();  // the latest used
+  contexts.erase(contexts.begin() + 1, contexts.end());
+  auto fresh = target()->new_context({64});
+  fresh->forward(prompt, 1);
+  d->draft(fresh->view(), greedy(prompt[0], 3));
+  EXPECT_TRUE(gone.expired()) << "the drafter kept a finished context's tensors";
 }
 
 // What Drafter::draft returns beyond the greedy ids: each step's logits over the vocabulary (the dense

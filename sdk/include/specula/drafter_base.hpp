@@ -116,11 +116,14 @@ class DrafterBase : public Drafter {
 
   // A set of target tensors (one context's) with the step graphs that read them. Several are kept, so
   // that sequences batched together do not rebuild their graphs every round; the graphs hold the
-  // tensors, so a key's addresses cannot be reused while it is kept.
+  // tensors, so a key's addresses cannot be reused while it is kept. `refs`: the references to the
+  // target's hidden state this entry holds (its DraftTarget, its graphs and plans): when that is all
+  // there are, the context is gone and the entry is dropped, freeing its caches.
   struct Bound {
     DraftTarget target;
     std::map<Kind, std::unique_ptr<Step>> steps;
     uint64_t used = 0;
+    long refs = 1;
   };
   static constexpr size_t kBoundTargets = 8;  // contexts kept; the least recently used goes first
 
