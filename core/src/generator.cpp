@@ -264,7 +264,7 @@ void Generation::State::begin() {
     const auto tokenizer = model->tokenizer();
     if (!tokenizer) fail("response_format json_object needs the model's tokenizer, and this model has none");
     // The answer may end only where the object is complete, with a token that ends generation.
-    constraint = json_object_constraint(token_trie(*tokenizer), std::vector<int32_t>(stops.begin(), stops.end()), vocab);
+    constraint = json_object_constraint(token_trie(tokenizer), std::vector<int32_t>(stops.begin(), stops.end()), vocab);
   }
 
   stats().prompt_tokens = static_cast<int64_t>(prompt.size());

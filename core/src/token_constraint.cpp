@@ -36,11 +36,15 @@ class TokenTrie {
   mutable std::vector<int32_t> string_exit;   // leave it (a '"' that is not escaped): tried each time
 };
 
-std::shared_ptr<const TokenTrie> token_trie(const Tokenizer& tokenizer) {
+std::shared_ptr<const TokenTrie> token_trie(const std::shared_ptr<const Tokenizer>& tokenizer_ptr) {
+  if (!tokenizer_ptr) fail("token_trie: no tokenizer");
+  const Tokenizer& tokenizer = *tokenizer_ptr;
+  // Kept while its tokenizer lives (the weak pointer tells a new tokenizer at a freed address apart).
   static std::mutex mutex;
-  static std::map<const Tokenizer*, std::weak_ptr<const TokenTrie>> built;
+  static std::map<const Tokenizer*, std::pair<std::weak_ptr<const Tokenizer>, std::shared_ptr<const TokenTrie>>> built;
   std::lock_guard lock(mutex);
-  if (auto t = built[&tokenizer].lock()) return t;
+  std::erase_if(built, [](const auto& e) { return e.second.first.expired(); });
+  if (auto it = built.find(&tokenizer); it != built.end()) return it->second.second;
   // A pointer trie first, then laid out breadth-first in flat arrays.
   struct Build {
     std::map<uint8_t, std::unique_ptr<Build>> next;
@@ -79,7 +83,7 @@ std::shared_ptr<const TokenTrie> token_trie(const Tokenizer& tokenizer) {
       trie->nodes.emplace_back();
     }
   }
-  built[&tokenizer] = trie;
+  built[&tokenizer] = {tokenizer_ptr, trie};
   return trie;
 }
 

@@ -641,7 +641,7 @@ TEST(JsonObjectConstraint, MaskEqualsEveryTokenTriedOnItsOwn) {
   const auto tok = target->tokenizer();
   const int64_t V = target->info().vocab_size;
   const int32_t end = target->info().end_tokens.front();
-  auto c = specula::json_object_constraint(specula::token_trie(*tok), {end}, V);
+  auto c = specula::json_object_constraint(specula::token_trie(tok), {end}, V);
   const std::vector<int32_t> prefix = tok->encode("{\"name\": \"Lo", false, false);
   for (const int32_t t : prefix) c->accept(t);
   for (const std::string& more : {std::string(), std::string("rd\", \"n\": 1"), std::string("rd\"}")}) {

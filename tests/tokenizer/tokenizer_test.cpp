@@ -206,7 +206,18 @@ TEST(JsonObjectConstraint, MaskOverTheGemma4Vocabulary) {
   const auto tok = specula::test::gemma4_tokenizer();
   const int64_t V = tok->vocab_size();
   const int32_t end = tok->eos();
-  auto c = specula::json_object_constraint(specula::token_trie(*tok), {end}, V);
+  const auto t_trie = std::chrono::steady_clock::now();
+  auto trie = specula::token_trie(tok);
+  std::printf("[json_object] vocabulary trie built in %.1f ms\n",
+              std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t_trie).count());
+  {  // built once per tokenizer and kept while it lives, not once per request
+    const std::weak_ptr<const specula::TokenTrie> kept = trie;
+    trie.reset();
+    EXPECT_FALSE(kept.expired());
+    trie = specula::token_trie(tok);
+    EXPECT_EQ(trie, kept.lock());
+  }
+  auto c = specula::json_object_constraint(trie, {end}, V);
   std::string text;
   for (const std::string& more : {std::string("{\"name\": \"Saul\", \"reign\": ["), std::string("\"")}) {
     SCOPED_TRACE("after '" + text + more + "'");

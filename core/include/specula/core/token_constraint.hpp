@@ -31,9 +31,10 @@ class TokenConstraint {
 };
 
 // The vocabulary as a byte trie (each token's bytes; special tokens left out), built once per tokenizer
-// and shared by every constraint over it.
+// (about a second for Gemma's 262144 tokens) and kept while the tokenizer lives, shared by every
+// constraint over it.
 class TokenTrie;
-std::shared_ptr<const TokenTrie> token_trie(const Tokenizer& tokenizer);
+std::shared_ptr<const TokenTrie> token_trie(const std::shared_ptr<const Tokenizer>& tokenizer);
 
 // OpenAI's response_format {"type": "json_object"}: the output is one JSON object, then one of
 // `end_tokens`. RFC 8259 as strict parsers read it: strings with their escapes, valid UTF-8 and
