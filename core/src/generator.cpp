@@ -463,7 +463,7 @@ std::vector<Generation::State::Outcome> Generation::State::verify_rounds(std::sp
       for (int32_t tok : v.tokens)
         if (tok < 0 || tok >= s.vocab)
           fail("a round decided on the backend gave token {} outside the vocabulary [0, {})", tok, s.vocab);
-      out[backend_at[j]] = Outcome{v.accepted, std::move(v.tokens), seconds, {}};
+      out[backend_at[j]] = Outcome{v.accepted, std::move(v.tokens), seconds, {}, {}};
     }
   }
   if (!on_host.empty()) {
