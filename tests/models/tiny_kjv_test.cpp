@@ -88,6 +88,12 @@ std::shared_ptr<ga::AssistantDrafter> drafter(const fs::path& path, const std::s
   return ga::load_drafter(host().open_model(path), backend(), target->info(), {{"head", head}});
 }
 
+// The ids of a one-message chat (the user's `text`) with the generation prompt, as the server builds them.
+std::vector<int32_t> chat_ids(const specula::Model& target, const std::string& text) {
+  const std::vector<specula::ChatMessage> messages{{"user", text}};
+  return target.tokenizer()->encode(target.chat_format()->render(messages, true, false), false, true);
+}
+
 std::vector<double> log_softmax(const float* row, size_t n) {
   double m = *std::max_element(row, row + n), s = 0;
   for (size_t i = 0; i < n; ++i) s += std::exp(row[i] - m);
@@ -403,9 +409,7 @@ TEST(TinyKjv, SampledRoundReadsOnceFromTheBackendAndEqualsTheHost) {
 TEST(TinyKjv, PenaltiesAndLogitBiasKeepDraftingOnAndEqualPlainGreedy) {
   auto target = target_q8();
   auto d = drafter(kModels / kDrafter, target, "auto");
-  const std::vector<specula::ChatMessage> messages{
-      {"user", golden("tiny-kjv-assistant.json")["held_out_prompts"][0].get<std::string>()}};
-  const auto ids = target->tokenizer()->encode(target->chat_format()->render(messages, true, false), false, true);
+  const auto ids = chat_ids(*target, golden("tiny-kjv-assistant.json")["held_out_prompts"][0].get<std::string>());
   specula::core::GenerationOptions o;
   o.max_tokens = 32;
   o.draft_tokens = 3;
@@ -451,9 +455,7 @@ TEST(TinyKjv, PenaltiesAndLogitBiasKeepDraftingOnAndEqualPlainGreedy) {
 TEST(TinyKjv, LogprobsAgreeWithAndWithoutTheDrafterAndWithAPlainForward) {
   auto target = target_q8();
   auto d = drafter(kModels / kDrafter, target, "auto");
-  const std::vector<specula::ChatMessage> messages{
-      {"user", golden("tiny-kjv-assistant.json")["held_out_prompts"][1].get<std::string>()}};
-  const auto ids = target->tokenizer()->encode(target->chat_format()->render(messages, true, false), false, true);
+  const auto ids = chat_ids(*target, golden("tiny-kjv-assistant.json")["held_out_prompts"][1].get<std::string>());
   for (const float temperature : {0.0f, 0.8f}) {
     SCOPED_TRACE(fmt::format("temperature {}", temperature));
     specula::core::GenerationOptions o;
@@ -673,8 +675,7 @@ TEST(TinyKjv, JsonObjectOutputWithAndWithoutTheDrafter) {
   auto target = target_q8();
   auto d = drafter(kModels / kDrafter, target, "auto");
   const auto tok = target->tokenizer();
-  const std::vector<specula::ChatMessage> messages{{"user", "Give the name of the first king of Israel as JSON."}};
-  const auto prompt = tok->encode(target->chat_format()->render(messages, true, false), false, true);
+  const auto prompt = chat_ids(*target, "Give the name of the first king of Israel as JSON.");
   for (const bool sampled : {false, true}) {
     specula::SamplingParams params;
     if (sampled) {

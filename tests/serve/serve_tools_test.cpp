@@ -149,13 +149,19 @@ TEST(ServeTools, StopTokenIdsIgnoreEosAndSpeculativeSettingsWithTheDrafterOn) {
   }
 }
 
-// A request on a server without a drafter that asks for drafting is refused, not served without it.
-TEST(ServeTools, SpeculativeSettingsWithoutADrafterAre400ExceptOff) {
+// A served model for reading requests only: 100 tokens, a 64-token context, every text three tokens.
+specula::serve::ServedModel stub_model() {
   specula::serve::ServedModel model;
   model.name = "m";
   model.vocab_size = 100;
   model.context_length = 64;
   model.tokenize = [](std::string_view) { return std::vector<int32_t>{1, 2, 3}; };
+  return model;
+}
+
+// A request on a server without a drafter that asks for drafting is refused, not served without it.
+TEST(ServeTools, SpeculativeSettingsWithoutADrafterAre400ExceptOff) {
+  specula::serve::ServedModel model = stub_model();
   const json base = {{"prompt", "x"}, {"max_tokens", 4}};
   for (const json& f : {json{{"speculative.n_max", 2}}, json{{"speculative.mode", "auto"}}, json{{"speculative.mode", "fixed"}}}) {
     json b = base;
@@ -220,11 +226,7 @@ TEST(ServeTools, GenerationConfigDefaultsApplyWhenNothingSetsThem) {
   EXPECT_FLOAT_EQ(specula::core::generation_defaults(bare, nullptr).temperature, 0.0f);
 
   // The server's defaults (Model::default_sampling from those params) reach a request that sets none.
-  specula::serve::ServedModel model;
-  model.name = "m";
-  model.vocab_size = 100;
-  model.context_length = 64;
-  model.tokenize = [](std::string_view) { return std::vector<int32_t>{1, 2, 3}; };
+  specula::serve::ServedModel model = stub_model();
   d = specula::core::generation_defaults(bare, &file);
   model.defaults.temperature = d.temperature;
   model.defaults.top_k = d.top_k;
@@ -247,11 +249,7 @@ TEST(ServeTools, TheDefaultPipelineStaysGreedy) {
 // presence_penalty, frequency_penalty and logit_bias reach the sampling settings; bad values are a 400
 // naming the field.
 TEST(ServeTools, PenaltiesAndLogitBiasAreReadAndBadValuesNameTheField) {
-  specula::serve::ServedModel model;
-  model.name = "m";
-  model.vocab_size = 100;
-  model.context_length = 64;
-  model.tokenize = [](std::string_view) { return std::vector<int32_t>{1, 2, 3}; };
+  specula::serve::ServedModel model = stub_model();
   const json base = {{"prompt", "x"}, {"max_tokens", 4}};
   json b = base;
   b["presence_penalty"] = 1.5;
