@@ -26,6 +26,9 @@ class Grammar;
 // left recursion, an unclosed group). `root` names the start rule.
 std::shared_ptr<const Grammar> parse_gbnf(std::string_view text, std::string_view root = "root");
 
+// parse_gbnf, with the last 16 grammars kept: a schema sent again finds the masks computed for it.
+std::shared_ptr<const Grammar> shared_gbnf(std::string_view text);
+
 // For tests and fuzzing: whether `text` (UTF-8, no special tokens) is a prefix of a sentence of the
 // grammar, and whether it is a whole one.
 struct GrammarPrefix {
