@@ -9,6 +9,7 @@
 #include "round_policy.hpp"
 #include "specula/core/draft_length.hpp"
 #include "specula/core/speculative.hpp"
+#include "specula/core/grammar.hpp"
 #include "specula/core/token_constraint.hpp"
 #include "specula/error.hpp"
 #include "specula/log.hpp"
@@ -141,8 +142,11 @@ struct Generation::State {
   // accepted tokens and `drafted`), when there is one.
   std::span<const float> constrained(std::span<const float> row, std::span<const int32_t> drafted) {
     if (!constraint) return row;
+    const auto t0 = Clock::now();
     masked.assign(row.begin(), row.end());
     constraint->mask(masked, drafted);
+    stats().constraint_seconds += seconds_since(t0);
+    ++stats().constrained_rows;
     return masked;
   }
   // Accepts one token; false when generation has ended (an end or stop token, a stop string, max_tokens).
@@ -153,7 +157,11 @@ struct Generation::State {
       done = true;
       return false;
     }
-    if (constraint) constraint->accept(t);
+    if (constraint) {
+      const auto t0 = Clock::now();
+      constraint->accept(t);
+      stats().constraint_seconds += seconds_since(t0);
+    }
     result.tokens.push_back(t);
     history.push_back(t);
     if (lp) {
@@ -256,15 +264,18 @@ void Generation::State::begin() {
   }
   stops.insert(options.stop_tokens.begin(), options.stop_tokens.end());
   if (!options.response_format.empty()) {
-    if (options.response_format != "json_object")
-      fail("response_format '{}' is not supported; \"json_object\" is", options.response_format);
+    const std::string& kind = options.response_format;
+    const std::string name = kind == "json_object" || kind == "json_schema" ? "response_format " + kind : kind;
+    if (kind != "json_object" && options.grammar.empty())
+      fail("{} needs its grammar (GenerationOptions::grammar); only json_object has none", name);
     if (stops.empty())
-      fail("response_format json_object needs a token that ends generation after the object; with ignore_eos "
-           "give stop_token_ids");
+      fail("{} needs a token that ends generation after the answer; with ignore_eos give stop_token_ids", name);
     const auto tokenizer = model->tokenizer();
-    if (!tokenizer) fail("response_format json_object needs the model's tokenizer, and this model has none");
-    // The answer may end only where the object is complete, with a token that ends generation.
-    constraint = json_object_constraint(token_trie(tokenizer), std::vector<int32_t>(stops.begin(), stops.end()), vocab);
+    if (!tokenizer) fail("{} needs the model's tokenizer, and this model has none", name);
+    // The answer may end only where it is complete, with a token that ends generation.
+    std::vector<int32_t> ends(stops.begin(), stops.end());
+    constraint = kind == "json_object" ? json_object_constraint(token_trie(tokenizer), std::move(ends), vocab)
+                                       : grammar_constraint(shared_gbnf(options.grammar), tokenizer, std::move(ends), vocab, name);
   }
 
   stats().prompt_tokens = static_cast<int64_t>(prompt.size());

@@ -73,6 +73,7 @@ constexpr uint32_t kMaxRepetition = 10000;             // {m,n}
 constexpr size_t kMaxStacks = 1024;                    // alive at once: more means a very ambiguous grammar
 constexpr size_t kMaxStackDepth = 1024;                // nesting a prefix may reach (deeper: not allowed)
 constexpr int kMaxExpandDepth = 4096;                  // rules entered without reading a character
+constexpr size_t kMaxExpansions = 1 << 16;             // rules entered to read one character
 
 }  // namespace gbnf
 
@@ -365,7 +366,7 @@ class Parser {
   // One character of a literal or class: an escape or a UTF-8 sequence.
   uint32_t parse_char() {
     if (peek() == '\\') {
-      ++pos_;
+      if (++pos_ >= text_.size()) error("an escape '\\' at the end of the grammar");
       const char e = text_[pos_++];
       switch (e) {
         case 'n': return '\n';
@@ -493,6 +494,7 @@ class Matcher {
 
   Stacks start() {
     Stacks out;
+    expansions_ = 0;
     // The root rule's alternatives, as if referenced from a one-element rule.
     g_.for_each_alternative(g_.root, [&](uint32_t pos) {
       work_.clear();
@@ -549,6 +551,7 @@ class Matcher {
   template <typename Takes>
   bool step_where(const Stacks& in, Stacks& out, Takes&& takes) {
     out.clear();
+    expansions_ = 0;
     for_each_stack(in, [&](std::span<const uint32_t> s) {
       if (s.empty() || !takes(g_.elements[s.back()])) return;
       work_.assign(s.begin(), s.end() - 1);
@@ -563,6 +566,10 @@ class Matcher {
   void expand(Stacks& out, int depth) {
     if (work_.empty() || g_.elements[work_.back()].op != Op::Ref) return add(out);
     if (depth > kMaxExpandDepth) fail("grammar: more than {} rules entered without reading a character", kMaxExpandDepth);
+    // Rules that may be empty, nested and repeated, can read nothing in exponentially many ways.
+    if (++expansions_ > kMaxExpansions)
+      fail("grammar: more than {} ways to read the output at one character; make the grammar less ambiguous "
+           "(e.g. no repeated rules that may be empty)", kMaxExpansions);
     const uint32_t pos = work_.back();
     work_.pop_back();
     const size_t base = work_.size();
@@ -595,6 +602,7 @@ class Matcher {
 
   const Grammar& g_;
   std::vector<uint32_t> work_;
+  size_t expansions_ = 0;  // in the current step
 };
 
 bool is_complete(const Stacks& s, const Partial& p) {

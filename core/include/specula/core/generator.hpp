@@ -92,11 +92,15 @@ struct GenerationOptions {
   // Sees (and may replace) each round's drafts before verification, e.g. the acceptance replay
   // benchmark. Must outlive the generation.
   DraftHook* draft_hook = nullptr;
-  // Structured output (token_constraint.hpp): "" (none) or "json_object": the answer is one JSON object,
-  // then an end token. Every row the target computes is masked on the host before the sampling rule, so
-  // rounds verify on the host (GenerationStats::host_sampling_reason says so); drafts keep running and a
-  // draft the constraint forbids is rejected.
+  // Structured output (token_constraint.hpp, grammar.hpp): "" (none); "json_object": the answer is one
+  // JSON object, then an end token; or what `grammar` stands for ("json_schema", "regex", "grammar",
+  // "tool_choice required", ...: named in messages and stats), the answer then a sentence of `grammar`
+  // (GBNF; json_schema_grammar.hpp compiles schemas and regular expressions to it). Every row the target
+  // computes is masked on the host before the sampling rule, so rounds verify on the host
+  // (GenerationStats::host_sampling_reason says so); drafts keep running and a draft the constraint
+  // forbids is rejected.
   std::string response_format;
+  std::string grammar;
   // >= 0: record each emitted token's TokenLogprob with this many alternatives (0..20). The target's
   // logits must reach the host: every step samples and every round verifies there (the stats' reason says so).
   int logprobs = -1;
@@ -123,6 +127,8 @@ struct GenerationStats {
   int64_t host_sampled_tokens = 0;
   int64_t device_verified_steps = 0;    // speculative steps verified on the backend (one read of ids each)
   std::string host_sampling_reason;     // why a plain step sampled on the host (first reason seen)
+  double constraint_seconds = 0;        // GenerationOptions::response_format: masking rows, advancing the matcher
+  int64_t constrained_rows = 0;         // rows masked
   // "device", "host" or "mixed" (speculative steps sample on the host unless verified on the backend).
   std::string sampling_path() const {
     return !host_sampled_tokens ? "device" : (!device_sampled_tokens ? "host" : "mixed");
