@@ -1,0 +1,841 @@
+// JSON Schema, regular expressions and Gemma 4 tool calls compiled to GBNF text for the grammar engine
+// (grammar.cpp). Strings are sets of code-point ranges so that a pattern's classes can be kept inside a
+// JSON string (quote, backslash and control characters escaped or left out); integer bounds become digit
+// ranges; everything else maps one keyword to one rule.
+#include "specula/core/json_schema_grammar.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <set>
+#include <utility>
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "specula/error.hpp"
+
+namespace specula {
+namespace schema_grammar {  // named, not anonymous: core is built as one unity file
+
+// Ordered: an object's properties are written in the order the schema gives them.
+using json = nlohmann::ordered_json;
+using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;  // code points, inclusive, sorted, disjoint
+
+constexpr uint32_t kMaxCodePoint = 0x10FFFF;
+constexpr int kMaxDepth = 64;                   // schema nesting (refs aside)
+constexpr size_t kMaxGrammarBytes = 200000;     // of GBNF: a hostile schema cannot grow it without bound
+constexpr int64_t kMaxCount = 10000;            // maxLength, maxItems, {m,n}
+constexpr int64_t kMaxMagnitude = 999999999999999;  // 15 digits: integers every parser reads exactly
+
+// ---------------------------------------------------------------------------------------------------
+// Text of GBNF terminals
+
+std::string hex_escape(uint32_t cp) {
+  return cp <= 0xFF ? fmt::format("\\x{:02X}", cp) : cp <= 0xFFFF ? fmt::format("\\u{:04X}", cp) : fmt::format("\\U{:08X}", cp);
+}
+
+void append_utf8(std::string& out, uint32_t cp) {
+  if (cp < 0x80) {
+    out += static_cast<char>(cp);
+  } else if (cp < 0x800) {
+    out += static_cast<char>(0xC0 | (cp >> 6));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else if (cp < 0x10000) {
+    out += static_cast<char>(0xE0 | (cp >> 12));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  } else {
+    out += static_cast<char>(0xF0 | (cp >> 18));
+    out += static_cast<char>(0x80 | ((cp >> 12) & 0x3F));
+    out += static_cast<char>(0x80 | ((cp >> 6) & 0x3F));
+    out += static_cast<char>(0x80 | (cp & 0x3F));
+  }
+}
+
+// A GBNF string literal spelling `text` (UTF-8).
+std::string literal(std::string_view text) {
+  std::string out = "\"";
+  for (const char ch : text) {
+    const auto c = static_cast<uint8_t>(ch);
+    if (c == '"' || c == '\\') out += '\\', out += ch;
+    else if (c == '\n') out += "\\n";
+    else if (c == '\r') out += "\\r";
+    else if (c == '\t') out += "\\t";
+    else if (c < 0x20 || c == 0x7F) out += hex_escape(c);
+    else out += ch;
+  }
+  return out + "\"";
+}
+
+std::string class_char(uint32_t cp) {
+  if (cp == ']' || cp == '\\' || cp == '^' || cp == '-' || cp == '"') return std::string("\\") + static_cast<char>(cp);
+  if (cp < 0x20 || cp == 0x7F || (cp >= 0x80 && cp < 0xA0)) return hex_escape(cp);
+  std::string s;
+  append_utf8(s, cp);
+  return s;
+}
+
+Ranges normalize(Ranges r) {
+  std::sort(r.begin(), r.end());
+  Ranges out;
+  for (const auto& [lo, hi] : r) {
+    if (!out.empty() && lo <= out.back().second + 1) out.back().second = std::max(out.back().second, hi);
+    else out.emplace_back(lo, hi);
+  }
+  return out;
+}
+Ranges complement(const Ranges& r) {
+  Ranges out;
+  uint32_t next = 0;
+  for (const auto& [lo, hi] : normalize(r)) {
+    if (lo > next) out.emplace_back(next, lo - 1);
+    next = hi + 1;
+  }
+  if (next <= kMaxCodePoint) out.emplace_back(next, kMaxCodePoint);
+  return out;
+}
+Ranges subtract(const Ranges& a, const Ranges& b) {
+  Ranges keep = complement(b), out;
+  for (const auto& [lo, hi] : normalize(a))
+    for (const auto& [klo, khi] : keep)
+      if (std::max(lo, klo) <= std::min(hi, khi)) out.emplace_back(std::max(lo, klo), std::min(hi, khi));
+  return out;
+}
+bool contains(const Ranges& r, uint32_t cp) {
+  return std::any_of(r.begin(), r.end(), [&](const auto& p) { return cp >= p.first && cp <= p.second; });
+}
+
+std::string char_class(const Ranges& r) {
+  if (r.empty()) fail("a character class that matches nothing");
+  std::string out = "[";
+  for (const auto& [lo, hi] : r) {
+    out += class_char(lo);
+    if (hi != lo) out += "-" + class_char(hi);
+  }
+  return out + "]";
+}
+
+// How a pattern's characters are written: as they are, inside a JSON string (quote and backslash escaped,
+// control characters left out), or inside a Gemma 4 string (no '<': it could spell the closing token).
+enum class CharContext { Raw, JsonString, GemmaString };
+
+std::string chars(const Ranges& set, CharContext ctx) {
+  if (ctx == CharContext::Raw) return char_class(normalize(set));
+  if (ctx == CharContext::GemmaString) return char_class(subtract(set, {{'<', '<'}}));
+  const Ranges plain = subtract(set, {{0, 0x1F}, {'"', '"'}, {'\\', '\\'}, {0x7F, 0x7F}});
+  std::vector<std::string> alts;
+  if (!plain.empty()) alts.push_back(char_class(plain));
+  if (contains(set, '"')) alts.push_back(literal("\\\""));
+  if (contains(set, '\\')) alts.push_back(literal("\\\\"));
+  if (alts.empty()) fail("a character class that matches only control characters, which a JSON string cannot hold unescaped");
+  if (alts.size() == 1) return alts[0];
+  std::string out = "(";
+  for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : "") + alts[i];
+  return out + ")";
+}
+
+std::string repeat(const std::string& item, int64_t min, int64_t max) {  // max < 0: unbounded
+  if (min > kMaxCount || max > kMaxCount) fail("a repetition count above {}", kMaxCount);
+  if (max < 0) return fmt::format("{}{{{},}}", item, min);
+  if (min == max) return min == 1 ? item : fmt::format("{}{{{}}}", item, min);
+  return fmt::format("{}{{{},{}}}", item, min, max);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Regular expressions (ECMAScript subset) to a GBNF expression
+
+class RegexCompiler {
+ public:
+  RegexCompiler(std::string_view pattern, CharContext ctx) : p_(pattern), ctx_(ctx) {}
+
+  std::string compile() {
+    if (!p_.empty() && p_[0] == '^') ++i_;
+    std::string out = alternatives();
+    if (i_ < p_.size()) error(p_[i_] == ')' ? "an unmatched ')'" : fmt::format("unexpected '{}'", p_[i_]));
+    return out.empty() ? "\"\"" : out;
+  }
+
+ private:
+  [[noreturn]] void error(const std::string& what) const { fail("regex at offset {}: {}", i_, what); }
+  bool at_end() const { return i_ >= p_.size(); }
+
+  std::string alternatives() {
+    std::vector<std::string> alts{sequence()};
+    while (!at_end() && p_[i_] == '|') {
+      ++i_;
+      alts.push_back(sequence());
+    }
+    if (alts.size() == 1) return alts[0];
+    std::string out = "(";
+    for (size_t k = 0; k < alts.size(); ++k) out += (k ? " | " : "") + (alts[k].empty() ? std::string("\"\"") : alts[k]);
+    return out + ")";
+  }
+
+  std::string sequence() {
+    std::string out;
+    while (!at_end() && p_[i_] != '|' && p_[i_] != ')') {
+      if (p_[i_] == '$') {
+        ++i_;
+        if (!at_end() && p_[i_] != '|' && p_[i_] != ')') error("'$' is supported only at the end");
+        continue;
+      }
+      std::string atom = this->atom();
+      atom = quantified(std::move(atom));
+      out += (out.empty() ? "" : " ") + atom;
+    }
+    return out;
+  }
+
+  std::string quantified(std::string atom) {
+    if (at_end()) return atom;
+    int64_t min = 1, max = 1;
+    const char q = p_[i_];
+    if (q == '*') min = 0, max = -1, ++i_;
+    else if (q == '+') min = 1, max = -1, ++i_;
+    else if (q == '?') min = 0, max = 1, ++i_;
+    else if (q == '{' && i_ + 1 < p_.size() && std::isdigit(static_cast<unsigned char>(p_[i_ + 1]))) {
+      ++i_;
+      min = number();
+      max = min;
+      if (!at_end() && p_[i_] == ',') {
+        ++i_;
+        max = !at_end() && p_[i_] == '}' ? -1 : number();
+      }
+      if (at_end() || p_[i_] != '}') error("expected '}' closing a repetition");
+      ++i_;
+      if (max >= 0 && max < min) error("a repetition whose maximum is below its minimum");
+    } else {
+      return atom;
+    }
+    if (!at_end() && p_[i_] == '?') ++i_;  // lazy: the same language
+    if (!at_end() && (p_[i_] == '*' || p_[i_] == '+' || p_[i_] == '?')) error("a quantifier after a quantifier");
+    if (min == 0 && max == 1) return "(" + atom + ")?";
+    if (min == 0 && max < 0) return "(" + atom + ")*";
+    if (min == 1 && max < 0) return "(" + atom + ")+";
+    return repeat("(" + atom + ")", min, max);
+  }
+  int64_t number() {
+    int64_t n = 0;
+    const size_t start = i_;
+    while (!at_end() && std::isdigit(static_cast<unsigned char>(p_[i_]))) {
+      n = n * 10 + (p_[i_++] - '0');
+      if (n > kMaxCount) error(fmt::format("a repetition count above {}", kMaxCount));
+    }
+    if (i_ == start) error("expected a number");
+    return n;
+  }
+
+  std::string atom() {
+    const char c = p_[i_];
+    if (c == '(') {
+      ++i_;
+      if (p_.substr(i_, 2) == "?:") i_ += 2;
+      else if (p_.substr(i_, 2) == "?<" && p_.substr(i_, 3) != "?<=" && p_.substr(i_, 3) != "?<!") {
+        const size_t end = p_.find('>', i_);
+        if (end == std::string_view::npos) error("an unterminated group name");
+        i_ = end + 1;
+      } else if (!at_end() && p_[i_] == '?') {
+        error("lookahead and lookbehind are not supported");
+      }
+      std::string inner = alternatives();
+      if (at_end() || p_[i_] != ')') error("an unclosed '('");
+      ++i_;
+      return "(" + (inner.empty() ? std::string("\"\"") : inner) + ")";
+    }
+    if (c == '[') return chars(char_set(), ctx_);
+    if (c == '.') {
+      ++i_;
+      return chars({{0, '\n' - 1}, {'\n' + 1, '\r' - 1}, {'\r' + 1, kMaxCodePoint}}, ctx_);
+    }
+    if (c == '^') error("'^' is supported only at the start");
+    if (c == '*' || c == '+' || c == '?' || c == '{') error(fmt::format("'{}' repeats nothing", c));
+    if (c == '\\') {
+      const Ranges r = escape(false);
+      return chars(r, ctx_);
+    }
+    const uint32_t cp = utf8();
+    return chars({{cp, cp}}, ctx_);
+  }
+
+  uint32_t utf8() {
+    const auto b = static_cast<uint8_t>(p_[i_]);
+    const int n = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
+    if (n == 0 || i_ + static_cast<size_t>(n) > p_.size()) error("invalid UTF-8");
+    uint32_t cp = n == 1 ? b : b & (0x3F >> (n - 1));
+    for (int k = 1; k < n; ++k) cp = (cp << 6) | (static_cast<uint8_t>(p_[i_ + static_cast<size_t>(k)]) & 0x3F);
+    i_ += static_cast<size_t>(n);
+    return cp;
+  }
+
+  // At '\': the set it stands for. In a class, \b is a backspace.
+  Ranges escape(bool in_class) {
+    ++i_;
+    if (at_end()) error("a '\\' at the end");
+    const char e = p_[i_++];
+    static const Ranges digit = {{'0', '9'}}, word = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}},
+                        space = {{'\t', '\r'}, {' ', ' '}, {0xA0, 0xA0}, {0x2028, 0x2029}, {0xFEFF, 0xFEFF}};
+    switch (e) {
+      case 'd': return digit;
+      case 'D': return complement(digit);
+      case 'w': return word;
+      case 'W': return complement(word);
+      case 's': return space;
+      case 'S': return complement(space);
+      case 'n': return {{'\n', '\n'}};
+      case 'r': return {{'\r', '\r'}};
+      case 't': return {{'\t', '\t'}};
+      case 'f': return {{'\f', '\f'}};
+      case 'v': return {{'\v', '\v'}};
+      case '0': return {{0, 0}};
+      case 'x': return single(hex(2));
+      case 'u': return single(hex(4));
+      case 'b':
+        if (in_class) return {{'\b', '\b'}};
+        error("word boundaries (\\b) are not supported");
+      case 'B': error("\\B is not supported");
+      default:
+        if (e >= '1' && e <= '9') error("backreferences are not supported");
+        if (std::isalnum(static_cast<unsigned char>(e))) error(fmt::format("unknown escape '\\{}'", e));
+        return single(static_cast<uint8_t>(e));
+    }
+  }
+  static Ranges single(uint32_t cp) { return {{cp, cp}}; }
+  uint32_t hex(int digits) {
+    uint32_t v = 0;
+    for (int k = 0; k < digits; ++k) {
+      if (at_end() || !std::isxdigit(static_cast<unsigned char>(p_[i_]))) error(fmt::format("expected {} hexadecimal digits", digits));
+      const char c = p_[i_++];
+      v = v * 16 + static_cast<uint32_t>(std::isdigit(static_cast<unsigned char>(c)) ? c - '0' : (c | 0x20) - 'a' + 10);
+    }
+    return v;
+  }
+
+  Ranges char_set() {  // at '['
+    ++i_;
+    bool negated = false;
+    if (!at_end() && p_[i_] == '^') negated = true, ++i_;
+    Ranges set;
+    bool first = true;
+    while (true) {
+      if (at_end()) error("an unclosed '['");
+      if (p_[i_] == ']' && !first) break;
+      first = false;
+      Ranges item;
+      if (p_[i_] == '\\') item = escape(true);
+      else {
+        const uint32_t cp = utf8();
+        item = single(cp);
+      }
+      if (item.size() == 1 && item[0].first == item[0].second && i_ + 1 < p_.size() && p_[i_] == '-' && p_[i_ + 1] != ']') {
+        ++i_;
+        Ranges end = p_[i_] == '\\' ? escape(true) : Ranges{};
+        const uint32_t hi = end.empty() ? utf8() : end[0].first;
+        if (!end.empty() && (end.size() != 1 || end[0].first != end[0].second)) error("a range ending in a class");
+        if (hi < item[0].first) error("a range whose end is below its start");
+        item[0].second = hi;
+      }
+      set.insert(set.end(), item.begin(), item.end());
+    }
+    ++i_;
+    set = normalize(set);
+    return negated ? complement(set) : set;
+  }
+
+  std::string_view p_;
+  CharContext ctx_;
+  size_t i_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------------------
+// Integer ranges as digit classes
+
+// Equal-length decimal strings lo <= hi: the GBNF of every number between them (digit by digit).
+std::string same_length(const std::string& lo, const std::string& hi) {
+  if (lo == hi) return literal(lo);
+  if (lo.size() == 1) return fmt::format("[{}-{}]", lo, hi);
+  if (lo[0] == hi[0]) return literal(lo.substr(0, 1)) + " " + same_length(lo.substr(1), hi.substr(1));
+  const size_t rest = lo.size() - 1;
+  const std::string nines(rest, '9'), zeros(rest, '0');
+  std::vector<std::string> alts;
+  char first_full = lo[0], last_full = hi[0];  // leading digits whose every continuation is in range
+  if (lo.substr(1) != zeros) {
+    alts.push_back(literal(lo.substr(0, 1)) + " " + same_length(lo.substr(1), nines));
+    ++first_full;
+  }
+  const bool hi_partial = hi.substr(1) != nines;
+  if (hi_partial) --last_full;
+  if (first_full <= last_full)
+    alts.push_back((first_full == last_full ? literal(std::string(1, first_full)) : fmt::format("[{}-{}]", first_full, last_full)) +
+                   " " + repeat("[0-9]", static_cast<int64_t>(rest), static_cast<int64_t>(rest)));
+  if (hi_partial) alts.push_back(literal(hi.substr(0, 1)) + " " + same_length(zeros, hi.substr(1)));
+  if (alts.size() == 1) return alts[0];
+  std::string out = "(";
+  for (size_t k = 0; k < alts.size(); ++k) out += (k ? " | " : "") + alts[k];
+  return out + ")";
+}
+
+// Non-negative integers lo..hi without leading zeros; "" when empty.
+std::string natural_range(int64_t lo, int64_t hi) {
+  if (lo > hi) return "";
+  std::vector<std::string> alts;
+  for (size_t len = std::to_string(lo).size(); len <= std::to_string(hi).size(); ++len) {
+    const int64_t first = len == 1 ? 0 : static_cast<int64_t>(std::pow(10.0, static_cast<double>(len - 1)));
+    const int64_t last = static_cast<int64_t>(std::pow(10.0, static_cast<double>(len))) - 1;
+    const int64_t a = std::max(lo, first), b = std::min(hi, last);
+    if (a <= b) alts.push_back(same_length(std::to_string(a), std::to_string(b)));
+  }
+  if (alts.size() == 1) return alts[0];
+  std::string out = "(";
+  for (size_t k = 0; k < alts.size(); ++k) out += (k ? " | " : "") + alts[k];
+  return out + ")";
+}
+
+// Integers lo..hi (either sign).
+std::string integer_range(int64_t lo, int64_t hi) {
+  std::vector<std::string> alts;
+  if (lo < 0) {
+    const std::string neg = natural_range(std::max<int64_t>(1, -hi), -lo);
+    if (!neg.empty()) alts.push_back("\"-\" " + neg);
+  }
+  if (hi >= 0) {
+    const std::string pos = natural_range(std::max<int64_t>(0, lo), hi);
+    if (!pos.empty()) alts.push_back(pos);
+  }
+  if (alts.empty()) return "";
+  return alts.size() == 1 ? alts[0] : "(" + alts[0] + " | " + alts[1] + ")";
+}
+
+// ---------------------------------------------------------------------------------------------------
+// JSON Schema
+
+const std::set<std::string> kIgnored = {"description", "title", "default", "examples", "$schema", "$id", "$comment",
+                                        "strict", "deprecated", "readOnly", "writeOnly"};
+const std::set<std::string> kSupported = {
+    "type", "properties", "required", "additionalProperties", "enum", "const", "anyOf", "oneOf", "allOf", "$ref",
+    "$defs", "definitions", "items", "prefixItems", "minItems", "maxItems", "minLength", "maxLength", "pattern",
+    "format", "minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
+
+class SchemaCompiler {
+ public:
+  SchemaCompiler(const json& document, JsonSpelling spelling, std::string prefix)
+      : doc_(document), gemma_(spelling == JsonSpelling::Gemma4), prefix_(std::move(prefix)) {}
+
+  // The rule name of a value valid against `schema` (at `path` in the document).
+  std::string value(const json& schema, const std::string& path, const std::string& name, int depth = 0) {
+    if (depth > kMaxDepth) error(path, fmt::format("the schema nests deeper than {} levels", kMaxDepth));
+    if (schema.is_boolean()) {
+      if (!schema.get<bool>()) error(path, "the schema 'false' allows no value");
+      return any_value();
+    }
+    if (!schema.is_object()) error(path, "a schema must be an object or a boolean");
+    for (const auto& [key, v] : schema.items())
+      if (!kSupported.count(key) && !kIgnored.count(key))
+        error(path, fmt::format("keyword '{}' is not supported; supported: type, properties, required, "
+                                "additionalProperties, enum, const, anyOf, oneOf, allOf, $ref, items, prefixItems, "
+                                "minItems, maxItems, minLength, maxLength, pattern, format (date, time, date-time, uuid), "
+                                "minimum, maximum, exclusiveMinimum, exclusiveMaximum", key));
+    return define(name, expression(schema, path, name, depth));
+  }
+
+  std::string any_value() {
+    if (gemma_) {
+      define("g-string", "<|\"|> [^<]* <|\"|>");
+      define("g-key", "[A-Za-z_] [A-Za-z0-9_]{0,63} | g-string");
+      define("g-object", "\"{\" ( g-key \":\" g-value ( \",\" g-key \":\" g-value )* )? \"}\"");
+      define("g-array", "\"[\" ( g-value ( \",\" g-value )* )? \"]\"");
+      return define("g-value", "g-object | g-array | g-string | " + number() + " | \"true\" | \"false\" | \"null\"");
+    }
+    string_rule();
+    define("j-object", "\"{\" ( j-string \":\" j-value ( \",\" j-string \":\" j-value )* )? \"}\"");
+    define("j-array", "\"[\" ( j-value ( \",\" j-value )* )? \"]\"");
+    return define("j-value", "j-object | j-array | j-string | " + number() + " | \"true\" | \"false\" | \"null\"");
+  }
+
+  std::string grammar() const {
+    std::string out;
+    for (const auto& [name, body] : rules_) out += name + " ::= " + body + "\n";
+    return out;
+  }
+
+ private:
+  [[noreturn]] void error(const std::string& path, const std::string& what) const {
+    fail("json_schema at '{}': {}", path, what);
+  }
+
+  std::string define(const std::string& name, const std::string& body) {
+    if (!defined_.insert(name).second) return name;
+    rules_.emplace_back(name, body);
+    size_ += name.size() + body.size() + 6;
+    if (size_ > kMaxGrammarBytes) fail("json_schema: the grammar it compiles to passes {} bytes; simplify the schema", kMaxGrammarBytes);
+    return name;
+  }
+  std::string fresh(const std::string& base) {
+    std::string clean;
+    for (const char c : base) clean += std::isalnum(static_cast<unsigned char>(c)) || c == '-' ? c : '-';
+    std::string name = clean.empty() ? prefix_ : clean;
+    for (int k = 2; defined_.count(name) || reserved_.count(name); ++k) name = fmt::format("{}-{}", clean, k);
+    reserved_.insert(name);
+    return name;
+  }
+
+  std::string number() {
+    return define("number", "\"-\"? ( \"0\" | [1-9] [0-9]{0,14} ) ( \".\" [0-9]{1,15} )? ( [eE] [-+]? [1-9] [0-9]? )?");
+  }
+  std::string string_rule() {
+    define("j-char", "[^\"\\\\\\x00-\\x1F\\x7F] | \"\\\\\" ( [\"\\\\/bfnrt] | \"u\" ( [0-9a-cA-CeEfF] [0-9a-fA-F]{3} | [dD] [0-7] [0-9a-fA-F]{2} ) )");
+    return define("j-string", "\"\\\"\" j-char* \"\\\"\"");
+  }
+  // A string whose content is `content` (a GBNF expression in the spelling's string context).
+  std::string quoted(const std::string& content) const {
+    return gemma_ ? "<|\"|> " + content + " <|\"|>" : "\"\\\"\" " + content + " \"\\\"\"";
+  }
+  CharContext string_context() const { return gemma_ ? CharContext::GemmaString : CharContext::JsonString; }
+
+  // A JSON value spelled as a grammar expression (enum and const).
+  std::string constant(const json& v) const {
+    if (!gemma_) return literal(v.dump());
+    if (v.is_string()) return "<|\"|> " + literal(v.get<std::string>()) + " <|\"|>";
+    if (v.is_object()) {
+      std::string out = "\"{\"";
+      bool first = true;
+      for (const auto& [k, item] : v.items()) {
+        out += (first ? " " : " \",\" ") + key(k) + " \":\" " + constant(item);
+        first = false;
+      }
+      return out + " \"}\"";
+    }
+    if (v.is_array()) {
+      std::string out = "\"[\"";
+      for (size_t k = 0; k < v.size(); ++k) out += (k ? " \",\" " : " ") + constant(v[k]);
+      return out + " \"]\"";
+    }
+    return literal(v.dump());
+  }
+  std::string key(const std::string& k) const {
+    if (!gemma_) return literal(json(k).dump());
+    const bool bare = !k.empty() && (std::isalpha(static_cast<unsigned char>(k[0])) || k[0] == '_') &&
+                      std::all_of(k.begin(), k.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
+    return bare ? literal(k) : "<|\"|> " + literal(k) + " <|\"|>";
+  }
+
+  std::string expression(const json& schema, const std::string& path, const std::string& name, int depth) {
+    if (schema.contains("$ref")) return ref(schema["$ref"], path);
+    if (schema.contains("const")) return constant(schema["const"]);
+    if (schema.contains("enum")) {
+      const json& e = schema["enum"];
+      if (!e.is_array() || e.empty()) error(path + "/enum", "'enum' must be a non-empty list");
+      std::string out = "(";
+      for (size_t k = 0; k < e.size(); ++k) out += (k ? " | " : "") + constant(e[k]);
+      return out + ")";
+    }
+    for (const char* key : {"anyOf", "oneOf"}) {
+      if (!schema.contains(key)) continue;
+      const json& list = schema[key];
+      if (!list.is_array() || list.empty()) error(path + "/" + key, fmt::format("'{}' must be a non-empty list", key));
+      std::string out = "(";
+      for (size_t k = 0; k < list.size(); ++k)
+        out += (k ? " | " : "") + value(list[k], fmt::format("{}/{}/{}", path, key, k), fresh(fmt::format("{}-{}", name, k)), depth + 1);
+      return out + ")";
+    }
+    if (schema.contains("allOf")) return value(merged(schema, path), path, fresh(name + "-all"), depth + 1);
+    const json* type = schema.contains("type") ? &schema["type"] : nullptr;
+    if (type && type->is_array()) {
+      if (type->empty()) error(path + "/type", "'type' must not be an empty list");
+      std::string out = "(";
+      for (size_t k = 0; k < type->size(); ++k) {
+        json one = schema;
+        one["type"] = (*type)[k];
+        out += (k ? " | " : "") + value(one, path, fresh(fmt::format("{}-{}", name, (*type)[k].is_string() ? (*type)[k].get<std::string>() : "t")), depth + 1);
+      }
+      return out + ")";
+    }
+    std::string t = type ? (type->is_string() ? type->get<std::string>() : "") : "";
+    if (type && t.empty()) error(path + "/type", "'type' must be a string or a list of strings");
+    if (!type) {
+      if (schema.contains("properties") || schema.contains("additionalProperties")) t = "object";
+      else if (schema.contains("items") || schema.contains("prefixItems")) t = "array";
+      else if (schema.contains("pattern") || schema.contains("format") || schema.contains("minLength") || schema.contains("maxLength")) t = "string";
+      else if (schema.contains("minimum") || schema.contains("maximum") || schema.contains("exclusiveMinimum") || schema.contains("exclusiveMaximum")) t = "number";
+      else return any_value();
+    }
+    if (t == "string") return string_value(schema, path);
+    if (t == "integer" || t == "number") return numeric(schema, path, t == "integer");
+    if (t == "boolean") return "(\"true\" | \"false\")";
+    if (t == "null") return "\"null\"";
+    if (t == "object") return object(schema, path, name, depth);
+    if (t == "array") return array(schema, path, name, depth);
+    error(path + "/type", fmt::format("unknown type '{}'", t));
+  }
+
+  std::string ref(const json& r, const std::string& path) {
+    if (!r.is_string()) error(path + "/$ref", "'$ref' must be a string");
+    const std::string target = r.get<std::string>();
+    std::string section;
+    for (const char* s : {"#/$defs/", "#/definitions/"})
+      if (target.rfind(s, 0) == 0) section = s;
+    if (section.empty()) error(path + "/$ref", fmt::format("'{}': only local references (#/$defs/NAME, #/definitions/NAME) are supported", target));
+    const std::string key = target.substr(section.size());
+    const json& defs = doc_[section == "#/$defs/" ? "$defs" : "definitions"];
+    if (!defs.is_object() || !defs.contains(key)) error(path + "/$ref", fmt::format("'{}' names no definition", target));
+    auto [it, added] = refs_.try_emplace(target, "");
+    if (added) {  // named before compiling it: a recursive reference finds the name
+      it->second = fresh(prefix_ + "-ref-" + key);
+      const std::string name = it->second;
+      value(defs[key], target.substr(1), name);
+    }
+    return it->second;
+  }
+
+  json merged(const json& schema, const std::string& path) const {
+    json out = json::object();
+    out["type"] = "object";
+    json properties = json::object(), required = json::array();
+    for (const json& part : schema["allOf"]) {
+      const json& p = part.contains("$ref") ? resolve(part["$ref"], path) : part;
+      if (!p.is_object() || (p.contains("type") && p["type"] != "object") || !p.contains("properties"))
+        error(path + "/allOf", "only 'allOf' of object schemas with properties is supported");
+      for (const auto& [k, v] : p["properties"].items()) properties[k] = v;
+      if (p.contains("required")) required.insert(required.end(), p["required"].begin(), p["required"].end());
+    }
+    out["properties"] = properties;
+    out["required"] = required;
+    return out;
+  }
+  const json& resolve(const json& r, const std::string& path) const {
+    const std::string target = r.is_string() ? r.get<std::string>() : "";
+    for (const char* s : {"#/$defs/", "#/definitions/"}) {
+      const std::string section = s;
+      if (target.rfind(section, 0) != 0) continue;
+      const json& defs = doc_[section == "#/$defs/" ? "$defs" : "definitions"];
+      const std::string key = target.substr(section.size());
+      if (defs.is_object() && defs.contains(key)) return defs[key];
+    }
+    error(path, fmt::format("'$ref' {} names no local definition", r.dump()));
+  }
+
+  int64_t count(const json& schema, const char* key, const std::string& path, int64_t fallback) const {
+    if (!schema.contains(key)) return fallback;
+    const json& v = schema[key];
+    if (!v.is_number_integer() || v.get<int64_t>() < 0) error(path + "/" + key, fmt::format("'{}' must be a non-negative integer", key));
+    if (v.get<int64_t>() > kMaxCount) error(path + "/" + key, fmt::format("'{}' above {} is not supported", key, kMaxCount));
+    return v.get<int64_t>();
+  }
+
+  std::string string_value(const json& schema, const std::string& path) {
+    const int64_t min = count(schema, "minLength", path, 0), max = count(schema, "maxLength", path, -1);
+    if (max >= 0 && max < min) error(path, "'maxLength' is below 'minLength'");
+    if (schema.contains("pattern")) {
+      if (!schema["pattern"].is_string()) error(path + "/pattern", "'pattern' must be a string");
+      if (schema.contains("minLength") || schema.contains("maxLength"))
+        error(path, "'pattern' together with 'minLength'/'maxLength' is not supported; write the length into the pattern");
+      try {
+        return quoted(RegexCompiler(schema["pattern"].get<std::string>(), string_context()).compile());
+      } catch (const Error& e) {
+        error(path + "/pattern", e.what());
+      }
+    }
+    if (schema.contains("format")) {
+      const std::string f = schema["format"].is_string() ? schema["format"].get<std::string>() : "";
+      define("f-date", "[0-9]{4} \"-\" ( \"0\" [1-9] | \"1\" [0-2] ) \"-\" ( \"0\" [1-9] | [12] [0-9] | \"3\" [01] )");
+      define("f-time", "( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" [0-5] [0-9] ( \".\" [0-9]{1,6} )? ( \"Z\" | [+-] ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] )");
+      if (f == "date") return quoted("f-date");
+      if (f == "time") return quoted("f-time");
+      if (f == "date-time") return quoted("f-date \"T\" f-time");
+      if (f == "uuid") return quoted("[0-9a-f]{8} \"-\" [0-9a-f]{4} \"-\" [0-9a-f]{4} \"-\" [0-9a-f]{4} \"-\" [0-9a-f]{12}");
+      error(path + "/format", fmt::format("format {} is not supported; supported: date, time, date-time, uuid", schema["format"].dump()));
+    }
+    const std::string c = gemma_ ? "[^<]" : (string_rule(), "j-char");
+    if (min == 0 && max < 0) return quoted(c + "*");
+    return quoted(repeat(c, min, max));
+  }
+
+  // Bounds as numbers, `inclusive` or exclusive.
+  std::optional<std::pair<double, bool>> bound(const json& schema, const char* inclusive, const char* exclusive,
+                                               const std::string& path) const {
+    const bool lower = std::string_view(inclusive) == "minimum";
+    std::optional<std::pair<double, bool>> out;
+    for (const auto& [key, inc] : {std::pair{inclusive, true}, std::pair{exclusive, false}}) {
+      if (!schema.contains(key)) continue;
+      if (!schema[key].is_number()) error(path + "/" + key, fmt::format("'{}' must be a number", key));
+      const double v = schema[key].get<double>();
+      if (std::fabs(v) > static_cast<double>(kMaxMagnitude))
+        error(path + "/" + key, fmt::format("'{}' beyond {} is not supported", key, kMaxMagnitude));
+      if (!out) out = {v, inc};
+      else if (lower ? v >= out->first : v <= out->first) out = {v, inc};  // both given: the stricter
+    }
+    return out;
+  }
+
+  std::string numeric(const json& schema, const std::string& path, bool integer) {
+    const auto lo = bound(schema, "minimum", "exclusiveMinimum", path), hi = bound(schema, "maximum", "exclusiveMaximum", path);
+    const double dmax = static_cast<double>(kMaxMagnitude);
+    // The integers within the bounds.
+    const int64_t ilo = lo ? static_cast<int64_t>(lo->second ? std::ceil(lo->first) : std::floor(lo->first) + 1) : -kMaxMagnitude;
+    const int64_t ihi = hi ? static_cast<int64_t>(hi->second ? std::floor(hi->first) : std::ceil(hi->first) - 1) : kMaxMagnitude;
+    if (integer) {
+      if (!lo && !hi) return define("integer", "\"-\"? ( \"0\" | [1-9] [0-9]{0,14} )");
+      const std::string r = integer_range(ilo, ihi);
+      if (r.empty()) error(path, "no integer lies within the bounds");
+      return r;
+    }
+    if (!lo && !hi) return number();
+    // n.F lies strictly between n and n + 1 (or -n - 1 and -n): allowed where that whole interval is within.
+    const double flo = lo ? lo->first : -dmax, fhi = hi ? hi->first : dmax;
+    std::vector<std::string> alts;
+    if (const std::string whole = integer_range(ilo, ihi); !whole.empty()) alts.push_back(whole);
+    const std::string frac = " \".\" [0-9]{1,15}";
+    // (An exclusive bound on an integer n: n.0 equals it, so the fractions start one further.)
+    const bool lo_open = lo && !lo->second, hi_open = hi && !hi->second;
+    const int64_t pos_lo = std::max<int64_t>(0, static_cast<int64_t>(lo_open ? std::floor(flo) + 1 : std::ceil(flo)));
+    const int64_t pos_hi = static_cast<int64_t>(std::floor(fhi)) - 1;
+    if (const std::string p = natural_range(pos_lo, std::min<int64_t>(pos_hi, kMaxMagnitude)); !p.empty()) alts.push_back(p + frac);
+    // -n.F for n >= 0: needs -(n + 1) >= lo and -n <= hi.
+    const int64_t neg_hi = static_cast<int64_t>(std::floor(-flo)) - 1;
+    const int64_t neg_lo = std::max<int64_t>(0, static_cast<int64_t>(hi_open ? std::floor(-fhi) + 1 : std::ceil(-fhi)));
+    if (const std::string n = natural_range(neg_lo, std::min<int64_t>(neg_hi, kMaxMagnitude)); !n.empty()) alts.push_back("\"-\" " + n + frac);
+    if (alts.empty()) error(path, "no number the grammar can write lies within the bounds");
+    std::string out = "(";
+    for (size_t k = 0; k < alts.size(); ++k) out += (k ? " | " : "") + alts[k];
+    return out + ")";
+  }
+
+  std::string object(const json& schema, const std::string& path, const std::string& name, int depth) {
+    const json properties = schema.contains("properties") ? schema["properties"] : json::object();
+    if (!properties.is_object()) error(path + "/properties", "'properties' must be an object");
+    std::set<std::string> required;
+    if (schema.contains("required")) {
+      if (!schema["required"].is_array()) error(path + "/required", "'required' must be a list");
+      for (const json& r : schema["required"]) {
+        if (!r.is_string() || !properties.contains(r.get<std::string>()))
+          error(path + "/required", fmt::format("'required' names {}, which 'properties' does not define", r.dump()));
+        required.insert(r.get<std::string>());
+      }
+    }
+    const json extra = schema.contains("additionalProperties") ? schema["additionalProperties"] : json(false);
+    if (properties.empty() && !(extra.is_boolean() && !extra.get<bool>()) ) {
+      // Any object, its values valid against additionalProperties (absent: any).
+      const std::string v = extra.is_object() ? value(extra, path + "/additionalProperties", fresh(name + "-value"), depth + 1) : any_value();
+      const std::string k = gemma_ ? (any_value(), "g-key") : (string_rule(), "j-string");
+      return "\"{\" ( " + k + " \":\" " + v + " ( \",\" " + k + " \":\" " + v + " )* )? \"}\"";
+    }
+    // rest(i, first): the members from property i on; `first`: none written yet (no comma before).
+    std::vector<std::pair<std::string, std::string>> members;  // key text, value rule
+    for (const auto& [k, v] : properties.items())
+      members.emplace_back(k, value(v, path + "/properties/" + k, fresh(name + "-" + k), depth + 1));
+    std::string tail = "";
+    if (!(extra.is_boolean() && !extra.get<bool>())) {
+      const std::string v = extra.is_object() ? value(extra, path + "/additionalProperties", fresh(name + "-extra"), depth + 1) : any_value();
+      const std::string k = gemma_ ? (any_value(), "g-key") : (string_rule(), "j-string");
+      tail = define(fresh(name + "-more"), "( \",\" " + k + " \":\" " + v + " )*");
+    }
+    std::string later[2] = {tail.empty() ? "\"\"" : tail, tail.empty() ? "\"\"" : tail};  // rest(n, first), rest(n, !first)
+    for (size_t i = members.size(); i-- > 0;) {
+      std::string now[2];
+      for (int first = 0; first < 2; ++first) {
+        const std::string member = (first ? "" : "\",\" ") + key(members[i].first) + " \":\" " + members[i].second + " " + later[0];
+        std::string body = required.count(members[i].first) ? member : member + " | " + later[first];
+        now[first] = define(fresh(fmt::format("{}-from-{}{}", name, i, first ? "-first" : "")), body);
+      }
+      later[0] = now[0];
+      later[1] = now[1];
+    }
+    return "\"{\" " + later[1] + " \"}\"";
+  }
+
+  std::string array(const json& schema, const std::string& path, const std::string& name, int depth) {
+    const int64_t min = count(schema, "minItems", path, 0), max = count(schema, "maxItems", path, -1);
+    if (max >= 0 && max < min) error(path, "'maxItems' is below 'minItems'");
+    std::vector<std::string> prefix;
+    if (schema.contains("prefixItems")) {
+      const json& p = schema["prefixItems"];
+      if (!p.is_array()) error(path + "/prefixItems", "'prefixItems' must be a list");
+      for (size_t k = 0; k < p.size(); ++k)
+        prefix.push_back(value(p[k], fmt::format("{}/prefixItems/{}", path, k), fresh(fmt::format("{}-{}", name, k)), depth + 1));
+    }
+    const json items = schema.contains("items") ? schema["items"] : json(true);
+    const bool more_allowed = !(items.is_boolean() && !items.get<bool>());
+    const std::string item = more_allowed ? value(items, path + "/items", fresh(name + "-item"), depth + 1) : "";
+    if (!prefix.empty()) {  // the prefix items in order, as many as minItems asks at least, then items
+      const auto n = static_cast<int64_t>(prefix.size());
+      if (n < min && !more_allowed) error(path, "'minItems' exceeds the 'prefixItems' with items false");
+      if (max >= 0 && max < n) error(path, "'maxItems' below the number of 'prefixItems' is not supported");
+      std::string next = more_allowed ? repeat("( \",\" " + item + " )", std::max<int64_t>(0, min - n), max < 0 ? -1 : max - n) : "";
+      for (int64_t k = n - 1; k >= 0; --k) {
+        const std::string rest = next.empty() ? "" : " " + (k + 1 < n && k + 1 >= min ? "( " + next + " )?" : next);
+        next = (k ? "\",\" " : "") + prefix[static_cast<size_t>(k)] + rest;
+      }
+      return "\"[\" " + (min == 0 ? "( " + next + " )?" : next) + " \"]\"";
+    }
+    if (max == 0) return "\"[\" \"]\"";
+    const std::string rest = repeat("( \",\" " + item + " )", std::max<int64_t>(0, min - 1), max < 0 ? -1 : max - 1);
+    if (min == 0) return "\"[\" ( " + item + " " + rest + " )? \"]\"";
+    return "\"[\" " + item + " " + rest + " \"]\"";
+  }
+
+  const json& doc_;
+  bool gemma_;
+  std::string prefix_;
+  std::vector<std::pair<std::string, std::string>> rules_;
+  std::set<std::string> defined_, reserved_;
+  std::map<std::string, std::string> refs_;
+  size_t size_ = 0;
+};
+
+json parse_schema(std::string_view text) {
+  json doc = json::parse(text, nullptr, false);
+  if (doc.is_discarded()) fail("json_schema: the schema is not valid JSON");
+  return doc;
+}
+
+}  // namespace schema_grammar
+
+std::string json_schema_to_gbnf(std::string_view schema, JsonSpelling spelling) {
+  const auto doc = schema_grammar::parse_schema(schema);
+  schema_grammar::SchemaCompiler c(doc, spelling, "root");
+  const std::string top = c.value(doc, "#", "value");
+  return "root ::= " + top + "\n" + c.grammar();
+}
+
+std::string regex_to_gbnf(std::string_view pattern) {
+  if (pattern.size() > 10000) fail("regex: {} bytes, more than the 10000 allowed", pattern.size());
+  return "root ::= " + schema_grammar::RegexCompiler(pattern, schema_grammar::CharContext::Raw).compile() + "\n";
+}
+
+std::string tool_call_gbnf(const std::vector<ToolGrammarFunction>& functions, bool parallel) {
+  if (functions.empty()) fail("tool_call grammar: no functions");
+  const schema_grammar::json any = {{"type", "object"}, {"additionalProperties", true}};
+  std::string rules, calls;
+  for (size_t i = 0; i < functions.size(); ++i) {
+    const auto& f = functions[i];
+    const auto doc = f.parameters_schema.empty() ? any : schema_grammar::parse_schema(f.parameters_schema);
+    schema_grammar::SchemaCompiler c(doc, JsonSpelling::Gemma4, "args");
+    std::string args;
+    try {
+      args = c.value(doc, "#", fmt::format("f{}-args", i));
+    } catch (const Error& e) {
+      fail("the parameters of function '{}': {}", f.name, e.what());
+    }
+    std::string body = c.grammar();
+    // Each function's rules get their own names (f<i>-...): rename the shared ones per function.
+    calls += (i ? " | " : "") + schema_grammar::literal(f.name) + " " + args;
+    rules += body;
+  }
+  // Rules shared between functions (j-/g- helpers, number) are defined once per compiler: keep the first.
+  std::string unique;
+  std::set<std::string> seen;
+  size_t start = 0;
+  while (start < rules.size()) {
+    const size_t end = rules.find('\n', start);
+    const std::string line = rules.substr(start, end - start);
+    const std::string name = line.substr(0, line.find(' '));
+    if (seen.insert(name).second) unique += line + "\n";
+    start = end + 1;
+  }
+  const std::string call = "<|tool_call> \"call:\" ( " + calls + " ) <tool_call|>";
+  return "root ::= " + std::string(parallel ? "call+" : "call") + "\ncall ::= " + call + "\n" + unique;
+}
+
+}  // namespace specula

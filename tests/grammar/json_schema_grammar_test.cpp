@@ -1,0 +1,281 @@
+// The JSON-schema, regex and tool-call compilers (json_schema_grammar.hpp), checked through the grammar
+// engine: documents valid against a schema are sentences and invalid ones are not; random sentences of
+// each grammar validate (a small validator of the supported keywords, written here, is the reference);
+// regular expressions agree with std::regex (ECMAScript) whole-string matching; forced tool calls sampled
+// over the real Gemma 4 vocabulary parse with the tool-call parser to arguments valid against the schema.
+#include <cmath>
+#include <random>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "specula/core/grammar.hpp"
+#include "specula/core/json_schema_grammar.hpp"
+#include "specula/error.hpp"
+#include "specula/tool_calls.hpp"
+#include "vocab_fixture.hpp"
+
+namespace specula {
+namespace {
+
+using json = nlohmann::json;
+
+size_t code_points(const std::string& s) {
+  return static_cast<size_t>(std::count_if(s.begin(), s.end(), [](char c) { return (static_cast<uint8_t>(c) & 0xC0) != 0x80; }));
+}
+
+// The reference: whether `v` is valid against `s` for the keywords the compiler supports.
+bool valid(const json& s, const json& v, const json& root) {
+  if (s.is_boolean()) return s.get<bool>();
+  if (s.contains("$ref")) {
+    const std::string r = s["$ref"];
+    const bool defs = r.rfind("#/$defs/", 0) == 0;
+    return valid(root[defs ? "$defs" : "definitions"][r.substr(defs ? 8 : 14)], v, root);
+  }
+  if (s.contains("const") && v != s["const"]) return false;
+  if (s.contains("enum") && std::find(s["enum"].begin(), s["enum"].end(), v) == s["enum"].end()) return false;
+  for (const char* k : {"anyOf", "oneOf"})
+    if (s.contains(k) && std::none_of(s[k].begin(), s[k].end(), [&](const json& sub) { return valid(sub, v, root); })) return false;
+  if (s.contains("allOf") && !std::all_of(s["allOf"].begin(), s["allOf"].end(), [&](const json& sub) { return valid(sub, v, root); }))
+    return false;
+  if (s.contains("type")) {
+    const json types = s["type"].is_array() ? s["type"] : json::array({s["type"]});
+    const bool ok = std::any_of(types.begin(), types.end(), [&](const json& t) {
+      return (t == "string" && v.is_string()) || (t == "integer" && v.is_number_integer()) ||
+             (t == "number" && v.is_number()) || (t == "boolean" && v.is_boolean()) || (t == "null" && v.is_null()) ||
+             (t == "object" && v.is_object()) || (t == "array" && v.is_array());
+    });
+    if (!ok) return false;
+  }
+  if (v.is_number()) {
+    const double x = v.get<double>();
+    if ((s.contains("minimum") && x < s["minimum"].get<double>()) || (s.contains("maximum") && x > s["maximum"].get<double>()) ||
+        (s.contains("exclusiveMinimum") && x <= s["exclusiveMinimum"].get<double>()) ||
+        (s.contains("exclusiveMaximum") && x >= s["exclusiveMaximum"].get<double>()))
+      return false;
+  }
+  if (v.is_string()) {
+    const std::string t = v;
+    if (s.contains("minLength") && code_points(t) < s["minLength"].get<size_t>()) return false;
+    if (s.contains("maxLength") && code_points(t) > s["maxLength"].get<size_t>()) return false;
+    if (s.contains("pattern") && !std::regex_search(t, std::regex(s["pattern"].get<std::string>()))) return false;
+    if (s.value("format", "") == "date" && !std::regex_match(t, std::regex(R"(\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01]))"))) return false;
+    if (s.value("format", "") == "uuid" && !std::regex_match(t, std::regex("[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}"))) return false;
+  }
+  if (v.is_object()) {
+    const json props = s.value("properties", json::object());
+    for (const json& r : s.value("required", json::array()))
+      if (!v.contains(r.get<std::string>())) return false;
+    for (const auto& [k, item] : v.items()) {
+      if (props.contains(k)) {
+        if (!valid(props[k], item, root)) return false;
+      } else if (s.contains("additionalProperties") && !valid(s["additionalProperties"], item, root)) {
+        return false;
+      }
+    }
+  }
+  if (v.is_array()) {
+    if (s.contains("minItems") && v.size() < s["minItems"].get<size_t>()) return false;
+    if (s.contains("maxItems") && v.size() > s["maxItems"].get<size_t>()) return false;
+    const json prefix = s.value("prefixItems", json::array());
+    for (size_t i = 0; i < v.size(); ++i) {
+      const json& sub = i < prefix.size() ? prefix[i] : s.value("items", json(true));
+      if (!valid(sub, v[i], root)) return false;
+    }
+  }
+  return true;
+}
+
+// Sentences of a grammar: characters drawn at random among those the grammar takes next (ASCII and a few
+// multi-byte ones), stopping at random once the text is complete.
+std::string random_sentence(const Grammar& g, std::mt19937& rng) {
+  std::vector<std::string> alphabet;
+  for (char c = 0x20; c < 0x7F; ++c) alphabet.emplace_back(1, c);
+  for (const char* m : {"é", "日", "😀", "\n"}) alphabet.emplace_back(m);
+  std::string text;
+  for (int step = 0; step < 3000; ++step) {
+    if (check_grammar_prefix(g, text).complete && (rng() % 4 == 0 || text.size() > 300)) return text;
+    std::shuffle(alphabet.begin(), alphabet.end(), rng);
+    bool moved = false;
+    for (const std::string& c : alphabet)
+      if (check_grammar_prefix(g, text + c).valid) {
+        text += c;
+        moved = true;
+        break;
+      }
+    if (!moved) break;
+  }
+  return text;
+}
+
+const char* const kSchemas[] = {
+    R"({"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer", "minimum": 0, "maximum": 150}}, "required": ["name", "age"], "additionalProperties": false})",
+    R"({"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]}}, "required": ["color"]})",
+    R"({"type": "object", "properties": {"kind": {"const": "king"}, "n": {"type": "integer", "minimum": -20, "maximum": 1234}}, "required": ["kind", "n"]})",
+    R"({"type": "object", "properties": {"p": {"type": "object", "properties": {"zip": {"type": "string", "pattern": "^[0-9]{5}$"}}, "required": ["zip"]}}, "required": ["p"]})",
+    R"({"type": "array", "items": {"type": "string", "maxLength": 4}, "minItems": 1, "maxItems": 3})",
+    R"({"type": "object", "properties": {"a": {"type": "string", "maxLength": 3}, "b": {"type": "boolean"}, "c": {"type": "null"}}, "required": ["b"]})",
+    R"({"type": "object", "properties": {"x": {"type": "number", "minimum": 0, "maximum": 1}}, "required": ["x"]})",
+    R"({"type": "object", "properties": {"x": {"type": "number", "exclusiveMinimum": -2.5, "exclusiveMaximum": 3}}, "required": ["x"]})",
+    R"({"type": "object", "properties": {"n": {"type": "integer", "exclusiveMinimum": 10, "exclusiveMaximum": 20}}, "required": ["n"]})",
+    R"({"type": "object", "properties": {"code": {"type": "string", "pattern": "^[A-Z]{2,3}-(\\d{2}|x)$"}}, "required": ["code"]})",
+    R"({"type": "object", "properties": {"d": {"type": "string", "format": "date"}, "u": {"type": "string", "format": "uuid"}}, "required": ["d", "u"]})",
+    R"({"type": "object", "properties": {"v": {"anyOf": [{"type": "integer", "minimum": 0, "maximum": 9}, {"type": "string", "minLength": 1, "maxLength": 2}]}}, "required": ["v"]})",
+    R"({"$defs": {"pt": {"type": "object", "properties": {"x": {"type": "integer", "minimum": 0, "maximum": 5}}, "required": ["x"]}}, "type": "object", "properties": {"a": {"$ref": "#/$defs/pt"}, "b": {"$ref": "#/$defs/pt"}}, "required": ["a", "b"]})",
+    R"({"$defs": {"tree": {"type": "object", "properties": {"v": {"type": "integer", "minimum": 0, "maximum": 9}, "kids": {"type": "array", "items": {"$ref": "#/$defs/tree"}, "maxItems": 2}}, "required": ["v"]}}, "$ref": "#/$defs/tree"})",
+    R"({"type": "object", "properties": {"x": {"type": ["string", "null"], "maxLength": 5}}, "required": ["x"]})",
+    R"({"type": "array", "prefixItems": [{"type": "integer", "minimum": 0, "maximum": 3}, {"enum": ["a", "b"]}], "items": false})",
+    R"({"type": "object", "properties": {"t": {"type": "array", "items": {"enum": [1, "two", null, true]}, "maxItems": 4}}, "required": ["t"]})",
+    R"({"allOf": [{"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 5}}, "required": ["a"]}, {"properties": {"b": {"type": "boolean"}}, "required": ["b"]}]})",
+    R"({"type": "object", "properties": {"id": {"type": "integer"}, "score": {"type": "number"}}, "required": ["id", "score"]})",
+    R"({"type": "object", "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 9}})",
+    R"({"type": "object", "properties": {"s": {"type": "string", "minLength": 2, "maxLength": 4}}, "required": ["s"], "additionalProperties": false})",
+};
+
+TEST(JsonSchemaGrammar, RandomSentencesValidateAgainstTheirSchemas) {
+  std::mt19937 rng(11);
+  for (const char* text : kSchemas) {
+    SCOPED_TRACE(text);
+    const json schema = json::parse(text);
+    std::string gbnf;
+    ASSERT_NO_THROW(gbnf = json_schema_to_gbnf(text));
+    std::shared_ptr<const Grammar> g;
+    ASSERT_NO_THROW(g = parse_gbnf(gbnf)) << gbnf;
+    for (int k = 0; k < 6; ++k) {
+      const std::string s = random_sentence(*g, rng);
+      ASSERT_TRUE(check_grammar_prefix(*g, s).complete) << "stuck at '" << s << "'\n" << gbnf;
+      const json v = json::parse(s, nullptr, false);
+      ASSERT_FALSE(v.is_discarded()) << s;
+      EXPECT_TRUE(valid(schema, v, schema)) << s << "\n" << gbnf;
+    }
+  }
+}
+
+TEST(JsonSchemaGrammar, ValidDocumentsAreSentencesAndInvalidOnesAreNot) {
+  struct Case {
+    const char* schema;
+    std::vector<const char*> good, bad;
+  };
+  const std::vector<Case> cases = {
+      {kSchemas[0], {R"({"name":"Saul","age":40})", R"({"name":"","age":0})"},
+       {R"({"name":"Saul"})", R"({"name":"Saul","age":151})", R"({"name":"Saul","age":-1})", R"({"name":"Saul","age":40,"x":1})",
+        R"({"name":"Saul-the-king","age":40})", R"({"age":40,"name":"Saul"})"}},
+      {kSchemas[2], {R"({"kind":"king","n":-20})", R"({"kind":"king","n":1234})", R"({"kind":"king","n":999})"},
+       {R"({"kind":"kin","n":1})", R"({"kind":"king","n":1235})", R"({"kind":"king","n":-21})", R"({"kind":"king","n":01})"}},
+      {kSchemas[3], {R"({"p":{"zip":"01234"}})"}, {R"({"p":{"zip":"1234"}})", R"({"p":{"zip":"12a45"}})"}},
+      {kSchemas[6], {R"({"x":0})", R"({"x":1})", R"({"x":0.25})"}, {R"({"x":1.5})", R"({"x":-0.1})", R"({"x":2})"}},
+      {kSchemas[7], {R"({"x":-2})", R"({"x":2.9})", R"({"x":-1.5})"}, {R"({"x":3})", R"({"x":-3})"}},
+      {kSchemas[8], {R"({"n":11})", R"({"n":19})"}, {R"({"n":10})", R"({"n":20})"}},
+      {kSchemas[9], {R"({"code":"AB-12"})", R"({"code":"ABC-x"})"}, {R"({"code":"A-12"})", R"({"code":"ABCD-12"})", R"({"code":"AB-1"})"}},
+      {kSchemas[13], {R"({"v":1,"kids":[{"v":2},{"v":3,"kids":[]}]})"}, {R"({"v":1,"kids":[{"v":2},{"v":3},{"v":4}]})"}},
+      {kSchemas[15], {R"([2,"b"])", R"([0])", R"([])"}, {R"([4,"a"])", R"([1,"a",3])"}},
+      {kSchemas[19], {R"({})", R"({"a":1,"b":9})"}, {R"({"a":10})", R"({"a":"x"})"}},
+  };
+  for (const Case& c : cases) {
+    const auto g = parse_gbnf(json_schema_to_gbnf(c.schema));
+    for (const char* d : c.good) EXPECT_TRUE(check_grammar_prefix(*g, d).complete) << c.schema << "\n  " << d;
+    for (const char* d : c.bad) EXPECT_FALSE(check_grammar_prefix(*g, d).complete) << c.schema << "\n  " << d;
+  }
+}
+
+TEST(JsonSchemaGrammar, RefusesWhatItCannotCompileSayingWhere) {
+  const auto message = [](const char* schema) -> std::string {
+    try {
+      json_schema_to_gbnf(schema);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(compiled)";
+  };
+  EXPECT_EQ(message(R"({"type": "object", "properties": {"x": {"not": {}}}})").rfind("json_schema at '#/properties/x': keyword 'not' is not supported", 0), 0u);
+  EXPECT_EQ(message(R"({"$ref": "https://example.com/s.json"})"),
+            "json_schema at '#/$ref': 'https://example.com/s.json': only local references (#/$defs/NAME, #/definitions/NAME) are supported");
+  EXPECT_EQ(message(R"({"type": "integer", "minimum": 5, "maximum": 4})"), "json_schema at '#': no integer lies within the bounds");
+  EXPECT_EQ(message(R"({"type": "string", "maxLength": 100000})"), "json_schema at '#/maxLength': 'maxLength' above 10000 is not supported");
+  EXPECT_EQ(message(R"({"type": "object", "required": ["a"]})"), R"(json_schema at '#/required': 'required' names "a", which 'properties' does not define)");
+  EXPECT_EQ(message(R"({"type": "string", "pattern": "(a)\\1"})"), "json_schema at '#/pattern': regex at offset 5: backreferences are not supported");
+  EXPECT_EQ(message("{"), "json_schema: the schema is not valid JSON");
+  EXPECT_EQ(message(R"({"type": "string", "format": "email"})"),
+            R"(json_schema at '#/format': format "email" is not supported; supported: date, time, date-time, uuid)");
+  // Nesting is bounded.
+  std::string deep = R"({"type": "string"})";
+  for (int i = 0; i < 80; ++i) deep = R"({"type": "array", "items": )" + deep + "}";
+  EXPECT_NE(message(deep.c_str()).find("deeper than 64"), std::string::npos);
+}
+
+TEST(RegexGrammar, AgreesWithStdRegexOnWholeMatches) {
+  const std::vector<std::pair<const char*, std::vector<const char*>>> cases = {
+      {"^[A-Z]{3}-[0-9]{3}$", {"ABC-123", "AB-123", "ABC-12a", "abc-123", "ABC-1234"}},
+      {"(19|20)\\d{2}-(0[1-9]|1[0-2])", {"1999-12", "2000-01", "2100-01", "1999-13", "1999-00"}},
+      {"a+b*c?", {"a", "aaabbbc", "c", "ab", "abcc", ""}},
+      {"(?:ab|cd){2,3}", {"abcd", "ababab", "ab", "abcdabcd", "cdcdcd"}},
+      {"[^a-c]x", {"dx", "ax", "x"}},
+      {"\\w+@\\w+\\.(com|org)", {"me@site.com", "me@site.net", "@site.com", "a_b@c1.org"}},
+      {"\\s?\\S\\d\\D", {" a1b", "a11", "a1b", "  a1b"}},
+      {"colou?r", {"color", "colour", "colouur"}},
+      {"x{2}y{1,}z{0,2}", {"xxy", "xxyyzz", "xy", "xxyzzz"}},
+      {"[.][\\]\\-]", {".]", ".-", "a]", "."}},
+      {"a|b|", {"a", "b", "", "ab"}},
+      {"[a-c-]", {"-", "b", "d"}},
+      {"\\u0041\\x42", {"AB", "ab"}},
+  };
+  for (const auto& [pattern, strings] : cases) {
+    const auto g = parse_gbnf(regex_to_gbnf(pattern));
+    const std::regex re(pattern);
+    for (const char* s : strings)
+      EXPECT_EQ(check_grammar_prefix(*g, s).complete, std::regex_match(s, re)) << pattern << " on '" << s << "'";
+  }
+  // Where std::regex (bytes, no named groups) cannot be the reference: code points and named groups.
+  const auto whole = [](const char* pattern, const char* s) { return check_grammar_prefix(*parse_gbnf(regex_to_gbnf(pattern)), s).complete; };
+  EXPECT_TRUE(whole("[^a-c]x", "éx"));
+  EXPECT_TRUE(whole("é+日", "éé日"));
+  EXPECT_FALSE(whole("é+日", "日"));
+  EXPECT_TRUE(whole("(?<year>\\d{4})", "2024"));
+  EXPECT_FALSE(whole("(?<year>\\d{4})", "202"));
+  for (const char* bad : {"(a", "a)", "(?=a)", "a**", "[b-a]", "\\1", "x{3,2}", "a^b"})
+    EXPECT_THROW(regex_to_gbnf(bad), Error) << bad;
+}
+
+// Forced tool calls, sampled over the real vocabulary: the text parses as a Gemma 4 tool call whose
+// arguments are valid against the function's parameters.
+TEST(ToolCallGrammar, SampledCallsParseToArgumentsValidAgainstTheSchema) {
+  const auto tok = test::gemma4_tokenizer();
+  const json weather = json::parse(R"({"type": "object", "properties": {"city": {"type": "string", "maxLength": 12},
+    "days": {"type": "integer", "minimum": 1, "maximum": 7}, "unit": {"enum": ["c", "f"]}, "odd key": {"type": "boolean"}},
+    "required": ["city", "days"], "additionalProperties": false})");
+  const std::vector<ToolGrammarFunction> functions = {{"get_weather", weather.dump()}, {"ping", ""}};
+  const auto g = parse_gbnf(tool_call_gbnf(functions, true));
+  std::mt19937 rng(5);
+  std::vector<float> logits(static_cast<size_t>(tok->vocab_size()));
+  for (int run = 0; run < 12; ++run) {
+    auto c = grammar_constraint(g, tok, {tok->eos()}, tok->vocab_size(), "tool_choice required");
+    std::string text;
+    std::normal_distribution<float> noise(0.0f, 3.0f);
+    for (int step = 0; step < 400 && !c->complete(); ++step) {
+      for (float& l : logits) l = noise(rng);
+      c->mask(logits, {});
+      const auto best = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+      c->accept(best);
+      text += tool_call_text(*tok, best);
+    }
+    ASSERT_TRUE(c->complete()) << text;
+    size_t calls = 0;
+    for (size_t at = text.find("<|tool_call>"); at != std::string::npos; at = text.find("<|tool_call>", at + 1)) {
+      const size_t end = text.find("<tool_call|>", at);
+      ASSERT_NE(end, std::string::npos) << text;
+      const auto call = parse_gemma4_tool_call(std::string_view(text).substr(at + 12, end - at - 12));
+      ASSERT_TRUE(call) << text;
+      const json args = json::parse(call->arguments);
+      if (call->name == "get_weather") EXPECT_TRUE(valid(weather, args, weather)) << text << " -> " << call->arguments;
+      else EXPECT_EQ(call->name, "ping") << text;
+      ++calls;
+    }
+    EXPECT_GE(calls, 1u) << text;
+  }
+}
+
+}  // namespace
+}  // namespace specula
