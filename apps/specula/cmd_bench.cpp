@@ -8,6 +8,8 @@
 #include <cmath>
 #include <chrono>
 #include <cstdint>
+#include <fstream>
+#include <sstream>
 #include <optional>
 #include <string>
 #include <vector>
@@ -20,6 +22,7 @@
 #include "command.hpp"
 #include "specula/core/acceptance_replay.hpp"
 #include "specula/core/generator.hpp"
+#include "specula/core/json_schema_grammar.hpp"
 #include "specula/error.hpp"
 #include "specula/hub.hpp"
 #include "specula/log.hpp"
@@ -69,7 +72,7 @@ int run_bench(const std::vector<std::string>& args) {
   int64_t prompt_tokens = 512, gen_tokens = 128;
   int repetitions = 3, sequences = 1;
   bool as_json = false, no_drafter = false, profile = false, verify = false;
-  std::string acceptance_profile;
+  std::string acceptance_profile, schema_path;
   uint64_t replay_seed = 1;
   cli::po::options_description desc(
       "usage: specula bench PIPELINE.yaml [options]\n"
@@ -97,7 +100,11 @@ int run_bench(const std::vector<std::string>& args) {
       "replay this acceptance with the drafter: a1,a2,... (entry i: the fraction of rounds whose first i drafts are "
       "all accepted; 0 rejects every draft). Each round drafts and verifies as always, but its drafts are replaced "
       "first by the target's own greedy tokens or by tokens it rejects (docs/performance.md, \"Acceptance replay\")")(
-      "replay-seed", cli::po::value(&replay_seed)->default_value(replay_seed), "seed of the replay's draws");
+      "replay-seed", cli::po::value(&replay_seed)->default_value(replay_seed), "seed of the replay's draws")(
+      "json-schema", cli::po::value(&schema_path),
+      "also generate greedily under this JSON schema (a file; response_format json_schema): the masks' cost per "
+      "token against a decode step, and with a drafter the acceptance with the schema (replayed with "
+      "--acceptance-profile)");
   cli::po::variables_map vm;
   if (!cli::parse_model_command(args, desc, model, vm, false)) return 0;
   if (prompt_tokens < 1 || gen_tokens < 1 || repetitions < 1 || sequences < 1)
@@ -290,6 +297,58 @@ int run_bench(const std::vector<std::string>& args) {
     }
   }
 
+  // --json-schema: what masking costs per row against a decode step (the first run meets every stack for
+  // the first time and walks the trie; later ones find the masks kept), and acceptance under the schema.
+  nlohmann::json constrained = nullptr;
+  if (!schema_path.empty()) {
+    std::ifstream in(schema_path);
+    if (!in) specula::fail("--json-schema: cannot read '{}'", schema_path);
+    std::stringstream text;
+    text << in.rdbuf();
+    specula::SamplingParams greedy_params;
+    auto greedy = host->make_sampler(pipeline.sampler.plugin, greedy_params, pipeline.sampler.options);
+    specula::core::Generator plain(target, greedy);
+    std::optional<specula::core::Generator> drafting;
+    if (built.drafter) drafting.emplace(target, greedy, built.drafter);
+    specula::core::GenerationOptions co;
+    co.max_tokens = static_cast<int>(gen_tokens);
+    co.response_format = "json_schema";
+    co.grammar = specula::json_schema_to_gbnf(text.str());
+    auto per_row_ms = [](const specula::core::GenerationStats& st) {
+      return st.constrained_rows ? 1e3 * st.constraint_seconds / static_cast<double>(st.constrained_rows) : 0.0;
+    };
+    const auto first = plain.generate(prompt, co, {}, copts.context_length).stats;
+    std::vector<double> mask_ms, rate;
+    for (int r = 0; r < repetitions; ++r) {
+      const auto st = plain.generate(prompt, co, {}, copts.context_length).stats;
+      mask_ms.push_back(per_row_ms(st));
+      rate.push_back(st.decode_tokens_per_second());
+    }
+    const double step_ms = 1e3 / tgs.median, mask = summarize(mask_ms).median;
+    constrained = {{"schema", schema_path}, {"generated_tokens", first.generated_tokens},
+                   {"mask_ms_per_row", mask}, {"mask_ms_per_row_first_run", per_row_ms(first)},
+                   {"decode_step_ms", step_ms}, {"mask_fraction_of_step", mask / step_ms},
+                   {"tokens_per_second", summarize(rate).median}};
+    if (drafting) {
+      specula::core::GenerationOptions so = co;
+      so.draft_tokens = draft;
+      specula::core::apply_drafting(pipeline, so);
+      std::optional<specula::core::AcceptanceReplay> replayed;
+      if (replaying) {  // the replay's planted tokens come from the constrained greedy run
+        const auto r = plain.generate(prompt, co, {}, copts.context_length);
+        std::vector<int32_t> run = prompt;
+        run.insert(run.end(), r.tokens.begin(), r.tokens.end());
+        if (r.stop_reason == specula::core::StopReason::EndToken) run.push_back(r.stop_token);
+        replayed.emplace(replay_profile, run, replay_seed, built.backend.get());
+        so.draft_hook = &*replayed;
+      }
+      const auto st = drafting->generate(prompt, so, {}, copts.context_length).stats;
+      constrained["speculative"] = {{"acceptance_rate", st.acceptance_rate()}, {"tokens_per_step", st.tokens_per_step()},
+                                    {"tokens_per_second", st.decode_tokens_per_second()},
+                                    {"mask_ms_per_row", per_row_ms(st)}, {"replay", replaying}};
+    }
+  }
+
   const auto& dev = built.backend->device();
   if (as_json) {
     nlohmann::json j = {{"model", pipeline.target.model.string()},
@@ -311,6 +370,7 @@ int run_bench(const std::vector<std::string>& args) {
                         {"speculative", spec},
                         {"verify_costs", costs}};
     if (replaying) j.update(replay);
+    if (!constrained.is_null()) j["json_schema"] = constrained;
     fmt::print("{}\n", j.dump(2));
     return 0;
   }
@@ -330,6 +390,17 @@ int run_bench(const std::vector<std::string>& args) {
                       c["verify_ms"].get<double>(), c["verify_steps"].get<double>(), c["draft_ms"].get<double>(),
                       c["round_steps"].get<double>(), a.is_number() ? fmt::format("{:.0f}%", 100 * a.get<double>()) : "never"));
     }
+  }
+  if (!constrained.is_null()) {
+    say(fmt::format("schema   mask {:.3f} ms/row ({:.2f}% of a {:.1f} ms decode step; first run {:.3f} ms/row), {:.2f} tok/s",
+                    constrained["mask_ms_per_row"].get<double>(), 100 * constrained["mask_fraction_of_step"].get<double>(),
+                    constrained["decode_step_ms"].get<double>(), constrained["mask_ms_per_row_first_run"].get<double>(),
+                    constrained["tokens_per_second"].get<double>()));
+    if (constrained.contains("speculative"))
+      say(fmt::format("schema   with the drafter: acceptance {:.1f}%, {:.2f} tokens/step, {:.2f} tok/s",
+                      100 * constrained["speculative"]["acceptance_rate"].get<double>(),
+                      constrained["speculative"]["tokens_per_step"].get<double>(),
+                      constrained["speculative"]["tokens_per_second"].get<double>()));
   }
   if (spec.is_null()) return 0;
   const std::string length = spec["draft_tokens"].is_string()

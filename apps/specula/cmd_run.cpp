@@ -14,6 +14,7 @@
 #include "cli_common.hpp"
 #include "command.hpp"
 #include "specula/core/generator.hpp"
+#include "specula/core/json_schema_grammar.hpp"
 #include "specula/error.hpp"
 #include "specula/log.hpp"
 
@@ -52,8 +53,9 @@ ordered_json round_json(const specula::core::RoundTrace& r) {
 
 int run_run(const std::vector<std::string>& args) {
   cli::ModelArgs model;
-  std::string prompt, tokens_text, prompt_file;
+  std::string prompt, tokens_text, prompt_file, schema_file, grammar_file, regex;
   int logprobs = -1;
+  bool json_object = false;
   bool as_json = false, show_thoughts = false, raw = false, no_drafter = false, speedup = false, trace_json = false;
   cli::po::options_description desc(
       "usage: specula run PIPELINE.yaml (-p TEXT | -f FILE | --tokens 1,2,3) [options]\n"
@@ -76,6 +78,10 @@ int run_run(const std::vector<std::string>& args) {
       "print one JSON line per speculative round (draft, the target's tokens, acceptance, the drafter's top-20 "
       "log-probabilities per step), then a summary line, instead of the text (docs/cli.md)")(
       "show-thoughts", cli::po::bool_switch(&show_thoughts), "also print the model's thought channel")(
+      "json-object", cli::po::bool_switch(&json_object), "the answer is one JSON object (response_format json_object)")(
+      "json-schema", cli::po::value(&schema_file), "the answer is JSON valid against the schema in this file")(
+      "regex", cli::po::value(&regex), "the answer is text this regular expression matches whole")(
+      "grammar", cli::po::value(&grammar_file), "the answer is a sentence of the GBNF grammar in this file ('root' rule)")(
       "no-drafter", cli::po::bool_switch(&no_drafter), "ignore the pipeline's drafter (plain decoding)")(
       "speedup", cli::po::bool_switch(&speedup),
       "then generate again without the drafter (same prompt and sampler, output not shown) and end with one "
@@ -132,6 +138,15 @@ int run_run(const std::vector<std::string>& args) {
   options.stop_strings = s.pipeline.sampler.stop;
   options.interrupt = cli::interrupt_flag();
   options.logprobs = logprobs;
+  if (json_object + !schema_file.empty() + !regex.empty() + !grammar_file.empty() > 1)
+    specula::fail("give at most one of --json-object, --json-schema, --regex and --grammar");
+  if (json_object) options.response_format = "json_object";
+  if (!schema_file.empty()) {
+    options.response_format = "json_schema";
+    options.grammar = specula::json_schema_to_gbnf(cli::read_text_file(schema_file, "--json-schema"));
+  }
+  if (!regex.empty()) options.response_format = "regex", options.grammar = specula::regex_to_gbnf(regex);
+  if (!grammar_file.empty()) options.response_format = "grammar", options.grammar = cli::read_text_file(grammar_file, "--grammar");
   if (trace_json) options.on_round = [](const specula::core::RoundTrace& r) { fmt::print("{}\n", round_json(r).dump()); };
   cli::install_interrupt_handler();
   specula::core::Generator generator(target, s.built.sampler, s.built.drafter);

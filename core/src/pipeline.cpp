@@ -651,23 +651,31 @@ SamplingParams generation_defaults(const Pipeline& p, const ModelFile* target_fi
   SamplingParams s = p.sampler.params;
   if (!target_file) return s;
   const auto& md = target_file->metadata();
-  const auto g = md.find("generation_config");
-  if (g == md.end() || !g->is_object()) return s;
   const auto& given = p.sampler.given;
   auto is_given = [&](const char* key) { return std::find(given.begin(), given.end(), key) != given.end(); };
-  auto number = [&](const char* key, auto& out, double lo, double hi) {
+  // A value within its range, for a key the pipeline leaves unset; anything else is ignored.
+  auto number = [&](const nlohmann::json& from, const char* name, const char* key, auto& out, double lo, double hi) {
     if (is_given(key)) return;
-    auto it = g->find(key);
-    if (it == g->end() || !it->is_number()) return;
+    auto it = from.find(name);
+    if (it == from.end() || !it->is_number()) return;
     const double v = it->template get<double>();
     if (!(v >= lo && v <= hi)) return;
     out = static_cast<std::decay_t<decltype(out)>>(v);
   };
-  number("temperature", s.temperature, 0, 100);
-  number("top_k", s.top_k, 0, 1 << 30);
-  number("top_p", s.top_p, 1e-6, 1);
-  number("min_p", s.min_p, 0, 1);
-  number("repetition_penalty", s.repetition_penalty, 0.01, 100);
+  // A GGUF's general.sampling.* keys (llama.cpp's names, written by its converter from generation_config.json).
+  number(md, "general.sampling.temp", "temperature", s.temperature, 0, 100);
+  number(md, "general.sampling.top_k", "top_k", s.top_k, 0, 1 << 30);
+  number(md, "general.sampling.top_p", "top_p", s.top_p, 1e-6, 1);
+  number(md, "general.sampling.min_p", "min_p", s.min_p, 0, 1);
+  number(md, "general.sampling.penalty_repeat", "repetition_penalty", s.repetition_penalty, 0.01, 100);
+  // A checkpoint directory's generation_config.json.
+  const auto g = md.find("generation_config");
+  if (g == md.end() || !g->is_object()) return s;
+  number(*g, "temperature", "temperature", s.temperature, 0, 100);
+  number(*g, "top_k", "top_k", s.top_k, 0, 1 << 30);
+  number(*g, "top_p", "top_p", s.top_p, 1e-6, 1);
+  number(*g, "min_p", "min_p", s.min_p, 0, 1);
+  number(*g, "repetition_penalty", "repetition_penalty", s.repetition_penalty, 0.01, 100);
   const auto d = g->find("do_sample");
   if (d != g->end() && d->is_boolean() && !d->get<bool>() && !is_given("temperature")) s.temperature = 0.0f;
   return s;

@@ -65,12 +65,13 @@ TEST(ServeTools, ToolRequestsThatCannotBeHonouredAre400) {
   };
   json body = chat_body("Hi", 4);
   body["tools"] = json::array({kWeather});
-  for (const json& choice : {json("required"), json{{"type", "function"}, {"function", {{"name", "get_weather"}}}}}) {
-    json b = body;
-    b["tool_choice"] = choice;
-    expect_400(b, "tool_choice");
-  }
   json b = body;
+  b["tool_choice"] = {{"type", "function"}, {"function", {{"name", "get_time"}}}};  // not declared
+  expect_400(b, "tool_choice");
+  b = chat_body("Hi", 4);
+  b["tool_choice"] = "required";  // no tools
+  expect_400(b, "tool_choice");
+  b = body;
   b["tool_choice"] = "sometimes";
   expect_400(b, "tool_choice");
   b = body;
@@ -80,8 +81,9 @@ TEST(ServeTools, ToolRequestsThatCannotBeHonouredAre400) {
   b["tools"][0]["type"] = "retrieval";
   expect_400(b, "tools[0].type");
   b = body;
-  b["tools"][0]["function"]["strict"] = true;
-  expect_400(b, "tools[0].function.strict");
+  b["tools"][0]["function"]["parameters"] = {{"type", "object"}, {"not", json::object()}};
+  b["tool_choice"] = "required";  // its schema is compiled: an unsupported keyword is a 400
+  expect_400(b, "tools");
   // A tool message that answers no call.
   b = chat_body("Hi", 4);
   b["messages"].push_back({{"role", "tool"}, {"tool_call_id", "x"}, {"content", "1"}});
@@ -188,6 +190,7 @@ TEST(ServeTools, SpeculativeSettingsWithoutADrafterAre400ExceptOff) {
 class GenerationConfigFile final : public specula::ModelFile {
  public:
   explicit GenerationConfigFile(json g) : md_({{"generation_config", std::move(g)}}) {}
+  explicit GenerationConfigFile(json md, bool) : md_(std::move(md)) {}  // a GGUF's flat keys
   std::string format() const override { return "safetensors"; }
   std::filesystem::path path() const override { return "fixture"; }
   const json& metadata() const override { return md_; }
@@ -224,6 +227,16 @@ TEST(ServeTools, GenerationConfigDefaultsApplyWhenNothingSetsThem) {
   const GenerationConfigFile greedy(json{{"do_sample", false}, {"temperature", 0.7}});
   EXPECT_FLOAT_EQ(specula::core::generation_defaults(bare, &greedy).temperature, 0.0f);
   EXPECT_FLOAT_EQ(specula::core::generation_defaults(bare, nullptr).temperature, 0.0f);
+
+  // A GGUF's general.sampling.* keys, as llama.cpp's converter writes them.
+  const GenerationConfigFile gguf(json{{"general.sampling.temp", 0.6}, {"general.sampling.top_k", 64},
+                                       {"general.sampling.top_p", 0.9}, {"general.sampling.min_p", 2.0}}, true);
+  d = specula::core::generation_defaults(bare, &gguf);
+  EXPECT_FLOAT_EQ(d.temperature, 0.6f);
+  EXPECT_EQ(d.top_k, 64);
+  EXPECT_FLOAT_EQ(d.top_p, 0.9f);
+  EXPECT_FLOAT_EQ(d.min_p, 0.0f);  // out of range: ignored
+  EXPECT_EQ(specula::core::generation_defaults(flag, &gguf).top_k, 7);
 
   // The server's defaults (Model::default_sampling from those params) reach a request that sets none.
   specula::serve::ServedModel model = stub_model();
@@ -283,7 +296,7 @@ TEST(ServeTools, PenaltiesAndLogitBiasAreReadAndBadValuesNameTheField) {
 
 // response_format json_object through the server, drafter on: the answer parses as a JSON object (or, cut
 // by max_tokens, is a prefix of one), streamed pieces add up to the same answer, usage says why rounds
-// verified on the host and what the drafter proposed; json_schema and unknown types are 400s that say so.
+// verified on the host and what the drafter proposed; unknown types are 400s that say so.
 TEST(ServeTools, JsonObjectResponseFormatWithTheDrafterOn) {
   ASSERT_TRUE(tiny()->has_drafter());
   Running s;
@@ -294,7 +307,9 @@ TEST(ServeTools, JsonObjectResponseFormatWithTheDrafterOn) {
   const std::string content = r.body["choices"][0]["message"]["content"];
   const auto check = specula::check_json_object_prefix(content);
   EXPECT_TRUE(check.valid) << content;
-  if (r.body["choices"][0]["finish_reason"] == "stop") EXPECT_TRUE(json::parse(content).is_object()) << content;
+  if (r.body["choices"][0]["finish_reason"] == "stop") {
+    EXPECT_TRUE(json::parse(content).is_object()) << content;
+  }
   EXPECT_NE(r.body["usage"].value("host_sampling_reason", "").find("json_object"), std::string::npos) << r.raw;
   EXPECT_TRUE(r.body["usage"].contains("completion_tokens_details")) << "the drafter kept drafting: " << r.raw;
 
@@ -313,7 +328,7 @@ TEST(ServeTools, JsonObjectResponseFormatWithTheDrafterOn) {
   }
   EXPECT_EQ(pieces, content);
 
-  for (const json& bad : {json{{"type", "json_schema"}, {"json_schema", {{"name", "x"}, {"schema", json::object()}}}},
+  for (const json& bad : {json{{"type", "json_schema"}, {"json_schema", {{"name", "x"}}}},
                           json{{"type", "yaml"}}, json{{"type", "json_object"}, {"extra", 1}}}) {
     json b = body;
     b["response_format"] = bad;
@@ -321,4 +336,39 @@ TEST(ServeTools, JsonObjectResponseFormatWithTheDrafterOn) {
     EXPECT_EQ(e.status, 400) << bad.dump() << " " << e.raw;
     EXPECT_NE(e.raw.find("response_format"), std::string::npos) << e.raw;
   }
+}
+
+// response_format json_schema and a forced tool call through the server, drafter on (the node tests ask
+// the same through the openai client for 20 schemas; these run under the sanitizers too).
+TEST(ServeTools, JsonSchemaAndForcedToolCallsWithTheDrafterOn) {
+  Running s;
+  const json schema = json::parse(R"({"type": "object", "properties": {"name": {"type": "string", "maxLength": 12},
+    "tribe": {"enum": ["Judah", "Benjamin"]}, "years": {"type": "integer", "minimum": 1, "maximum": 99}},
+    "required": ["name", "tribe", "years"], "additionalProperties": false})");
+  json body = chat_body("Answer in JSON: who was the first king?", 200);
+  body["response_format"] = {{"type", "json_schema"}, {"json_schema", {{"name", "king"}, {"schema", schema}}}};
+  const auto r = post(s, "/v1/chat/completions", body);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  ASSERT_EQ(r.body["choices"][0]["finish_reason"], "stop") << r.raw;
+  const json answer = json::parse(r.body["choices"][0]["message"]["content"].get<std::string>());
+  EXPECT_LE(answer.at("name").get<std::string>().size(), 12u);
+  EXPECT_TRUE(answer.at("tribe") == "Judah" || answer.at("tribe") == "Benjamin") << answer;
+  EXPECT_GE(answer.at("years").get<int>(), 1);
+  EXPECT_LE(answer.at("years").get<int>(), 99);
+  EXPECT_EQ(answer.size(), 3u);
+  EXPECT_NE(r.body["usage"].value("host_sampling_reason", "").find("json_schema"), std::string::npos) << r.raw;
+
+  json call = chat_body("Weather in Paris?", 120);
+  call["tools"] = json::array({kWeather});
+  // Bounded: nothing but the model ends a free string, and this one knows nothing of cities.
+  call["tools"][0]["function"]["parameters"]["properties"]["city"]["maxLength"] = 16;
+  call["tool_choice"] = "required";
+  const auto c = post(s, "/v1/chat/completions", call);
+  ASSERT_EQ(c.status, 200) << c.raw;
+  EXPECT_EQ(c.body["choices"][0]["finish_reason"], "tool_calls") << c.raw;
+  const json& calls = c.body["choices"][0]["message"]["tool_calls"];
+  ASSERT_GE(calls.size(), 1u) << c.raw;
+  EXPECT_EQ(calls[0]["function"]["name"], "get_weather");
+  const json args = json::parse(calls[0]["function"]["arguments"].get<std::string>());
+  EXPECT_TRUE(args.at("city").is_string()) << args;
 }

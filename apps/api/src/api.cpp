@@ -5,6 +5,7 @@
 #include <optional>
 
 #include "specula/hub.hpp"
+#include "specula/core/json_schema_grammar.hpp"
 #include "specula/core/plugin_host.hpp"
 #include "specula/error.hpp"
 #include "specula/log.hpp"
@@ -45,6 +46,18 @@ bool is_model_path(const fs::path& p) {
   if (fs::is_directory(p, ec)) return true;
   const std::string ext = p.extension().string();
   return ext != ".yaml" && ext != ".yml";
+}
+
+// The GBNF a response format stands for ("" for none and json_object, which has its own recognizer).
+std::string grammar_of(const std::string& kind, const std::string& spec) {
+  if (kind.empty() || kind == "json_object") {
+    if (!spec.empty()) fail("format_spec is given but response_format is \"{}\"; set response_format to json_schema, regex or grammar", kind);
+    return {};
+  }
+  if (spec.empty()) fail("response_format {} needs format_spec (the schema, pattern or grammar)", kind);
+  if (kind == "json_schema") return json_schema_to_gbnf(spec);
+  if (kind == "regex") return regex_to_gbnf(spec);
+  return spec;  // "grammar", and the server's forced tool calls ("tool_choice required")
 }
 
 SamplingConfig sampling_of(const core::Pipeline& p, const SamplingParams& sp) {
@@ -243,6 +256,7 @@ void Session::begin(std::span<const int32_t> prompt, const SamplingConfig& sampl
   o.stop_tokens = sampling.stop_token_ids;
   o.ignore_eos = sampling.ignore_eos;
   o.response_format = sampling.response_format;
+  o.grammar = grammar_of(sampling.response_format, sampling.format_spec);
   if (sampling.logprobs > 20) fail("logprobs {} is more than 20 alternatives", sampling.logprobs);
   o.logprobs = sampling.logprobs;
   s.logprob.reset();

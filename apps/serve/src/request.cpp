@@ -8,6 +8,8 @@
 
 #include <fmt/format.h>
 
+#include "specula/core/grammar.hpp"
+#include "specula/core/json_schema_grammar.hpp"
 #include "specula/error.hpp"
 #include "specula/metadata.hpp"
 
@@ -151,7 +153,8 @@ void check_model_name(const json& b, const ServedModel& model) {
 const std::set<std::string> kCommonKeys = {
     "model", "stream", "stream_options", "max_tokens", "temperature", "top_p", "top_k", "min_p", "seed", "stop", "n",
     "user", "frequency_penalty", "presence_penalty", "logit_bias", "repetition_penalty", "min_tokens", "logprobs",
-    "stop_token_ids", "ignore_eos", "speculative.n_max", "speculative.mode"};
+    "stop_token_ids", "ignore_eos", "speculative.n_max", "speculative.mode",
+    "grammar", "json_schema", "guided_json", "guided_regex", "guided_grammar"};
 
 constexpr int64_t kMaxInt32 = std::numeric_limits<int32_t>::max();
 
@@ -351,10 +354,9 @@ std::string read_tools(const json& v) {
     json fn = {{"name", function_name(f["name"], at + ".function.name")}};
     if (present(f, "description")) fn["description"] = read_string(f["description"], at + ".function.description");
     if (present(f, "parameters")) fn["parameters"] = read_object(f["parameters"], at + ".function.parameters");
-    if (present(f, "strict")) {
+    if (present(f, "strict")) {  // enforced when tool_choice forces a call (docs/serving.md "Tool calls")
       bool strict = false;
       read_bool(f, "strict", strict);
-      if (strict) bad_request("'strict' tools need constrained decoding, which this server does not have yet", at + ".function.strict");
     }
     out.push_back({{"type", "function"}, {"function", std::move(fn)}});
   }
@@ -455,6 +457,73 @@ json parse_json_body(std::string_view body) {
   return j;
 }
 
+// One output constraint per request: compiled here, so that a bad schema, pattern or grammar is a 400
+// naming the field (the compiled grammar is kept: generation finds it parsed).
+void set_format(CompletionRequest& r, const std::string& kind, const std::string& spec, const std::string& field) {
+  if (!r.sampling.response_format.empty())
+    bad_request(fmt::format("'{}' and '{}' both constrain the output; give one", r.format_field, field), field);
+  r.sampling.response_format = kind;
+  r.sampling.format_spec = spec;
+  r.format_field = field;
+  if (kind == "json_object") return;
+  try {
+    shared_gbnf(kind == "json_schema" ? json_schema_to_gbnf(spec) : kind == "regex" ? regex_to_gbnf(spec) : spec);
+  } catch (const Error& e) {
+    bad_request(fmt::format("'{}': {}", field, e.what()), field);
+  }
+}
+
+// llama-server's `grammar` and `json_schema`, vLLM's `guided_json`, `guided_regex` and `guided_grammar`.
+void read_guided(const json& b, CompletionRequest& r) {
+  for (const char* field : {"json_schema", "guided_json"}) {
+    if (!present(b, field)) continue;
+    const json& v = b[field];
+    if (v.is_string()) {  // vLLM takes the schema as text too
+      json parsed = json::parse(v.get_ref<const std::string&>(), nullptr, false);
+      if (parsed.is_discarded()) bad_request(fmt::format("'{}' is a string that is not JSON", field), field);
+      set_format(r, "json_schema", parsed.dump(), field);
+    } else {
+      set_format(r, "json_schema", read_object(v, field).dump(), field);
+    }
+  }
+  if (present(b, "guided_regex")) set_format(r, "regex", read_string(b["guided_regex"], "guided_regex"), "guided_regex");
+  for (const char* field : {"grammar", "guided_grammar"})
+    if (present(b, field)) set_format(r, "grammar", read_string(b[field], field), field);
+}
+
+// tool_choice "required" or {"type": "function", "function": {"name"}}: the answer is a tool call (one of
+// the tools; with parallel_tool_calls, one or more), its arguments valid against the tool's parameters.
+void force_tool_call(CompletionRequest& r, const json& choice) {
+  const json tools = r.tools.empty() ? json::array() : json::parse(r.tools);
+  if (tools.empty()) bad_request("tool_choice forces a tool call but 'tools' declares none", "tool_choice");
+  std::vector<ToolGrammarFunction> functions;
+  std::string kind = "tool_choice required";
+  if (choice.is_object()) {
+    only_keys(choice, {"type", "function"}, "tool_choice");
+    const json* name = choice.contains("function") && choice["function"].is_object() && choice["function"].contains("name")
+                           ? &choice["function"]["name"] : nullptr;
+    if (!present(choice, "type") || choice["type"] != "function" || !name || !name->is_string())
+      bad_request(fmt::format("'tool_choice' must be \"none\", \"auto\", \"required\" or {{\"type\": \"function\", "
+                              "\"function\": {{\"name\"}}}}, got {}", quote(choice)), "tool_choice");
+    kind = "tool_choice " + name->get<std::string>();
+    for (const json& t : tools)
+      if (t["function"]["name"] == *name) functions.push_back({*name, t["function"].contains("parameters") ? t["function"]["parameters"].dump() : ""});
+    if (functions.empty())
+      bad_request(fmt::format("tool_choice names the function '{}', which 'tools' does not declare", name->get<std::string>()),
+                  "tool_choice");
+  } else {
+    for (const json& t : tools)
+      functions.push_back({t["function"]["name"], t["function"].contains("parameters") ? t["function"]["parameters"].dump() : ""});
+  }
+  std::string gbnf;
+  try {
+    gbnf = tool_call_gbnf(functions, choice.is_string() && r.parallel_tool_calls);
+  } catch (const Error& e) {
+    bad_request(fmt::format("'tools': {}", e.what()), "tools");
+  }
+  set_format(r, kind, gbnf, "tool_choice");
+}
+
 CompletionRequest read_completion(const json& b, bool chat, const ServedModel& model, uint64_t unseeded) {
   std::set<std::string> keys = kCommonKeys;
   if (chat)
@@ -467,6 +536,7 @@ CompletionRequest read_completion(const json& b, bool chat, const ServedModel& m
   r.chat = chat;
   r.sampling = model.defaults;
   const bool max_given = read_sampling(b, r, unseeded);
+  read_guided(b, r);
   const char* prompt_field = chat ? "messages" : "prompt";
   if (chat) {
     const auto messages = read_messages(b);
@@ -482,16 +552,23 @@ CompletionRequest read_completion(const json& b, bool chat, const ServedModel& m
     }
     read_bool(b, "include_reasoning", r.sampling.reasoning);
     if (present(b, "response_format")) {
-      // {"type": "text"} or {"type": "json_object"}; json_schema needs a schema compiler (not yet).
       const json& f = read_object(b["response_format"], "response_format");
       const json type = f.contains("type") ? f["type"] : json();
-      if (type == "json_schema")
-        bad_request("response_format {\"type\": \"json_schema\"} is not supported yet; {\"type\": \"json_object\"} "
-                    "constrains the answer to a JSON object (state the schema in the prompt)", "response_format");
-      if (f.size() != 1 || (type != "text" && type != "json_object"))
-        bad_request(fmt::format("'response_format' must be {{\"type\": \"text\"}} or {{\"type\": \"json_object\"}}, got {}",
-                                quote(f)), "response_format");
-      if (type == "json_object") r.sampling.response_format = "json_object";
+      if (type == "json_schema") {
+        only_keys(f, {"type", "json_schema"}, "response_format");
+        if (!present(f, "json_schema")) bad_request("'response_format.json_schema' is required", "response_format.json_schema");
+        const json& js = read_object(f["json_schema"], "response_format.json_schema");
+        only_keys(js, {"name", "description", "schema", "strict"}, "response_format.json_schema");
+        if (!present(js, "schema"))  // OpenAI allows it out: any JSON then
+          bad_request("'response_format.json_schema.schema' is required", "response_format.json_schema.schema");
+        set_format(r, "json_schema", js["schema"].dump(), "response_format.json_schema.schema");
+      } else if (f.size() == 1 && (type == "text" || type == "json_object")) {
+        if (type == "json_object") set_format(r, "json_object", "", "response_format");
+      } else {
+        bad_request(fmt::format("'response_format' must be {{\"type\": \"text\"}}, {{\"type\": \"json_object\"}} or "
+                                "{{\"type\": \"json_schema\", \"json_schema\": {{\"name\", \"schema\"}}}}, got {}", quote(f)),
+                    "response_format");
+      }
     }
     if (present(b, "tools")) r.tools = read_tools(b["tools"]);
     read_bool(b, "parallel_tool_calls", r.parallel_tool_calls);
@@ -501,8 +578,7 @@ CompletionRequest read_completion(const json& b, bool chat, const ServedModel& m
         r.tools.clear();  // the model is not told of the tools (a call it writes anyway is still parsed)
       } else if (c.is_string() && c == "auto") {
       } else if ((c.is_string() && c == "required") || c.is_object()) {
-        bad_request("tool_choice \"required\" and a named function need constrained decoding, which this server does not "
-                    "have yet; use \"auto\"", "tool_choice");
+        force_tool_call(r, c);
       } else {
         bad_request(fmt::format("'tool_choice' must be \"none\", \"auto\", \"required\" or {{\"type\": \"function\", "
                                 "\"function\": {{\"name\"}}}}, got {}", quote(c)), "tool_choice");

@@ -71,6 +71,7 @@ struct CompletionRequest {
   std::string tools;
   bool parallel_tool_calls = true;
   bool asks_drafting = false;  // speculative.mode fixed/auto or speculative.n_max > 0: needs a drafter
+  std::string format_field;    // the field that set sampling.response_format (for errors)
 };
 
 // Function names as OpenAI allows them (plus '.'): 1-64 of [A-Za-z0-9_.-].

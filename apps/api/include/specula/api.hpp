@@ -76,8 +76,11 @@ struct SamplingConfig {
   std::optional<int> draft_tokens;
   std::optional<bool> draft_auto;
   std::optional<int> draft_max;
-  // Structured output: "" or "json_object" (the answer is one JSON object; core::GenerationOptions).
+  // Structured output (core::GenerationOptions): "" none; "json_object": one JSON object; "json_schema":
+  // JSON valid against the schema in `format_spec` (JSON text); "regex": text the pattern in `format_spec`
+  // matches whole; "grammar": a sentence of the GBNF grammar in `format_spec` (llama.cpp's format).
   std::string response_format;
+  std::string format_spec;
 };
 
 struct OpenOptions {
