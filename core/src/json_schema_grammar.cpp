@@ -27,7 +27,10 @@ using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;  // code points, incl
 constexpr uint32_t kMaxCodePoint = 0x10FFFF;
 constexpr int kMaxDepth = 64;                   // schema nesting (refs aside)
 constexpr size_t kMaxGrammarBytes = 200000;     // of GBNF: a hostile schema cannot grow it without bound
-constexpr int64_t kMaxCount = 10000;            // maxLength, maxItems, {m,n}
+constexpr int64_t kMaxCount = 10000;            // maxLength, maxItems, {m,n} (the engine's own bound too)
+constexpr size_t kMaxPatternBytes = 10000;      // of a regular expression
+constexpr int kMaxGemmaDepth = 24;              // schema nesting in the Gemma 4 spelling: see any_value
+constexpr int kGemmaAnyDepth = 8;               // nesting of a free value there: 24 + 8 stays within kMaxToolCallDepth
 constexpr int64_t kMaxMagnitude = 999999999999999;  // 15 digits: integers every parser reads exactly
 
 // ---------------------------------------------------------------------------------------------------
@@ -149,7 +152,9 @@ std::string repeat(const std::string& item, int64_t min, int64_t max) {  // max 
 
 class RegexCompiler {
  public:
-  RegexCompiler(std::string_view pattern, CharContext ctx) : p_(pattern), ctx_(ctx) {}
+  RegexCompiler(std::string_view pattern, CharContext ctx) : p_(pattern), ctx_(ctx) {
+    if (pattern.size() > kMaxPatternBytes) fail("regex: {} bytes, more than the {} allowed", pattern.size(), kMaxPatternBytes);
+  }
 
   std::string compile() {
     if (!p_.empty() && p_[0] == '^') ++i_;
@@ -161,6 +166,10 @@ class RegexCompiler {
  private:
   [[noreturn]] void error(const std::string& what) const { fail("regex at offset {}: {}", i_, what); }
   bool at_end() const { return i_ >= p_.size(); }
+  // Whether the rest of the pattern closes groups only ("(a|b$)" ends there; "(a$)b" could never match).
+  bool only_closings_follow() const {
+    return std::all_of(p_.begin() + static_cast<std::ptrdiff_t>(i_), p_.end(), [](char c) { return c == ')'; });
+  }
 
   std::string alternatives() {
     std::vector<std::string> alts{sequence()};
@@ -179,7 +188,7 @@ class RegexCompiler {
     while (!at_end() && p_[i_] != '|' && p_[i_] != ')') {
       if (p_[i_] == '$') {
         ++i_;
-        if (!at_end() && p_[i_] != '|' && p_[i_] != ')') error("'$' is supported only at the end");
+        if (!only_closings_follow() && !(depth_ == 0 && p_[i_] == '|')) error("'$' is supported only at the end");
         continue;
       }
       std::string atom = this->atom();
@@ -240,15 +249,18 @@ class RegexCompiler {
       } else if (!at_end() && p_[i_] == '?') {
         error("lookahead and lookbehind are not supported");
       }
+      if (++depth_ > kMaxDepth) error(fmt::format("groups nest deeper than {} levels", kMaxDepth));
       std::string inner = alternatives();
       if (at_end() || p_[i_] != ')') error("an unclosed '('");
       ++i_;
+      --depth_;
       return "(" + (inner.empty() ? std::string("\"\"") : inner) + ")";
     }
     if (c == '[') return chars(char_set(), ctx_);
     if (c == '.') {
       ++i_;
-      return chars({{0, '\n' - 1}, {'\n' + 1, '\r' - 1}, {'\r' + 1, kMaxCodePoint}}, ctx_);
+      // ECMAScript's line terminators: LF, CR, U+2028, U+2029.
+      return chars(complement({{'\n', '\n'}, {'\r', '\r'}, {0x2028, 0x2029}}), ctx_);
     }
     if (c == '^') error("'^' is supported only at the start");
     if (c == '*' || c == '+' || c == '?' || c == '{') error(fmt::format("'{}' repeats nothing", c));
@@ -276,7 +288,8 @@ class RegexCompiler {
     if (at_end()) error("a '\\' at the end");
     const char e = p_[i_++];
     static const Ranges digit = {{'0', '9'}}, word = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}},
-                        space = {{'\t', '\r'}, {' ', ' '}, {0xA0, 0xA0}, {0x2028, 0x2029}, {0xFEFF, 0xFEFF}};
+                        space = {{'\t', '\r'}, {' ', ' '}, {0xA0, 0xA0}, {0x1680, 0x1680}, {0x2000, 0x200A},
+                                       {0x2028, 0x2029}, {0x202F, 0x202F}, {0x205F, 0x205F}, {0x3000, 0x3000}, {0xFEFF, 0xFEFF}};
     switch (e) {
       case 'd': return digit;
       case 'D': return complement(digit);
@@ -347,6 +360,7 @@ class RegexCompiler {
   std::string_view p_;
   CharContext ctx_;
   size_t i_ = 0;
+  int depth_ = 0;  // groups open at i_
 };
 
 // ---------------------------------------------------------------------------------------------------
@@ -425,7 +439,9 @@ class SchemaCompiler {
 
   // The rule name of a value valid against `schema` (at `path` in the document).
   std::string value(const json& schema, const std::string& path, const std::string& name, int depth = 0) {
-    if (depth > kMaxDepth) error(path, fmt::format("the schema nests deeper than {} levels", kMaxDepth));
+    // Gemma 4's parser takes values nested kMaxToolCallDepth (32) deep at most: less room for the schema.
+    const int max_depth = gemma_ ? kMaxGemmaDepth : kMaxDepth;
+    if (depth > max_depth) error(path, fmt::format("the schema nests deeper than {} levels", max_depth));
     if (schema.is_boolean()) {
       if (!schema.get<bool>()) error(path, "the schema 'false' allows no value");
       return any_value();
@@ -441,12 +457,17 @@ class SchemaCompiler {
   }
 
   std::string any_value() {
-    if (gemma_) {
+    if (gemma_) {  // nested kGemmaAnyDepth deep at most, so that the tool-call parser takes it
       define("g-string", "<|\"|> [^<]* <|\"|>");
       define("g-key", "[A-Za-z_] [A-Za-z0-9_]{0,63} | g-string");
-      define("g-object", "\"{\" ( g-key \":\" g-value ( \",\" g-key \":\" g-value )* )? \"}\"");
-      define("g-array", "\"[\" ( g-value ( \",\" g-value )* )? \"]\"");
-      return define("g-value", "g-object | g-array | g-string | " + number() + " | \"true\" | \"false\" | \"null\"");
+      std::string inner = define("g-value-0", "g-string | " + number() + " | \"true\" | \"false\" | \"null\"");
+      for (int level = 1; level <= kGemmaAnyDepth; ++level) {
+        const std::string object = define(fmt::format("g-object-{}", level),
+                                          fmt::format("\"{{\" ( g-key \":\" {0} ( \",\" g-key \":\" {0} )* )? \"}}\"", inner));
+        const std::string array = define(fmt::format("g-array-{}", level), fmt::format("\"[\" ( {0} ( \",\" {0} )* )? \"]\"", inner));
+        inner = define(fmt::format("g-value-{}", level), fmt::format("{} | {} | g-value-0", object, array));
+      }
+      return inner;
     }
     string_rule();
     define("j-object", "\"{\" ( j-string \":\" j-value ( \",\" j-string \":\" j-value )* )? \"}\"");
@@ -589,17 +610,47 @@ class SchemaCompiler {
     return it->second;
   }
 
+  // allOf of object schemas: one object schema with the properties and requirements of all parts (the
+  // schema's own included). Anything a part says beyond that would be lost in the merge: an error.
   json merged(const json& schema, const std::string& path) const {
+    if (!schema["allOf"].is_array() || schema["allOf"].empty()) error(path + "/allOf", "'allOf' must be a non-empty list");
+    std::vector<std::pair<const json*, std::string>> parts = {{&schema, path}};
+    for (size_t k = 0; k < schema["allOf"].size(); ++k) {
+      const json& part = schema["allOf"][k];
+      const std::string at = fmt::format("{}/allOf/{}", path, k);
+      parts.emplace_back(part.is_object() && part.contains("$ref") ? &resolve(part["$ref"], at) : &part, at);
+    }
+    json properties = json::object(), required = json::array();
+    for (const auto& [part, at] : parts) {
+      if (!part->is_object()) error(at, "only 'allOf' of object schemas is supported");
+      for (const auto& [key, v] : part->items()) {
+        const bool own = part == &schema && (key == "allOf" || key == "$defs" || key == "definitions");
+        if (!own && !kIgnored.count(key) && key != "type" && key != "properties" && key != "required" && key != "additionalProperties")
+          error(at, fmt::format("keyword '{}' in an 'allOf' part is not supported; supported there: type (object), properties, required, additionalProperties", key));
+      }
+      if (part->contains("type") && (*part)["type"] != "object") error(at + "/type", "only 'allOf' of object schemas is supported");
+      if (part->contains("properties")) {
+        if (!(*part)["properties"].is_object()) error(at + "/properties", "'properties' must be an object");
+        for (const auto& [k, v] : (*part)["properties"].items()) {
+          if (properties.contains(k) && properties[k] != v)
+            error(at + "/properties/" + k, "a property that two 'allOf' parts define differently is not supported");
+          properties[k] = v;
+        }
+      }
+      if (part->contains("required")) {
+        if (!(*part)["required"].is_array()) error(at + "/required", "'required' must be a list");
+        required.insert(required.end(), (*part)["required"].begin(), (*part)["required"].end());
+      }
+    }
+    // The merged object has no extra keys; a part that forbids some would also forbid the other parts' keys.
+    for (const auto& [part, at] : parts) {
+      if (!part->contains("additionalProperties") || (*part)["additionalProperties"] == json(true)) continue;
+      for (const auto& [k, unused] : properties.items())
+        if (!part->contains("properties") || !(*part)["properties"].contains(k))
+          error(at + "/additionalProperties", fmt::format("this 'allOf' part forbids the property '{}' another part defines", k));
+    }
     json out = json::object();
     out["type"] = "object";
-    json properties = json::object(), required = json::array();
-    for (const json& part : schema["allOf"]) {
-      const json& p = part.contains("$ref") ? resolve(part["$ref"], path) : part;
-      if (!p.is_object() || (p.contains("type") && p["type"] != "object") || !p.contains("properties"))
-        error(path + "/allOf", "only 'allOf' of object schemas with properties is supported");
-      for (const auto& [k, v] : p["properties"].items()) properties[k] = v;
-      if (p.contains("required")) required.insert(required.end(), p["required"].begin(), p["required"].end());
-    }
     out["properties"] = properties;
     out["required"] = required;
     return out;
@@ -638,6 +689,8 @@ class SchemaCompiler {
       }
     }
     if (schema.contains("format")) {
+      if (schema.contains("minLength") || schema.contains("maxLength"))
+        error(path, "'format' together with 'minLength'/'maxLength' is not supported");
       const std::string f = schema["format"].is_string() ? schema["format"].get<std::string>() : "";
       define("f-date", "[0-9]{4} \"-\" ( \"0\" [1-9] | \"1\" [0-2] ) \"-\" ( \"0\" [1-9] | [12] [0-9] | \"3\" [01] )");
       define("f-time", "( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" [0-5] [0-9] ( \".\" [0-9]{1,6} )? ( \"Z\" | [+-] ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] )");
@@ -725,13 +778,16 @@ class SchemaCompiler {
     std::vector<std::pair<std::string, std::string>> members;  // key text, value rule
     for (const auto& [k, v] : properties.items())
       members.emplace_back(k, value(v, path + "/properties/" + k, fresh(name + "-" + k), depth + 1));
-    std::string tail = "";
+    // rest(n, first), rest(n, !first): the extra members, if any.
+    std::string later[2] = {"\"\"", "\"\""};
     if (!(extra.is_boolean() && !extra.get<bool>())) {
       const std::string v = extra.is_object() ? value(extra, path + "/additionalProperties", fresh(name + "-extra"), depth + 1) : any_value();
-      const std::string k = gemma_ ? (any_value(), "g-key") : (string_rule(), "j-string");
-      tail = define(fresh(name + "-more"), "( \",\" " + k + " \":\" " + v + " )*");
+      std::set<std::string> declared;
+      for (const auto& [k, unused] : properties.items()) declared.insert(k);
+      const std::string pair = define(fresh(name + "-extra-pair"), other_key(declared, name) + " \":\" " + v);
+      later[0] = define(fresh(name + "-more"), "( \",\" " + pair + " )*");
+      later[1] = define(fresh(name + "-more-first"), "( " + pair + " " + later[0] + " )?");
     }
-    std::string later[2] = {tail.empty() ? "\"\"" : tail, tail.empty() ? "\"\"" : tail};  // rest(n, first), rest(n, !first)
     for (size_t i = members.size(); i-- > 0;) {
       std::string now[2];
       for (int first = 0; first < 2; ++first) {
@@ -743,6 +799,54 @@ class SchemaCompiler {
       later[1] = now[1];
     }
     return "\"{\" " + later[1] + " \"}\"";
+  }
+
+  // A key none of `taken` (an extra key must not repeat a declared one: the parser keeps the last value
+  // of a key, and a declared key's value must be valid against its own schema). Keys are written one way
+  // only so that no other spelling of a taken key slips through: JSON strings without escapes other than
+  // \" and \\, Gemma keys between <|"|> tokens. A trie of the taken keys, as rules: at each node, a character
+  // leaving the trie (then anything), a child, or the end where no taken key ends.
+  std::string other_key(const std::set<std::string>& taken, const std::string& name) {
+    std::vector<std::vector<uint32_t>> words;
+    for (const std::string& k : taken) words.push_back(code_points(k));
+    const Ranges allowed = gemma_ ? complement({{'<', '<'}}) : complement({{0, 0x1F}, {0x7F, 0x7F}});
+    const std::string base = fresh(name + "-key");
+    size_t nodes = 0;
+    return quoted(trie_rule(words, 0, allowed, base, nodes));
+  }
+  std::string trie_rule(const std::vector<std::vector<uint32_t>>& words, size_t at, const Ranges& allowed, const std::string& base,
+                        size_t& nodes) {
+    const std::string rule = nodes++ == 0 ? base : fresh(fmt::format("{}-{}", base, nodes));
+    std::map<uint32_t, std::vector<std::vector<uint32_t>>> children;
+    bool word_ends_here = false;
+    for (const auto& w : words) {
+      if (w.size() == at) word_ends_here = true;
+      else if (contains(allowed, w[at])) children[w[at]].push_back(w);  // a key the grammar cannot spell needs no exclusion
+    }
+    const std::string any = chars(allowed, string_context()) + "*";
+    Ranges leave = allowed;
+    std::vector<std::string> alts;
+    for (const auto& [cp, below] : children) {
+      leave = subtract(leave, {{cp, cp}});
+      alts.push_back(chars({{cp, cp}}, string_context()) + " " + trie_rule(below, at + 1, allowed, base, nodes));
+    }
+    if (!leave.empty()) alts.push_back(chars(leave, string_context()) + " " + any);
+    std::string body = "(";
+    for (size_t k = 0; k < alts.size(); ++k) body += (k ? " | " : " ") + alts[k];
+    body += " )";
+    return define(rule, word_ends_here ? body : body + "?");
+  }
+  static std::vector<uint32_t> code_points(const std::string& s) {
+    std::vector<uint32_t> out;
+    for (size_t i = 0; i < s.size();) {
+      const auto b = static_cast<uint8_t>(s[i]);
+      const size_t n = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : 4;
+      uint32_t cp = n == 1 ? b : b & (0x3F >> (n - 1));
+      for (size_t k = 1; k < n && i + k < s.size(); ++k) cp = (cp << 6) | (static_cast<uint8_t>(s[i + k]) & 0x3F);
+      out.push_back(cp);
+      i += n;
+    }
+    return out;
   }
 
   std::string array(const json& schema, const std::string& path, const std::string& name, int depth) {
@@ -800,7 +904,6 @@ std::string json_schema_to_gbnf(std::string_view schema, JsonSpelling spelling) 
 }
 
 std::string regex_to_gbnf(std::string_view pattern) {
-  if (pattern.size() > 10000) fail("regex: {} bytes, more than the 10000 allowed", pattern.size());
   return "root ::= " + schema_grammar::RegexCompiler(pattern, schema_grammar::CharContext::Raw).compile() + "\n";
 }
 
@@ -810,8 +913,18 @@ std::string tool_call_gbnf(const std::vector<ToolGrammarFunction>& functions, bo
   std::string rules, calls;
   for (size_t i = 0; i < functions.size(); ++i) {
     const auto& f = functions[i];
-    const auto doc = f.parameters_schema.empty() ? any : schema_grammar::parse_schema(f.parameters_schema);
-    schema_grammar::SchemaCompiler c(doc, JsonSpelling::Gemma4, "args");
+    // The names parse_gemma4_tool_call reads: [A-Za-z0-9_.:/-]+.
+    const bool name_ok = !f.name.empty() && std::all_of(f.name.begin(), f.name.end(), [](char c) {
+      return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-' || c == '.' || c == ':' || c == '/';
+    });
+    if (!name_ok) fail("tool_call grammar: function name '{}': Gemma 4 tool calls take names of letters, digits and _ - . : / only", f.name);
+    auto doc = f.parameters_schema.empty() ? any : schema_grammar::parse_schema(f.parameters_schema);
+    // Arguments are an object: a schema that says nothing ({} or true) means any object.
+    if (doc == schema_grammar::json(true) || doc == schema_grammar::json::object()) doc = any;
+    if (doc.is_object() && doc.contains("type") && doc["type"] != "object")
+      fail("the parameters of function '{}': json_schema at '#/type': tool parameters must be an object schema", f.name);
+    // Rules get the function's own prefix: two functions may define the same $defs name differently.
+    schema_grammar::SchemaCompiler c(doc, JsonSpelling::Gemma4, fmt::format("f{}", i));
     std::string args;
     try {
       args = c.value(doc, "#", fmt::format("f{}-args", i));

@@ -4,6 +4,8 @@
 // regular expressions agree with std::regex (ECMAScript) whole-string matching; forced tool calls sampled
 // over the real Gemma 4 vocabulary parse with the tool-call parser to arguments valid against the schema.
 #include <cmath>
+#include <map>
+#include <set>
 #include <random>
 #include <regex>
 #include <string>
@@ -133,6 +135,16 @@ const char* const kSchemas[] = {
     R"({"type": "object", "properties": {"id": {"type": "integer"}, "score": {"type": "number"}}, "required": ["id", "score"]})",
     R"({"type": "object", "additionalProperties": {"type": "integer", "minimum": 0, "maximum": 9}})",
     R"({"type": "object", "properties": {"s": {"type": "string", "minLength": 2, "maxLength": 4}}, "required": ["s"], "additionalProperties": false})",
+    // Extra keys next to declared ones: never a declared key again, no comma before the first member.
+    R"({"type": "object", "properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}, "ab": {"type": "boolean"}}, "additionalProperties": {"type": "string", "maxLength": 3}})",
+    R"({"type": "object", "properties": {"k": {"type": "integer", "minimum": 1, "maximum": 3}}, "additionalProperties": true})",
+    // allOf next to the schema's own properties: both kept.
+    R"({"type": "object", "properties": {"c": {"type": "null"}}, "required": ["c"], "allOf": [{"properties": {"a": {"type": "integer", "minimum": 0, "maximum": 9}}, "required": ["a"]}]})",
+    R"({"type": "array", "items": {"type": "integer", "minimum": -5, "maximum": 5}, "minItems": 2, "maxItems": 2})",
+    R"({"type": "object", "properties": {"t": {"type": "string", "format": "time"}, "dt": {"type": "string", "format": "date-time"}}, "required": ["t", "dt"]})",
+    R"({"type": ["integer", "boolean", "null"], "minimum": 3, "maximum": 300})",
+    R"({"type": "object", "properties": {"r": {"type": "number", "minimum": -1.5}, "s": {"type": "number", "exclusiveMaximum": 0.5}}, "required": ["r", "s"]})",
+    R"({"definitions": {"list": {"anyOf": [{"type": "null"}, {"type": "object", "properties": {"head": {"type": "integer", "minimum": 0, "maximum": 99}, "tail": {"$ref": "#/definitions/list"}}, "required": ["head", "tail"]}]}}, "$ref": "#/definitions/list"})",
 };
 
 TEST(JsonSchemaGrammar, RandomSentencesValidateAgainstTheirSchemas) {
@@ -179,6 +191,46 @@ TEST(JsonSchemaGrammar, ValidDocumentsAreSentencesAndInvalidOnesAreNot) {
     for (const char* d : c.good) EXPECT_TRUE(check_grammar_prefix(*g, d).complete) << c.schema << "\n  " << d;
     for (const char* d : c.bad) EXPECT_FALSE(check_grammar_prefix(*g, d).complete) << c.schema << "\n  " << d;
   }
+}
+
+TEST(JsonSchemaGrammar, ExtraKeysNeverRepeatDeclaredOnes) {
+  // The parser keeps a key's last value: an extra "a" would replace the declared one with a string.
+  const auto g = parse_gbnf(json_schema_to_gbnf(kSchemas[21]));
+  for (const char* d : {R"({})", R"({"a":1})", R"({"x":"s"})", R"({"a":1,"x":"s","abc":"t"})", R"({"ab":true,"b":"q"})",
+                        R"({"":"e"})", R"({"a\"":"q"})", R"({"aa":"q","ab ":"r"})"})
+    EXPECT_TRUE(check_grammar_prefix(*g, d).complete) << d;
+  for (const char* d : {R"({,"x":"s"})", R"({"a":"s"})", R"({"a":1,"a":"s"})", R"({"ab":"zz"})", R"({"x":1})",
+                        R"({"a":1,"ab":true,"ab":"s"})", R"({"x":"s","a":1})"})
+    EXPECT_FALSE(check_grammar_prefix(*g, d).complete) << d;
+  const auto open = parse_gbnf(json_schema_to_gbnf(kSchemas[22]));
+  for (const char* d : {R"({})", R"({"k":2})", R"({"z":[1,{"q":null}]})", R"({"k":3,"z":"s","y":-1.5})"})
+    EXPECT_TRUE(check_grammar_prefix(*open, d).complete) << d;
+  for (const char* d : {R"({,"z":1})", R"({"k":"s"})", R"({"z":1,"k":2})", R"({"k":2,"k":"s"})"})
+    EXPECT_FALSE(check_grammar_prefix(*open, d).complete) << d;
+}
+
+TEST(JsonSchemaGrammar, AllOfKeepsTheSchemasOwnPropertiesAndRefusesWhatItWouldLose) {
+  const auto g = parse_gbnf(json_schema_to_gbnf(kSchemas[23]));
+  EXPECT_TRUE(check_grammar_prefix(*g, R"({"c":null,"a":4})").complete);
+  EXPECT_FALSE(check_grammar_prefix(*g, R"({"a":4})").complete);
+  EXPECT_FALSE(check_grammar_prefix(*g, R"({"c":null})").complete);
+  const auto message = [](const char* schema) -> std::string {
+    try {
+      json_schema_to_gbnf(schema);
+    } catch (const Error& e) {
+      return e.what();
+    }
+    return "(compiled)";
+  };
+  EXPECT_EQ(message(R"({"allOf": [{"properties": {"a": {"type": "integer"}}}, {"anyOf": [{"required": ["a"]}]}]})"),
+            "json_schema at '#/allOf/1': keyword 'anyOf' in an 'allOf' part is not supported; supported there: type (object), "
+            "properties, required, additionalProperties");
+  EXPECT_EQ(message(R"({"allOf": [{"properties": {"a": {"type": "integer"}}, "additionalProperties": false}, {"properties": {"b": {}}}]})"),
+            "json_schema at '#/allOf/0/additionalProperties': this 'allOf' part forbids the property 'b' another part defines");
+  EXPECT_EQ(message(R"({"allOf": [{"properties": {"a": {"type": "integer"}}}, {"properties": {"a": {"type": "string"}}}]})"),
+            "json_schema at '#/allOf/1/properties/a': a property that two 'allOf' parts define differently is not supported");
+  EXPECT_EQ(message(R"({"type": "string", "format": "date", "maxLength": 4})"),
+            "json_schema at '#': 'format' together with 'minLength'/'maxLength' is not supported");
 }
 
 TEST(JsonSchemaGrammar, RefusesWhatItCannotCompileSayingWhere) {
@@ -239,6 +291,38 @@ TEST(RegexGrammar, AgreesWithStdRegexOnWholeMatches) {
     EXPECT_THROW(regex_to_gbnf(bad), Error) << bad;
 }
 
+TEST(RegexGrammar, MoreAgreementWithStdRegex) {
+  const std::vector<std::pair<const char*, std::vector<const char*>>> cases = {
+      {"^-?\\d+(\\.\\d+)?$", {"12", "-0.5", "1.", ".5", "--1", "3.14"}},
+      {"[\\d\\s]+", {"1 2", " ", "1a", ""}},
+      {"(ab)*c{1,3}?", {"c", "ababccc", "abcccc", "aba"}},
+      {"[^\\w]+", {"--", "a-", "!?"}},
+      {"a$|b", {"a", "b", "ab"}},
+      {"(x|y$)", {"x", "y", "xy"}},
+      {"[A-Fa-f0-9]{2}(:[A-Fa-f0-9]{2}){2}", {"0a:Bc:ff", "0a:Bc", "0g:00:00"}},
+      {"\\/\\.\\-\\*", {"/.-*", "/.-"}},
+  };
+  for (const auto& [pattern, strings] : cases) {
+    const auto g = parse_gbnf(regex_to_gbnf(pattern));
+    const std::regex re(pattern);
+    for (const char* s : strings)
+      EXPECT_EQ(check_grammar_prefix(*g, s).complete, std::regex_match(s, re)) << pattern << " on '" << s << "'";
+  }
+  // ECMAScript's white space and line terminators beyond ASCII (std::regex reads bytes: no reference).
+  const auto whole = [](const char* pattern, const char* s) { return check_grammar_prefix(*parse_gbnf(regex_to_gbnf(pattern)), s).complete; };
+  EXPECT_TRUE(whole("\\s", "\u3000"));
+  EXPECT_FALSE(whole("\\S", "\u3000"));
+  EXPECT_FALSE(whole("\\S", "\u00A0"));
+  EXPECT_FALSE(whole(".", "\u2028"));
+  EXPECT_TRUE(whole(".", "\u3000"));
+  // '$' where something would have to follow it: a pattern that matches nothing there, refused.
+  for (const char* bad : {"(a$)b", "(a$|b)c", "a$b"}) EXPECT_THROW(regex_to_gbnf(bad), Error) << bad;
+  // Hostile nesting is bounded.
+  EXPECT_THROW(regex_to_gbnf(std::string(100, '(') + "a" + std::string(100, ')')), Error);
+  EXPECT_NO_THROW(regex_to_gbnf(std::string(60, '(') + "a" + std::string(60, ')')));
+  EXPECT_THROW(regex_to_gbnf("a{1,10001}"), Error);
+}
+
 // Forced tool calls, sampled over the real vocabulary: the text parses as a Gemma 4 tool call whose
 // arguments are valid against the function's parameters.
 TEST(ToolCallGrammar, SampledCallsParseToArgumentsValidAgainstTheSchema) {
@@ -275,6 +359,106 @@ TEST(ToolCallGrammar, SampledCallsParseToArgumentsValidAgainstTheSchema) {
     }
     EXPECT_GE(calls, 1u) << text;
   }
+}
+
+// The tool-call grammar with its special tokens spelled as text, so that check_grammar_prefix (which
+// sees no special tokens) can walk it; the Gemma string content never holds '<', so the text stays unambiguous.
+std::string tokens_as_text(std::string gbnf) {
+  for (const auto& [token, text] : {std::pair<std::string, std::string>{"<|tool_call>", R"("<|tool_call>")"},
+                                    {"<tool_call|>", R"("<tool_call|>")"}, {R"(<|"|>)", R"("<|\"|>")"}})
+    for (size_t at = gbnf.find(token); at != std::string::npos; at = gbnf.find(token, at + text.size())) gbnf.replace(at, token.size(), text);
+  return gbnf;
+}
+
+// A random sentence that, past `cap` bytes, tries the characters that close things first.
+std::string closing_walk(const Grammar& g, std::mt19937& rng, size_t cap) {
+  std::vector<std::string> alphabet;
+  for (char c = 0x20; c < 0x7F; ++c) alphabet.emplace_back(1, c);
+  for (const char* m : {"é", "日", "😀"}) alphabet.emplace_back(m);
+  std::string text;
+  for (int step = 0; step < 5000; ++step) {
+    if (check_grammar_prefix(g, text).complete && (rng() % 3 == 0 || text.size() > cap)) return text;
+    std::shuffle(alphabet.begin(), alphabet.end(), rng);
+    if (text.size() > cap)
+      std::stable_partition(alphabet.begin(), alphabet.end(), [](const std::string& c) { return std::string_view("}]<|>\"").find(c[0]) != std::string_view::npos; });
+    bool moved = false;
+    for (const std::string& c : alphabet)
+      if (check_grammar_prefix(g, text + c).valid) {
+        text += c;
+        moved = true;
+        break;
+      }
+    if (!moved) break;
+  }
+  return text;
+}
+
+const char* const kToolSchemas[] = {
+    R"({"type": "object", "properties": {"city": {"type": "string", "maxLength": 12}, "days": {"type": "integer", "minimum": 1, "maximum": 7}, "odd key": {"enum": ["a b", 3]}}, "required": ["city", "days"]})",
+    R"({"$defs": {"x": {"type": "integer", "minimum": 0, "maximum": 9}}, "type": "object", "properties": {"v": {"$ref": "#/$defs/x"}}, "required": ["v"]})",
+    R"({"$defs": {"x": {"type": "boolean"}}, "type": "object", "properties": {"v": {"$ref": "#/$defs/x"}, "w": {"type": "array", "items": {"$ref": "#/$defs/x"}, "maxItems": 3}}, "required": ["v"]})",
+    "{}",
+    R"({"type": "object", "properties": {"n": {"type": "number", "minimum": 0, "maximum": 10}}, "additionalProperties": {"type": "array", "items": {"type": "string", "pattern": "^[a-z]{1,4}$"}}})",
+};
+
+TEST(ToolCallGrammar, TextSentencesParseToArgumentsValidAgainstTheSchema) {
+  std::vector<ToolGrammarFunction> functions;
+  for (size_t i = 0; i < std::size(kToolSchemas); ++i) functions.push_back({fmt::format("fn_{}", i), kToolSchemas[i]});
+  const std::string gbnf = tool_call_gbnf(functions, true);
+  // Each rule is defined once: functions do not share rules that differ ($defs names alike).
+  std::set<std::string> names;
+  for (size_t at = 0; at < gbnf.size(); at = gbnf.find('\n', at) + 1) EXPECT_TRUE(names.insert(gbnf.substr(at, gbnf.find(' ', at) - at)).second) << gbnf;
+  ASSERT_NO_THROW(parse_gbnf(gbnf)) << gbnf;
+  const auto g = parse_gbnf(tokens_as_text(gbnf));
+  std::mt19937 rng(17);
+  std::map<std::string, int> seen;
+  for (int run = 0; run < 40; ++run) {
+    const std::string text = closing_walk(*g, rng, 120);
+    ASSERT_TRUE(check_grammar_prefix(*g, text).complete) << "stuck at '" << text << "'";
+    for (size_t at = text.find("<|tool_call>"); at != std::string::npos; at = text.find("<|tool_call>", at + 1)) {
+      const size_t end = text.find("<tool_call|>", at);
+      ASSERT_NE(end, std::string::npos) << text;
+      const auto call = parse_gemma4_tool_call(std::string_view(text).substr(at + 12, end - at - 12));
+      ASSERT_TRUE(call) << text;
+      const json args = json::parse(call->arguments);
+      ASSERT_TRUE(args.is_object()) << text;
+      const json schema = json::parse(kToolSchemas[std::stoi(call->name.substr(3))]);
+      EXPECT_TRUE(valid(schema, args, schema)) << text << " -> " << call->arguments;
+      ++seen[call->name];
+    }
+  }
+  EXPECT_GE(seen.size(), 4u);
+  // Bounds hold in the spelling too; free values nest no deeper than the parser takes.
+  const auto call = [&](const std::string& body) { return check_grammar_prefix(*g, "<|tool_call>call:" + body + "<tool_call|>").complete; };
+  EXPECT_TRUE(call(R"(fn_1{v:9})"));
+  EXPECT_FALSE(call(R"(fn_1{v:10})"));
+  EXPECT_FALSE(call(R"(fn_1{v:true})"));
+  EXPECT_TRUE(call(R"(fn_2{v:true,w:[false]})"));
+  EXPECT_FALSE(call(R"(fn_2{v:1})"));
+  EXPECT_TRUE(call(R"(fn_0{city:<|"|>Paris<|"|>,days:3,<|"|>odd key<|"|>:<|"|>a b<|"|>})"));
+  EXPECT_FALSE(call(R"(fn_0{city:<|"|>Paris<|"|>,days:8})"));
+  EXPECT_TRUE(call(R"(fn_3{a:[[[[[[[[1]]]]]]]]})"));
+  EXPECT_FALSE(call(R"(fn_3{a:[[[[[[[[[1]]]]]]]]]})"));
+  EXPECT_FALSE(call(R"(fn_3<|"|>x<|"|>)"));
+  EXPECT_TRUE(call(R"(fn_4{n:2.5,<|"|>zz<|"|>:[<|"|>abc<|"|>]})"));
+  EXPECT_FALSE(call(R"(fn_4{<|"|>n<|"|>:[<|"|>abc<|"|>]})"));
+  EXPECT_FALSE(call(R"(fn_4{n:11})"));
+}
+
+TEST(ToolCallGrammar, RefusesNamesAndParametersItCannotWrite) {
+  EXPECT_THROW(tool_call_gbnf({}, false), Error);
+  EXPECT_THROW(tool_call_gbnf({{"get weather", ""}}, false), Error);
+  EXPECT_THROW(tool_call_gbnf({{"f{", ""}}, false), Error);
+  EXPECT_THROW(tool_call_gbnf({{"f", R"({"type": "string"})"}}, false), Error);
+  EXPECT_THROW(tool_call_gbnf({{"f", R"({"type": "object", "properties": {"x": {"not": {}}}})"}}, false), Error);
+  // Schemas nest less deep than in JSON: the parser's depth bound leaves room for free values.
+  std::string deep = R"({"type": "integer"})";
+  for (int i = 0; i < 30; ++i) deep = R"({"type": "array", "items": )" + deep + "}";
+  EXPECT_NO_THROW(json_schema_to_gbnf(deep));
+  EXPECT_THROW(tool_call_gbnf({{"f", R"({"type": "object", "properties": {"x": )" + deep + "}}"}}, false), Error);
+  const std::string one = tool_call_gbnf({{"ns.tool/get-x:1", ""}}, false);
+  EXPECT_EQ(one.rfind("root ::= call\ncall ::= <|tool_call> \"call:\" ( \"ns.tool/get-x:1\" ", 0), 0u) << one;
+  EXPECT_EQ(tool_call_gbnf({{"f", ""}}, true).rfind("root ::= call+\n", 0), 0u);
 }
 
 }  // namespace
