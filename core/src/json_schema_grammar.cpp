@@ -482,6 +482,11 @@ class SchemaCompiler {
   }
 
  private:
+  static std::string pointer_token(const std::string& key) {  // RFC 6901: '~' and '/' escaped
+    std::string out;
+    for (const char c : key) out += c == '~' ? "~0" : c == '/' ? "~1" : std::string(1, c);
+    return out;
+  }
   [[noreturn]] void error(const std::string& path, const std::string& what) const {
     fail("json_schema at '{}': {}", path, what);
   }
@@ -543,17 +548,24 @@ class SchemaCompiler {
   }
 
   std::string expression(const json& schema, const std::string& path, const std::string& name, int depth) {
-    if (schema.contains("$ref")) return ref(schema["$ref"], path);
-    if (schema.contains("const")) return constant(schema["const"]);
-    if (schema.contains("enum")) {
-      const json& e = schema["enum"];
+    if (schema.contains("$ref")) {
+      refuse_siblings(schema, path, "$ref", false);
+      return ref(schema["$ref"], path);
+    }
+    for (const char* key : {"const", "enum"}) {
+      if (!schema.contains(key)) continue;
+      refuse_siblings(schema, path, key, true);
+      const json e = std::string_view(key) == "const" ? json::array({schema[key]}) : schema[key];
       if (!e.is_array() || e.empty()) error(path + "/enum", "'enum' must be a non-empty list");
-      std::string out = "(";
-      for (size_t k = 0; k < e.size(); ++k) out += (k ? " | " : "") + constant(e[k]);
+      std::string out;
+      for (const json& v : e)
+        if (has_type(schema, v)) out += (out.empty() ? "(" : " | ") + constant(v);
+      if (out.empty()) error(path, fmt::format("no '{}' value has the 'type' {}", key, schema["type"].dump()));
       return out + ")";
     }
     for (const char* key : {"anyOf", "oneOf"}) {
       if (!schema.contains(key)) continue;
+      refuse_siblings(schema, path, key, false);
       const json& list = schema[key];
       if (!list.is_array() || list.empty()) error(path + "/" + key, fmt::format("'{}' must be a non-empty list", key));
       std::string out = "(";
@@ -589,6 +601,25 @@ class SchemaCompiler {
     if (t == "object") return object(schema, path, name, depth);
     if (t == "array") return array(schema, path, name, depth);
     error(path + "/type", fmt::format("unknown type '{}'", t));
+  }
+
+  // A keyword written alone ($ref, const, enum, anyOf, oneOf) next to other constraints: dropping them
+  // would let the grammar write values they forbid, so they are an error (enum and const may keep 'type').
+  void refuse_siblings(const json& schema, const std::string& path, const char* keyword, bool type_allowed) const {
+    for (const auto& [key, unused] : schema.items()) {
+      if (key == keyword || key == "$defs" || key == "definitions" || kIgnored.count(key) || (type_allowed && key == "type")) continue;
+      error(path, fmt::format("keyword '{}' next to '{}' is not supported; move it into the '{}' schemas", key, keyword, keyword));
+    }
+  }
+  // Whether the constant `v` has one of the schema's types (true when it names none).
+  static bool has_type(const json& schema, const json& v) {
+    if (!schema.contains("type")) return true;
+    const json types = schema["type"].is_array() ? schema["type"] : json::array({schema["type"]});
+    return std::any_of(types.begin(), types.end(), [&](const json& t) {
+      return (t == "string" && v.is_string()) || (t == "number" && v.is_number()) || (t == "boolean" && v.is_boolean()) ||
+             (t == "null" && v.is_null()) || (t == "object" && v.is_object()) || (t == "array" && v.is_array()) ||
+             (t == "integer" && v.is_number() && std::floor(v.get<double>()) == v.get<double>());
+    });
   }
 
   std::string ref(const json& r, const std::string& path) {
@@ -714,8 +745,11 @@ class SchemaCompiler {
       if (!schema.contains(key)) continue;
       if (!schema[key].is_number()) error(path + "/" + key, fmt::format("'{}' must be a number", key));
       const double v = schema[key].get<double>();
-      if (std::fabs(v) > static_cast<double>(kMaxMagnitude))
-        error(path + "/" + key, fmt::format("'{}' beyond {} is not supported", key, kMaxMagnitude));
+      // Numbers are written with 15 digits at most: a bound past them on the open side bounds nothing
+      // (e.g. JavaScript's safe-integer range), on the closed side it leaves nothing to write.
+      const bool past = std::fabs(v) > static_cast<double>(kMaxMagnitude);
+      if (past && (lower ? v < 0 : v > 0)) continue;
+      if (past) error(path + "/" + key, fmt::format("'{}' {} is beyond the {} digits numbers are written with", key, schema[key].dump(), 15));
       if (!out) out = {v, inc};
       else if (lower ? v >= out->first : v <= out->first) out = {v, inc};  // both given: the stricter
     }
@@ -724,6 +758,9 @@ class SchemaCompiler {
 
   std::string numeric(const json& schema, const std::string& path, bool integer) {
     const auto lo = bound(schema, "minimum", "exclusiveMinimum", path), hi = bound(schema, "maximum", "exclusiveMaximum", path);
+    if (lo && hi && (lo->first > hi->first || (lo->first == hi->first && !(lo->second && hi->second))))
+      error(path, fmt::format("'{}' {} {} '{}' {}", lo->second ? "minimum" : "exclusiveMinimum", lo->first,
+                              lo->first > hi->first ? "above" : "meets", hi->second ? "maximum" : "exclusiveMaximum", hi->first));
     const double dmax = static_cast<double>(kMaxMagnitude);
     // The integers within the bounds.
     const int64_t ilo = lo ? static_cast<int64_t>(lo->second ? std::ceil(lo->first) : std::floor(lo->first) + 1) : -kMaxMagnitude;
@@ -777,7 +814,7 @@ class SchemaCompiler {
     // rest(i, first): the members from property i on; `first`: none written yet (no comma before).
     std::vector<std::pair<std::string, std::string>> members;  // key text, value rule
     for (const auto& [k, v] : properties.items())
-      members.emplace_back(k, value(v, path + "/properties/" + k, fresh(name + "-" + k), depth + 1));
+      members.emplace_back(k, value(v, path + "/properties/" + pointer_token(k), fresh(name + "-" + k), depth + 1));
     // rest(n, first), rest(n, !first): the extra members, if any.
     std::string later[2] = {"\"\"", "\"\""};
     if (!(extra.is_boolean() && !extra.get<bool>())) {

@@ -209,6 +209,17 @@ TEST(JsonSchemaGrammar, ExtraKeysNeverRepeatDeclaredOnes) {
     EXPECT_FALSE(check_grammar_prefix(*open, d).complete) << d;
 }
 
+// enum values of another type than the schema's are left out; bounds wider than the 15 digits numbers
+// are written with (JavaScript's safe integers) bound nothing.
+TEST(JsonSchemaGrammar, ConstantsKeepTheirTypeAndWideBoundsAreClamped) {
+  const auto typed = parse_gbnf(json_schema_to_gbnf(R"({"type": ["string", "null"], "enum": ["a", 1, null, true]})"));
+  for (const char* d : {R"("a")", "null"}) EXPECT_TRUE(check_grammar_prefix(*typed, d).complete) << d;
+  for (const char* d : {"1", "true"}) EXPECT_FALSE(check_grammar_prefix(*typed, d).complete) << d;
+  const auto safe = parse_gbnf(json_schema_to_gbnf(R"({"type": "integer", "minimum": -9007199254740991, "maximum": 9007199254740991})"));
+  for (const char* d : {"0", "-999999999999999", "999999999999999"}) EXPECT_TRUE(check_grammar_prefix(*safe, d).complete) << d;
+  EXPECT_FALSE(check_grammar_prefix(*safe, "1000000000000000").complete);
+}
+
 TEST(JsonSchemaGrammar, AllOfKeepsTheSchemasOwnPropertiesAndRefusesWhatItWouldLose) {
   const auto g = parse_gbnf(json_schema_to_gbnf(kSchemas[23]));
   EXPECT_TRUE(check_grammar_prefix(*g, R"({"c":null,"a":4})").complete);
@@ -245,7 +256,17 @@ TEST(JsonSchemaGrammar, RefusesWhatItCannotCompileSayingWhere) {
   EXPECT_EQ(message(R"({"type": "object", "properties": {"x": {"not": {}}}})").rfind("json_schema at '#/properties/x': keyword 'not' is not supported", 0), 0u);
   EXPECT_EQ(message(R"({"$ref": "https://example.com/s.json"})"),
             "json_schema at '#/$ref': 'https://example.com/s.json': only local references (#/$defs/NAME, #/definitions/NAME) are supported");
-  EXPECT_EQ(message(R"({"type": "integer", "minimum": 5, "maximum": 4})"), "json_schema at '#': no integer lies within the bounds");
+  EXPECT_EQ(message(R"({"type": "integer", "minimum": 5, "maximum": 4})"), "json_schema at '#': 'minimum' 5 above 'maximum' 4");
+  EXPECT_EQ(message(R"({"properties": {"a/b": {"type": "number", "exclusiveMinimum": 1, "maximum": 1}}})"),
+            "json_schema at '#/properties/a~1b': 'exclusiveMinimum' 1 meets 'maximum' 1");
+  EXPECT_EQ(message(R"({"type": "integer", "exclusiveMinimum": 1, "exclusiveMaximum": 2})"), "json_schema at '#': no integer lies within the bounds");
+  EXPECT_EQ(message(R"({"type": "number", "minimum": 1e20})"),
+            "json_schema at '#/minimum': 'minimum' 1e+20 is beyond the 15 digits numbers are written with");
+  EXPECT_EQ(message(R"({"type": "object", "properties": {"x": {"type": "integer"}}, "anyOf": [{"required": ["x"]}]})"),
+            "json_schema at '#': keyword 'type' next to 'anyOf' is not supported; move it into the 'anyOf' schemas");
+  EXPECT_EQ(message(R"({"$ref": "#/$defs/a", "maxLength": 3, "$defs": {"a": {"type": "string"}}})"),
+            "json_schema at '#': keyword 'maxLength' next to '$ref' is not supported; move it into the '$ref' schemas");
+  EXPECT_EQ(message(R"({"type": "string", "enum": [1, 2]})"), R"(json_schema at '#': no 'enum' value has the 'type' "string")");
   EXPECT_EQ(message(R"({"type": "string", "maxLength": 100000})"), "json_schema at '#/maxLength': 'maxLength' above 10000 is not supported");
   EXPECT_EQ(message(R"({"type": "object", "required": ["a"]})"), R"(json_schema at '#/required': 'required' names "a", which 'properties' does not define)");
   EXPECT_EQ(message(R"({"type": "string", "pattern": "(a)\\1"})"), "json_schema at '#/pattern': regex at offset 5: backreferences are not supported");
