@@ -133,7 +133,10 @@ std::string chars(const Ranges& set, CharContext ctx) {
   if (!plain.empty()) alts.push_back(char_class(plain));
   if (contains(set, '"')) alts.push_back(literal("\\\""));
   if (contains(set, '\\')) alts.push_back(literal("\\\\"));
-  if (alts.empty()) fail("a character class that matches only control characters, which a JSON string cannot hold unescaped");
+  // The control characters patterns name in practice, by their one short escape (others are left out).
+  for (const auto& [cp, escape] : {std::pair{'\n', "\\n"}, std::pair{'\r', "\\r"}, std::pair{'\t', "\\t"}})
+    if (contains(set, static_cast<uint32_t>(cp))) alts.push_back(literal(escape));
+  if (alts.empty()) fail("a character class that matches only control characters other than \\n \\r \\t, which this grammar does not write in a JSON string");
   if (alts.size() == 1) return alts[0];
   std::string out = "(";
   for (size_t i = 0; i < alts.size(); ++i) out += (i ? " | " : "") + alts[i];
@@ -723,7 +726,10 @@ class SchemaCompiler {
       if (schema.contains("minLength") || schema.contains("maxLength"))
         error(path, "'format' together with 'minLength'/'maxLength' is not supported");
       const std::string f = schema["format"].is_string() ? schema["format"].get<std::string>() : "";
-      define("f-date", "[0-9]{4} \"-\" ( \"0\" [1-9] | \"1\" [0-2] ) \"-\" ( \"0\" [1-9] | [12] [0-9] | \"3\" [01] )");
+      // Days as the month has them; February 29 in leap years only (divisible by 4, centuries by 400).
+      define("f-date", "[0-9]{4} \"-\" ( ( \"0\" [13578] | \"1\" [02] ) \"-\" ( \"0\" [1-9] | [12] [0-9] | \"3\" [01] ) | "
+                       "( \"0\" [469] | \"11\" ) \"-\" ( \"0\" [1-9] | [12] [0-9] | \"30\" ) | \"02-\" ( \"0\" [1-9] | \"1\" [0-9] | \"2\" [0-8] ) ) | "
+                       "( [0-9]{2} ( \"0\" [48] | [2468] [048] | [13579] [26] ) | ( \"0\" [48] | [2468] [048] | [13579] [26] ) \"00\" | \"0000\" ) \"-02-29\"");
       define("f-time", "( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] \":\" [0-5] [0-9] ( \".\" [0-9]{1,6} )? ( \"Z\" | [+-] ( [01] [0-9] | \"2\" [0-3] ) \":\" [0-5] [0-9] )");
       if (f == "date") return quoted("f-date");
       if (f == "time") return quoted("f-time");

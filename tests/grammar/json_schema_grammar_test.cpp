@@ -144,6 +144,7 @@ const char* const kSchemas[] = {
     R"({"type": "object", "properties": {"t": {"type": "string", "format": "time"}, "dt": {"type": "string", "format": "date-time"}}, "required": ["t", "dt"]})",
     R"({"type": ["integer", "boolean", "null"], "minimum": 3, "maximum": 300})",
     R"({"type": "object", "properties": {"r": {"type": "number", "minimum": -1.5}, "s": {"type": "number", "exclusiveMaximum": 0.5}}, "required": ["r", "s"]})",
+    R"({"type": "object", "properties": {"p": {"type": "string", "pattern": "^[\\t-~]{1,3}$"}, "d": {"type": "string", "format": "date"}}, "required": ["p", "d"]})",
     R"({"definitions": {"list": {"anyOf": [{"type": "null"}, {"type": "object", "properties": {"head": {"type": "integer", "minimum": 0, "maximum": 99}, "tail": {"$ref": "#/definitions/list"}}, "required": ["head", "tail"]}]}}, "$ref": "#/definitions/list"})",
 };
 
@@ -218,6 +219,20 @@ TEST(JsonSchemaGrammar, ConstantsKeepTheirTypeAndWideBoundsAreClamped) {
   const auto safe = parse_gbnf(json_schema_to_gbnf(R"({"type": "integer", "minimum": -9007199254740991, "maximum": 9007199254740991})"));
   for (const char* d : {"0", "-999999999999999", "999999999999999"}) EXPECT_TRUE(check_grammar_prefix(*safe, d).complete) << d;
   EXPECT_FALSE(check_grammar_prefix(*safe, "1000000000000000").complete);
+}
+
+// Dates exist (days per month, February 29 in leap years); patterns reach \n \r \t through their escapes.
+TEST(JsonSchemaGrammar, DatesExistAndPatternsWriteControlCharactersEscaped) {
+  const auto date = parse_gbnf(json_schema_to_gbnf(R"({"type": "string", "format": "date"})"));
+  for (const char* d : {"2024-02-29", "2000-02-29", "1600-02-29", "2023-01-31", "2023-04-30", "0000-02-29", "2023-12-01"})
+    EXPECT_TRUE(check_grammar_prefix(*date, fmt::format("\"{}\"", d)).complete) << d;
+  for (const char* d : {"2023-02-29", "1900-02-29", "2024-02-30", "2023-04-31", "2023-13-01", "2023-00-10", "2023-01-00"})
+    EXPECT_FALSE(check_grammar_prefix(*date, fmt::format("\"{}\"", d)).complete) << d;
+  const auto lines = parse_gbnf(json_schema_to_gbnf(R"({"type": "string", "pattern": "^a\\nb\\t?$"})"));
+  EXPECT_TRUE(check_grammar_prefix(*lines, R"("a\nb")").complete);
+  EXPECT_TRUE(check_grammar_prefix(*lines, R"("a\nb\t")").complete);
+  EXPECT_FALSE(check_grammar_prefix(*lines, "\"a\nb\"").complete);  // raw: not JSON
+  EXPECT_FALSE(check_grammar_prefix(*lines, R"("a\u000ab")").complete);  // one spelling only
 }
 
 TEST(JsonSchemaGrammar, AllOfKeepsTheSchemasOwnPropertiesAndRefusesWhatItWouldLose) {
