@@ -628,19 +628,16 @@ class SchemaCompiler {
   std::string ref(const json& r, const std::string& path) {
     if (!r.is_string()) error(path + "/$ref", "'$ref' must be a string");
     const std::string target = r.get<std::string>();
-    std::string section;
-    for (const char* s : {"#/$defs/", "#/definitions/"})
-      if (target.rfind(s, 0) == 0) section = s;
-    if (section.empty()) error(path + "/$ref", fmt::format("'{}': only local references (#/$defs/NAME, #/definitions/NAME) are supported", target));
-    const std::string key = target.substr(section.size());
-    const json& defs = doc_[section == "#/$defs/" ? "$defs" : "definitions"];
-    if (!defs.is_object() || !defs.contains(key)) error(path + "/$ref", fmt::format("'{}' names no definition", target));
     auto [it, added] = refs_.try_emplace(target, "");
-    if (added) {  // named before compiling it: a recursive reference finds the name
-      it->second = fresh(prefix_ + "-ref-" + key);
-      const std::string name = it->second;
-      value(defs[key], target.substr(1), name);
+    if (!added) return it->second;
+    if (target == "#") {  // the whole document, named before compiling it: a recursive reference finds the name
+      it->second = fresh(prefix_ + "-ref-root");
+      value(doc_, "#", it->second);
+      return it->second;
     }
+    const json& definition = resolve(r, path + "/$ref");
+    it->second = fresh(prefix_ + "-ref-" + target.substr(target.rfind('/') + 1));
+    value(definition, target.substr(1), it->second);
     return it->second;
   }
 
@@ -689,16 +686,19 @@ class SchemaCompiler {
     out["required"] = required;
     return out;
   }
+  // The definition a local reference (#/$defs/NAME, #/definitions/NAME) names.
   const json& resolve(const json& r, const std::string& path) const {
-    const std::string target = r.is_string() ? r.get<std::string>() : "";
-    for (const char* s : {"#/$defs/", "#/definitions/"}) {
-      const std::string section = s;
-      if (target.rfind(section, 0) != 0) continue;
-      const json& defs = doc_[section == "#/$defs/" ? "$defs" : "definitions"];
-      const std::string key = target.substr(section.size());
-      if (defs.is_object() && defs.contains(key)) return defs[key];
+    if (!r.is_string()) error(path, "'$ref' must be a string");
+    const std::string target = r.get<std::string>();
+    for (const std::string section : {"$defs", "definitions"}) {
+      const std::string start = "#/" + section + "/";
+      if (target.rfind(start, 0) != 0) continue;
+      const std::string key = target.substr(start.size());
+      const auto defs = doc_.is_object() ? doc_.find(section) : doc_.end();
+      if (defs == doc_.end() || !defs->is_object() || !defs->contains(key)) error(path, fmt::format("'{}' names no definition", target));
+      return (*defs)[key];
     }
-    error(path, fmt::format("'$ref' {} names no local definition", r.dump()));
+    error(path, fmt::format("'{}': only local references (#, #/$defs/NAME, #/definitions/NAME) are supported", target));
   }
 
   int64_t count(const json& schema, const char* key, const std::string& path, int64_t fallback) const {
@@ -915,6 +915,10 @@ class SchemaCompiler {
         next = (k ? "\",\" " : "") + prefix[static_cast<size_t>(k)] + rest;
       }
       return "\"[\" " + (min == 0 ? "( " + next + " )?" : next) + " \"]\"";
+    }
+    if (!more_allowed) {  // items false and no prefixItems: the empty array only
+      if (min > 0) error(path, "'minItems' above 0 with 'items' false");
+      return "\"[\" \"]\"";
     }
     if (max == 0) return "\"[\" \"]\"";
     const std::string rest = repeat("( \",\" " + item + " )", std::max<int64_t>(0, min - 1), max < 0 ? -1 : max - 1);

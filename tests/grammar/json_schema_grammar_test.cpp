@@ -235,6 +235,16 @@ TEST(JsonSchemaGrammar, DatesExistAndPatternsWriteControlCharactersEscaped) {
   EXPECT_FALSE(check_grammar_prefix(*lines, R"("a\u000ab")").complete);  // one spelling only
 }
 
+// items false without prefixItems: the empty array only; "$ref": "#" refers to the whole schema.
+TEST(JsonSchemaGrammar, ItemsFalseAndRootReferences) {
+  const auto none = parse_gbnf(json_schema_to_gbnf(R"({"type": "array", "items": false})"));
+  EXPECT_TRUE(check_grammar_prefix(*none, "[]").complete);
+  EXPECT_FALSE(check_grammar_prefix(*none, "[,]").valid);
+  const auto nest = parse_gbnf(json_schema_to_gbnf(R"({"type": "object", "properties": {"in": {"$ref": "#"}}})"));
+  EXPECT_TRUE(check_grammar_prefix(*nest, R"({"in":{"in":{}}})").complete);
+  EXPECT_FALSE(check_grammar_prefix(*nest, R"({"in":{"out":{}}})").complete);
+}
+
 TEST(JsonSchemaGrammar, AllOfKeepsTheSchemasOwnPropertiesAndRefusesWhatItWouldLose) {
   const auto g = parse_gbnf(json_schema_to_gbnf(kSchemas[23]));
   EXPECT_TRUE(check_grammar_prefix(*g, R"({"c":null,"a":4})").complete);
@@ -270,7 +280,10 @@ TEST(JsonSchemaGrammar, RefusesWhatItCannotCompileSayingWhere) {
   };
   EXPECT_EQ(message(R"({"type": "object", "properties": {"x": {"not": {}}}})").rfind("json_schema at '#/properties/x': keyword 'not' is not supported", 0), 0u);
   EXPECT_EQ(message(R"({"$ref": "https://example.com/s.json"})"),
-            "json_schema at '#/$ref': 'https://example.com/s.json': only local references (#/$defs/NAME, #/definitions/NAME) are supported");
+            "json_schema at '#/$ref': 'https://example.com/s.json': only local references (#, #/$defs/NAME, #/definitions/NAME) are supported");
+  EXPECT_EQ(message(R"({"$ref": "#/$defs/x"})"), "json_schema at '#/$ref': '#/$defs/x' names no definition");
+  EXPECT_EQ(message(R"({"$ref": "#/definitions/x", "definitions": {"y": {}}})"), "json_schema at '#/$ref': '#/definitions/x' names no definition");
+  EXPECT_EQ(message(R"({"type": "array", "items": false, "minItems": 1})"), "json_schema at '#': 'minItems' above 0 with 'items' false");
   EXPECT_EQ(message(R"({"type": "integer", "minimum": 5, "maximum": 4})"), "json_schema at '#': 'minimum' 5 above 'maximum' 4");
   EXPECT_EQ(message(R"({"properties": {"a/b": {"type": "number", "exclusiveMinimum": 1, "maximum": 1}}})"),
             "json_schema at '#/properties/a~1b': 'exclusiveMinimum' 1 meets 'maximum' 1");
