@@ -994,6 +994,10 @@ std::string tool_call_gbnf(const std::vector<ToolGrammarFunction>& functions, bo
     if (seen.insert(name).second) unique += line + "\n";
     start = end + 1;
   }
+  // Each function's grammar is bounded; so is their sum (a request may list many tools).
+  if (unique.size() + calls.size() > schema_grammar::kMaxGrammarBytes)
+    fail("tool_call grammar: the {} functions' grammar passes {} bytes; pass fewer tools or simpler parameters", functions.size(),
+         schema_grammar::kMaxGrammarBytes);
   const std::string call = "<|tool_call> \"call:\" ( " + calls + " ) <tool_call|>";
   return "root ::= " + std::string(parallel ? "call+" : "call") + "\ncall ::= " + call + "\n" + unique;
 }

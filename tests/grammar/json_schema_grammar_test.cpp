@@ -505,6 +505,12 @@ TEST(ToolCallGrammar, RefusesNamesAndParametersItCannotWrite) {
   for (int i = 0; i < 30; ++i) deep = R"({"type": "array", "items": )" + deep + "}";
   EXPECT_NO_THROW(json_schema_to_gbnf(deep));
   EXPECT_THROW(tool_call_gbnf({{"f", R"({"type": "object", "properties": {"x": )" + deep + "}}"}}, false), Error);
+  // Many tools together stay bounded too.
+  std::string wide = R"({"type": "object", "properties": {)";
+  for (int i = 0; i < 300; ++i) wide += fmt::format(R"({}"p{}": {{"type": "integer", "minimum": {}, "maximum": 987654}})", i ? ", " : "", i, i);
+  wide += "}}";
+  EXPECT_NO_THROW(tool_call_gbnf({{"f", wide}}, false));
+  EXPECT_THROW(tool_call_gbnf(std::vector<ToolGrammarFunction>(20, {"f", wide}), false), Error);
   const std::string one = tool_call_gbnf({{"ns.tool/get-x:1", ""}}, false);
   EXPECT_EQ(one.rfind("root ::= call\ncall ::= <|tool_call> \"call:\" ( \"ns.tool/get-x:1\" ", 0), 0u) << one;
   EXPECT_EQ(tool_call_gbnf({{"f", ""}}, true).rfind("root ::= call+\n", 0), 0u);
