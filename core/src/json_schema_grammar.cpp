@@ -526,7 +526,7 @@ class SchemaCompiler {
   // A JSON value spelled as a grammar expression (enum and const).
   std::string constant(const json& v) const {
     if (!gemma_) return literal(v.dump());
-    if (v.is_string()) return "<|\"|> " + literal(v.get<std::string>()) + " <|\"|>";
+    if (v.is_string()) return "<|\"|> " + literal(gemma_text(v.get<std::string>())) + " <|\"|>";
     if (v.is_object()) {
       std::string out = "\"{\"";
       bool first = true;
@@ -543,11 +543,16 @@ class SchemaCompiler {
     }
     return literal(v.dump());
   }
+  // Gemma strings end at the first <|"|>: text holding its spelling cannot be written.
+  static const std::string& gemma_text(const std::string& text) {
+    if (text.find("<|\"|>") != std::string::npos) fail("json_schema: the string {} holds <|\"|>, which ends a Gemma 4 string", json(text).dump());
+    return text;
+  }
   std::string key(const std::string& k) const {
     if (!gemma_) return literal(json(k).dump());
     const bool bare = !k.empty() && (std::isalpha(static_cast<unsigned char>(k[0])) || k[0] == '_') &&
                       std::all_of(k.begin(), k.end(), [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; });
-    return bare ? literal(k) : "<|\"|> " + literal(k) + " <|\"|>";
+    return bare ? literal(k) : "<|\"|> " + literal(gemma_text(k)) + " <|\"|>";
   }
 
   std::string expression(const json& schema, const std::string& path, const std::string& name, int depth) {

@@ -499,6 +499,8 @@ TEST(ToolCallGrammar, RefusesNamesAndParametersItCannotWrite) {
   EXPECT_THROW(tool_call_gbnf({{"get weather", ""}}, false), Error);
   EXPECT_THROW(tool_call_gbnf({{"f{", ""}}, false), Error);
   EXPECT_THROW(tool_call_gbnf({{"f", R"({"type": "string"})"}}, false), Error);
+  EXPECT_THROW(tool_call_gbnf({{"f", R"({"type": "object", "properties": {"x": {"const": "a<|\"|>b"}}})"}}, false), Error);
+  EXPECT_NO_THROW(tool_call_gbnf({{"f", R"({"type": "object", "properties": {"x": {"const": "a<|b"}}})"}}, false));
   EXPECT_THROW(tool_call_gbnf({{"f", R"({"type": "object", "properties": {"x": {"not": {}}}})"}}, false), Error);
   // Schemas nest less deep than in JSON: the parser's depth bound leaves room for free values.
   std::string deep = R"({"type": "integer"})";
