@@ -596,8 +596,9 @@ class SchemaCompiler {
     std::string t = type ? (type->is_string() ? type->get<std::string>() : "") : "";
     if (type && t.empty()) error(path + "/type", "'type' must be a string or a list of strings");
     if (!type) {
-      if (schema.contains("properties") || schema.contains("additionalProperties")) t = "object";
-      else if (schema.contains("items") || schema.contains("prefixItems")) t = "array";
+      // No type: the one its constraints are about (any value would ignore them), a subset of the valid.
+      if (schema.contains("properties") || schema.contains("additionalProperties") || schema.contains("required")) t = "object";
+      else if (schema.contains("items") || schema.contains("prefixItems") || schema.contains("minItems") || schema.contains("maxItems")) t = "array";
       else if (schema.contains("pattern") || schema.contains("format") || schema.contains("minLength") || schema.contains("maxLength")) t = "string";
       else if (schema.contains("minimum") || schema.contains("maximum") || schema.contains("exclusiveMinimum") || schema.contains("exclusiveMaximum")) t = "number";
       else return any_value();
@@ -816,6 +817,7 @@ class SchemaCompiler {
       }
     }
     const json extra = schema.contains("additionalProperties") ? schema["additionalProperties"] : json(false);
+    if (!extra.is_boolean() && !extra.is_object()) error(path + "/additionalProperties", "'additionalProperties' must be a boolean or a schema");
     if (properties.empty() && !(extra.is_boolean() && !extra.get<bool>()) ) {
       // Any object, its values valid against additionalProperties (absent: any).
       const std::string v = extra.is_object() ? value(extra, path + "/additionalProperties", fresh(name + "-value"), depth + 1) : any_value();

@@ -237,6 +237,9 @@ TEST(JsonSchemaGrammar, DatesExistAndPatternsWriteControlCharactersEscaped) {
 
 // items false without prefixItems: the empty array only; "$ref": "#" refers to the whole schema.
 TEST(JsonSchemaGrammar, ItemsFalseAndRootReferences) {
+  const auto short_list = parse_gbnf(json_schema_to_gbnf(R"({"maxItems": 1})"));  // no type: an array, not any value
+  EXPECT_TRUE(check_grammar_prefix(*short_list, "[{}]").complete);
+  EXPECT_FALSE(check_grammar_prefix(*short_list, "[1,2]").complete);
   const auto none = parse_gbnf(json_schema_to_gbnf(R"({"type": "array", "items": false})"));
   EXPECT_TRUE(check_grammar_prefix(*none, "[]").complete);
   EXPECT_FALSE(check_grammar_prefix(*none, "[,]").valid);
@@ -305,6 +308,18 @@ TEST(JsonSchemaGrammar, RefusesWhatItCannotCompileSayingWhere) {
   std::string deep = R"({"type": "string"})";
   for (int i = 0; i < 80; ++i) deep = R"({"type": "array", "items": )" + deep + "}";
   EXPECT_NE(message(deep.c_str()).find("deeper than 64"), std::string::npos);
+}
+
+// Schemas of the wrong shape are specula::Error (a 400), never another exception or a crash.
+TEST(JsonSchemaGrammar, MalformedSchemasAreErrors) {
+  for (const char* bad : {R"({"type": "object", "properties": {"a": 1}})", R"({"enum": "x"})", R"({"enum": []})", R"({"minLength": "3"})",
+                          R"({"maxItems": -1})", R"({"items": [{}]})", R"({"type": "object", "required": "a"})", R"({"properties": []})",
+                          R"({"additionalProperties": 5})", R"({"prefixItems": {}})", R"({"allOf": [true]})", R"({"allOf": {}})",
+                          R"({"type": "object", "properties": {"a": {}}, "required": [1]})", R"({"format": 5})", R"({"pattern": 5})",
+                          R"({"$defs": 5, "$ref": "#/$defs/a"})", R"({"$ref": 5})", R"({"type": 5})", R"({"type": []})", R"({"type": "text"})",
+                          R"({"anyOf": []})", R"({"oneOf": {}})", R"({"minimum": "1"})", R"({"type": "string", "pattern": "[z-a]"})", "false",
+                          "[]", "5", R"({"allOf": [{"$ref": "#/nowhere"}]})", R"({"type": "number", "exclusiveMaximum": 0, "minimum": 0})"})
+    EXPECT_THROW(json_schema_to_gbnf(bad), Error) << bad;
 }
 
 TEST(RegexGrammar, AgreesWithStdRegexOnWholeMatches) {
