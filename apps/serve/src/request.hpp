@@ -79,7 +79,9 @@ inline constexpr size_t kMaxTools = 128;
 
 // `unseeded`: the seed of a request that names none (each request draws its own; the caller passes it
 // in so that reading stays deterministic).
-CompletionRequest read_completion(const nlohmann::json& body, bool chat, const ServedModel& model, uint64_t unseeded);
+// `raw_body`: the body's text, for the JSON schemas in it, whose keys keep the client's order there.
+CompletionRequest read_completion(const nlohmann::json& body, bool chat, const ServedModel& model, uint64_t unseeded,
+                                  std::string_view raw_body = {});
 
 struct TokenizeRequest {
   std::vector<int32_t> tokens;

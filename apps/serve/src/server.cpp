@@ -566,7 +566,7 @@ struct Server::Impl final : http::Handler {
                Scheduler::Ticket ticket) {
     CompletionRequest r;
     try {
-      r = read_completion(parse_json_body(body), chat, *l.served, random_u64());
+      r = read_completion(parse_json_body(body), chat, *l.served, random_u64(), body);
     } catch (const HttpError& e) {
       return ex->respond(error_response(e));
     } catch (const Error& e) {  // the tokenizer's or chat format's errors: the request's text
