@@ -206,7 +206,7 @@ bool read_sampling(const json& b, CompletionRequest& r, uint64_t unseeded) {
         bad_request(fmt::format("'stop' strings hold at most {} bytes, got one of {}", kMaxStopBytes, stop.size()), "stop");
     }
   }
-  if (present(b, "n") && read_int(b["n"], "n", 1, 128) != 1) bad_request("only n = 1 is supported", "n");
+  if (present(b, "n")) r.n = static_cast<int>(read_int(b["n"], "n", 1, kMaxChoices));
   if (present(b, "presence_penalty"))
     s.presence_penalty = static_cast<float>(read_number(b["presence_penalty"], "presence_penalty", -2, 2));
   if (present(b, "frequency_penalty"))

@@ -72,7 +72,10 @@ struct CompletionRequest {
   bool parallel_tool_calls = true;
   bool asks_drafting = false;  // speculative.mode fixed/auto or speculative.n_max > 0: needs a drafter
   std::string format_field;    // the field that set sampling.response_format (for errors)
+  int n = 1;                   // choices: each its own job, choice i with seed + i
 };
+
+inline constexpr int64_t kMaxChoices = 16;  // n
 
 // Function names as OpenAI allows them (plus '.'): 1-64 of [A-Za-z0-9_.-].
 inline constexpr size_t kMaxTools = 128;
