@@ -111,7 +111,7 @@ test-asan: build-asan
 # The libFuzzer targets (docs/fuzzing.md), built with clang so that they cannot rot unseen, each run for
 # FUZZ_SECONDS over its kept corpus (read only: what it finds goes to a scratch folder). A crash fails the
 # target; its input is left in $(BUILD_FUZZ)/crash-* for tests/fuzz/regressions.
-FUZZ_TARGETS := gguf safetensors tokenizer config pipeline model http_request tool_call json_object grammar
+FUZZ_TARGETS := gguf safetensors tokenizer config pipeline model http_request tool_call json_object grammar json_schema
 FUZZ_SECONDS ?= 5
 $(BUILD_FUZZ)/build.ninja:
 	CC=clang CXX=clang++ cmake -S . -B $(BUILD_FUZZ) -G Ninja -DCMAKE_BUILD_TYPE=Debug -DSPECULA_FUZZ=ON $(CMAKE_ARGS)

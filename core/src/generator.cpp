@@ -390,12 +390,23 @@ void Generation::State::draft() {
     // The drafts' uniforms first, so a drafter sampling on the backend draws with the same ones.
     round.draft_uniforms.resize(static_cast<size_t>(n));
     for (float& u : round.draft_uniforms) u = sampler->next_uniform();
+  }
+  // Sampled drafts are drawn here from the drafter's distribution; under a constraint every draft is
+  // picked here too, from the drafter's row masked as the target's will be (a draft the grammar forbids
+  // would only be rejected), greedy ones by argmax.
+  if (sampled_drafts || constraint) {
     request.pick = [&](int step, std::span<const float> row) {
       if (step != static_cast<int>(round.drafts.size()) || step >= static_cast<int>(n))
         fail("drafter asked for draft step {} after {} steps of {}; steps are picked in order", step,
              round.drafts.size(), n);
-      round.q.push_back(distribution_of(row, round.drafts, "drafter"));
-      const int32_t t = draw(round.q.back(), round.draft_uniforms[static_cast<size_t>(step)]);
+      const std::span<const float> allowed = constrained(row, round.drafts);
+      int32_t t;
+      if (sampled_drafts) {
+        round.q.push_back(distribution_of(allowed, round.drafts, "drafter"));
+        t = draw(round.q.back(), round.draft_uniforms[static_cast<size_t>(step)]);
+      } else {
+        t = static_cast<int32_t>(std::max_element(allowed.begin(), allowed.end()) - allowed.begin());
+      }
       round.drafts.push_back(t);
       return t;
     };

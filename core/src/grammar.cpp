@@ -648,7 +648,9 @@ class GrammarConstraint final : public TokenConstraint {
     for (const int32_t t : pending)
       if (!advance(s, t)) fail("{}: draft token {} was not allowed where it stands", name_, t);
     allowed_.assign((static_cast<size_t>(vocab_) + 63) / 64, 0);
-    if (!s.finished) {
+    if (s.finished) {
+      for (const int32_t e : end_) allow(e);
+    } else {
       for_each_stack(s.stacks, [&](std::span<const uint32_t> st) {
         if (st.empty()) return;
         const Element& top = g_->elements[st.back()];
@@ -691,8 +693,9 @@ class GrammarConstraint final : public TokenConstraint {
   void allow(int32_t id) const { allowed_[static_cast<size_t>(id) / 64] |= uint64_t{1} << (id % 64); }
 
   bool advance(State& s, int32_t token) const {
-    if (s.finished) return false;
-    if (is_complete(s.stacks, s.partial) && std::find(end_.begin(), end_.end(), token) != end_.end()) {
+    const bool end = std::find(end_.begin(), end_.end(), token) != end_.end();
+    if (s.finished) return end;  // (a drafter may draft past the end: only more ends, never used)
+    if (end && is_complete(s.stacks, s.partial)) {
       s.finished = true;
       return true;
     }

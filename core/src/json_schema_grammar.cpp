@@ -161,12 +161,19 @@ class RegexCompiler {
 
   std::string compile() {
     if (!p_.empty() && p_[0] == '^') ++i_;
-    std::string out = alternatives();
+    std::string out = alternatives().text;
     if (i_ < p_.size()) error(p_[i_] == ')' ? "an unmatched ')'" : fmt::format("unexpected '{}'", p_[i_]));
     return out.empty() ? "\"\"" : out;
   }
 
  private:
+  // A GBNF expression, and whether it matches the empty string (repeating such a thing would be
+  // ambiguous without end, or left-recursive).
+  struct Expr {
+    std::string text;
+    bool nullable = true;
+  };
+
   [[noreturn]] void error(const std::string& what) const { fail("regex at offset {}: {}", i_, what); }
   bool at_end() const { return i_ >= p_.size(); }
   // Whether the rest of the pattern closes groups only ("(a|b$)" ends there; "(a$)b" could never match).
@@ -174,34 +181,38 @@ class RegexCompiler {
     return std::all_of(p_.begin() + static_cast<std::ptrdiff_t>(i_), p_.end(), [](char c) { return c == ')'; });
   }
 
-  std::string alternatives() {
-    std::vector<std::string> alts{sequence()};
+  Expr alternatives() {
+    std::vector<Expr> alts{sequence()};
     while (!at_end() && p_[i_] == '|') {
       ++i_;
       alts.push_back(sequence());
     }
     if (alts.size() == 1) return alts[0];
-    std::string out = "(";
-    for (size_t k = 0; k < alts.size(); ++k) out += (k ? " | " : "") + (alts[k].empty() ? std::string("\"\"") : alts[k]);
-    return out + ")";
+    Expr out{"(", false};
+    for (size_t k = 0; k < alts.size(); ++k) {
+      out.text += (k ? " | " : "") + (alts[k].text.empty() ? std::string("\"\"") : alts[k].text);
+      out.nullable = out.nullable || alts[k].nullable;
+    }
+    out.text += ")";
+    return out;
   }
 
-  std::string sequence() {
-    std::string out;
+  Expr sequence() {
+    Expr out;
     while (!at_end() && p_[i_] != '|' && p_[i_] != ')') {
       if (p_[i_] == '$') {
         ++i_;
         if (!only_closings_follow() && !(depth_ == 0 && p_[i_] == '|')) error("'$' is supported only at the end");
         continue;
       }
-      std::string atom = this->atom();
-      atom = quantified(std::move(atom));
-      out += (out.empty() ? "" : " ") + atom;
+      const Expr item = quantified(atom());
+      out.text += (out.text.empty() ? "" : " ") + item.text;
+      out.nullable = out.nullable && item.nullable;
     }
     return out;
   }
 
-  std::string quantified(std::string atom) {
+  Expr quantified(Expr atom) {
     if (at_end()) return atom;
     int64_t min = 1, max = 1;
     const char q = p_[i_];
@@ -224,10 +235,13 @@ class RegexCompiler {
     }
     if (!at_end() && p_[i_] == '?') ++i_;  // lazy: the same language
     if (!at_end() && (p_[i_] == '*' || p_[i_] == '+' || p_[i_] == '?')) error("a quantifier after a quantifier");
-    if (min == 0 && max == 1) return "(" + atom + ")?";
-    if (min == 0 && max < 0) return "(" + atom + ")*";
-    if (min == 1 && max < 0) return "(" + atom + ")+";
-    return repeat("(" + atom + ")", min, max);
+    if (atom.nullable && !(min == 0 && max == 1)) error("a repeated part that can match the empty string (such as (a|)* or (b?){2,})");
+    const std::string a = "(" + atom.text + ")";
+    const bool nullable = min == 0;
+    if (min == 0 && max == 1) return {a + "?", true};
+    if (min == 0 && max < 0) return {a + "*", true};
+    if (min == 1 && max < 0) return {a + "+", false};
+    return {repeat(a, min, max), nullable};
   }
   int64_t number() {
     int64_t n = 0;
@@ -240,7 +254,7 @@ class RegexCompiler {
     return n;
   }
 
-  std::string atom() {
+  Expr atom() {
     const char c = p_[i_];
     if (c == '(') {
       ++i_;
@@ -253,26 +267,26 @@ class RegexCompiler {
         error("lookahead and lookbehind are not supported");
       }
       if (++depth_ > kMaxDepth) error(fmt::format("groups nest deeper than {} levels", kMaxDepth));
-      std::string inner = alternatives();
+      const Expr inner = alternatives();
       if (at_end() || p_[i_] != ')') error("an unclosed '('");
       ++i_;
       --depth_;
-      return "(" + (inner.empty() ? std::string("\"\"") : inner) + ")";
+      return {"(" + (inner.text.empty() ? std::string("\"\"") : inner.text) + ")", inner.nullable};
     }
-    if (c == '[') return chars(char_set(), ctx_);
+    if (c == '[') return {chars(char_set(), ctx_), false};
     if (c == '.') {
       ++i_;
       // ECMAScript's line terminators: LF, CR, U+2028, U+2029.
-      return chars(complement({{'\n', '\n'}, {'\r', '\r'}, {0x2028, 0x2029}}), ctx_);
+      return {chars(complement({{'\n', '\n'}, {'\r', '\r'}, {0x2028, 0x2029}}), ctx_), false};
     }
     if (c == '^') error("'^' is supported only at the start");
     if (c == '*' || c == '+' || c == '?' || c == '{') error(fmt::format("'{}' repeats nothing", c));
     if (c == '\\') {
       const Ranges r = escape(false);
-      return chars(r, ctx_);
+      return {chars(r, ctx_), false};
     }
     const uint32_t cp = utf8();
-    return chars({{cp, cp}}, ctx_);
+    return {chars({{cp, cp}}, ctx_), false};
   }
 
   uint32_t utf8() {

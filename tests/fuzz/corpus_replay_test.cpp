@@ -12,6 +12,7 @@
 #include "fuzz_text_bodies.hpp"
 #include "fuzz_tool_call_body.hpp"
 #include "fuzz_grammar_body.hpp"
+#include "fuzz_json_schema_body.hpp"
 #include "fuzz_json_object_body.hpp"
 
 namespace fs = std::filesystem;
@@ -56,6 +57,7 @@ const std::vector<std::pair<std::string, Body>> kTargets = {
     {"pipeline", specula::fuzz::pipeline_one},   {"model", specula::fuzz::model_one},
     {"http_request", specula::fuzz::http_request_one}, {"tool_call", specula::fuzz::tool_call_one},
     {"json_object", specula::fuzz::json_object_one}, {"grammar", specula::fuzz::grammar_one},
+    {"json_schema", specula::fuzz::json_schema_one},
 };
 
 }  // namespace
@@ -71,6 +73,7 @@ TEST(FuzzCorpus, HttpRequestInputsReadOrFailCleanly) { replay("http_request", sp
 TEST(FuzzCorpus, ToolCallInputsParseOrAreRefused) { replay("tool_call", specula::fuzz::tool_call_one); }
 TEST(FuzzCorpus, JsonObjectInputsAreJudgedAsAStrictParserDoes) { replay("json_object", specula::fuzz::json_object_one); }
 TEST(FuzzCorpus, GrammarInputsParseOrAreRefused) { replay("grammar", specula::fuzz::grammar_one); }
+TEST(FuzzCorpus, JsonSchemaInputsCompileToGrammarsOrAreRefused) { replay("json_schema", specula::fuzz::json_schema_one); }
 
 TEST(FuzzCorpus, CrashRegressions) {
   // regressions/<target>-<name>: inputs that once crashed a fuzzer; each must now fail cleanly or pass.

@@ -103,8 +103,40 @@ test("bad requests are the SDK's typed errors and the server keeps serving", asy
     assert.equal(e.code, "context_length_exceeded");
     return true;
   });
-  await assert.rejects(bad({ n: 3 }), (e) => e instanceof OpenAI.BadRequestError && e.param === "n");
+  await assert.rejects(bad({ n: 17 }), (e) => e instanceof OpenAI.BadRequestError && e.param === "n");
   await assert.rejects(bad({ messages: "not a list" }), (e) => e instanceof OpenAI.BadRequestError && e.param === "messages");
   const ok = await bad({ temperature: 0 });
   assert.ok(ok.choices[0].message.content.length > 0);
+});
+
+test("n choices: chat and completions, plain and streamed, each choice its own seed", async () => {
+  const messages = [{ role: "user", content: "Who made the heaven and the earth?" }];
+  const chat = await client.chat.completions.create({ model, messages, max_tokens: 12, temperature: 1, seed: 7, n: 4 });
+  assert.deepEqual(chat.choices.map((c) => c.index), [0, 1, 2, 3]);
+  const texts = chat.choices.map((c) => c.message.content);
+  assert.ok(new Set(texts).size > 1, `sampled choices differ: ${JSON.stringify(texts)}`);
+  const again = await client.chat.completions.create({ model, messages, max_tokens: 12, temperature: 1, seed: 7, n: 4 });
+  assert.deepEqual(again.choices.map((c) => c.message.content), texts, "the same seed, the same choices");
+  const one = await client.chat.completions.create({ model, messages, max_tokens: 12, temperature: 1, seed: 8 });
+  assert.equal(chat.usage.prompt_tokens, one.usage.prompt_tokens, "the prompt counted once");
+  assert.ok(chat.usage.completion_tokens > 12 && chat.usage.completion_tokens <= 48, JSON.stringify(chat.usage));
+  const completions = await client.completions.create({ model, prompt: "In the beginning", max_tokens: 8, temperature: 0, n: 2 });
+  assert.deepEqual(completions.choices.map((c) => c.index), [0, 1]);
+  assert.equal(completions.choices[0].text, completions.choices[1].text, "greedy choices are equal");
+  // Streamed: each index gets its role, its text and one finish chunk; the pieces add up to the plain answers.
+  const pieces = ["", "", ""], finished = [0, 0, 0], roles = [0, 0, 0];
+  let usage = null;
+  for await (const chunk of await client.chat.completions.create({ model, messages, max_tokens: 12, temperature: 1, seed: 7, n: 3,
+                                                                   stream: true, stream_options: { include_usage: true } })) {
+    if (chunk.usage) usage = chunk.usage;
+    for (const c of chunk.choices) {
+      if (c.delta?.role) roles[c.index]++;
+      pieces[c.index] += c.delta?.content ?? "";
+      if (c.finish_reason) finished[c.index]++;
+    }
+  }
+  assert.deepEqual(roles, [1, 1, 1]);
+  assert.deepEqual(finished, [1, 1, 1]);
+  assert.deepEqual(pieces, texts.slice(0, 3));
+  assert.ok(usage.completion_tokens > 12 && usage.completion_tokens <= 36, JSON.stringify(usage));
 });

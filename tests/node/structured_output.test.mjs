@@ -67,6 +67,7 @@ test("response_format json_schema: 20 schemas, every answer parses and validates
     assert.equal(r.choices[0].finish_reason, "stop", `${name}: ${content}`);
     const value = JSON.parse(content);
     assert.ok(ajv.validate(schema, value), `${name}: ${content}: ${JSON.stringify(ajv.errors)}`);
+    if (name === "person") assert.deepEqual(Object.keys(value), ["name", "age"], "keys in the schema's order");
     if (name === "date") assert.match(value.day, formats.date);
     if (name === "uuid") assert.match(value.id, formats.uuid);
     assert.match(r.usage.host_sampling_reason, /json_schema/, name);

@@ -372,3 +372,52 @@ TEST(ServeTools, JsonSchemaAndForcedToolCallsWithTheDrafterOn) {
   const json args = json::parse(calls[0]["function"]["arguments"].get<std::string>());
   EXPECT_TRUE(args.at("city").is_string()) << args;
 }
+
+// n choices, plain and streamed (the node tests ask the same through the openai client; these run under
+// the sanitizers too): indexes 0..n-1, each streamed choice its role, text and one finish chunk.
+TEST(ServeTools, NChoicesPlainAndStreamed) {
+  Running s;
+  json body = chat_body("Who made the heaven and the earth?", 8);
+  body["n"] = 3;
+  body["temperature"] = 1;
+  body["seed"] = 5;
+  const auto r = post(s, "/v1/chat/completions", body);
+  ASSERT_EQ(r.status, 200) << r.raw;
+  ASSERT_EQ(r.body["choices"].size(), 3u) << r.raw;
+  std::vector<std::string> texts;
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(r.body["choices"][i]["index"], i);
+    texts.push_back(r.body["choices"][i]["message"]["content"]);
+  }
+  EXPECT_LE(r.body["usage"]["completion_tokens"].get<int>(), 24);
+
+  body["stream"] = true;
+  auto client = s.client();
+  const auto sr = client.Post("/v1/chat/completions", body.dump(), "application/json");
+  ASSERT_TRUE(sr);
+  ASSERT_EQ(sr->status, 200) << sr->body;
+  std::vector<std::string> pieces(3);
+  std::vector<int> roles(3, 0), finishes(3, 0);
+  int done = 0;
+  for (const std::string& e : events(sr->body)) {
+    if (e == "[DONE]") {
+      ++done;
+      continue;
+    }
+    const json c = json::parse(e);
+    for (const json& ch : c["choices"]) {
+      const size_t i = ch["index"];
+      ASSERT_LT(i, 3u) << e;
+      if (ch["delta"].contains("role")) ++roles[i];
+      if (ch["delta"].contains("content")) pieces[i] += ch["delta"]["content"].get<std::string>();
+      if (!ch["finish_reason"].is_null()) ++finishes[i];
+    }
+  }
+  EXPECT_EQ(done, 1);
+  EXPECT_EQ(roles, std::vector<int>(3, 1));
+  EXPECT_EQ(finishes, std::vector<int>(3, 1));
+  EXPECT_EQ(pieces, texts);  // the same seed, the same choices
+
+  body["n"] = 17;
+  EXPECT_EQ(post(s, "/v1/chat/completions", body).status, 400);
+}

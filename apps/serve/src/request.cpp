@@ -4,6 +4,7 @@
 #include <charconv>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <set>
 
 #include <fmt/format.h>
@@ -205,7 +206,7 @@ bool read_sampling(const json& b, CompletionRequest& r, uint64_t unseeded) {
         bad_request(fmt::format("'stop' strings hold at most {} bytes, got one of {}", kMaxStopBytes, stop.size()), "stop");
     }
   }
-  if (present(b, "n") && read_int(b["n"], "n", 1, 128) != 1) bad_request("only n = 1 is supported", "n");
+  if (present(b, "n")) r.n = static_cast<int>(read_int(b["n"], "n", 1, kMaxChoices));
   if (present(b, "presence_penalty"))
     s.presence_penalty = static_cast<float>(read_number(b["presence_penalty"], "presence_penalty", -2, 2));
   if (present(b, "frequency_penalty"))
@@ -457,6 +458,24 @@ json parse_json_body(std::string_view body) {
   return j;
 }
 
+// The request body read again with its objects' keys in the order the client wrote them (nlohmann::json
+// sorts keys, and a schema's property order is the order the answer writes them), parsed on first use.
+class OrderedBody {
+ public:
+  explicit OrderedBody(std::string_view raw) : raw_(raw) {}
+  // The value at `pointer` (e.g. "/response_format/json_schema/schema") as text, or `read`'s text.
+  std::string text(const std::string& pointer, const json& read) {
+    if (!doc_ && !raw_.empty()) doc_ = nlohmann::ordered_json::parse(raw_, nullptr, false);
+    if (!doc_ || doc_->is_discarded()) return read.dump();
+    const nlohmann::ordered_json::json_pointer at(pointer);
+    return doc_->contains(at) ? doc_->at(at).dump() : read.dump();
+  }
+
+ private:
+  std::string_view raw_;
+  std::optional<nlohmann::ordered_json> doc_;
+};
+
 // One output constraint per request: compiled here, so that a bad schema, pattern or grammar is a 400
 // naming the field (the compiled grammar is kept: generation finds it parsed).
 void set_format(CompletionRequest& r, const std::string& kind, const std::string& spec, const std::string& field) {
@@ -474,16 +493,17 @@ void set_format(CompletionRequest& r, const std::string& kind, const std::string
 }
 
 // llama-server's `grammar` and `json_schema`, vLLM's `guided_json`, `guided_regex` and `guided_grammar`.
-void read_guided(const json& b, CompletionRequest& r) {
+void read_guided(const json& b, CompletionRequest& r, OrderedBody& ordered) {
   for (const char* field : {"json_schema", "guided_json"}) {
     if (!present(b, field)) continue;
     const json& v = b[field];
     if (v.is_string()) {  // vLLM takes the schema as text too
-      json parsed = json::parse(v.get_ref<const std::string&>(), nullptr, false);
+      const auto parsed = nlohmann::ordered_json::parse(v.get_ref<const std::string&>(), nullptr, false);
       if (parsed.is_discarded()) bad_request(fmt::format("'{}' is a string that is not JSON", field), field);
       set_format(r, "json_schema", parsed.dump(), field);
     } else {
-      set_format(r, "json_schema", read_object(v, field).dump(), field);
+      read_object(v, field);
+      set_format(r, "json_schema", ordered.text(std::string("/") + field, v), field);
     }
   }
   if (present(b, "guided_regex")) set_format(r, "regex", read_string(b["guided_regex"], "guided_regex"), "guided_regex");
@@ -491,9 +511,15 @@ void read_guided(const json& b, CompletionRequest& r) {
     if (present(b, field)) set_format(r, "grammar", read_string(b[field], field), field);
 }
 
+// Tool i's parameters schema as text ("" when it has none); `tools` holds every tool of the body, in order.
+std::string parameters(const json& tools, size_t i, OrderedBody& ordered) {
+  const json& f = tools[i]["function"];
+  return f.contains("parameters") ? ordered.text(fmt::format("/tools/{}/function/parameters", i), f["parameters"]) : "";
+}
+
 // tool_choice "required" or {"type": "function", "function": {"name"}}: the answer is a tool call (one of
 // the tools; with parallel_tool_calls, one or more), its arguments valid against the tool's parameters.
-void force_tool_call(CompletionRequest& r, const json& choice) {
+void force_tool_call(CompletionRequest& r, const json& choice, OrderedBody& ordered) {
   const json tools = r.tools.empty() ? json::array() : json::parse(r.tools);
   if (tools.empty()) bad_request("tool_choice forces a tool call but 'tools' declares none", "tool_choice");
   std::vector<ToolGrammarFunction> functions;
@@ -506,14 +532,13 @@ void force_tool_call(CompletionRequest& r, const json& choice) {
       bad_request(fmt::format("'tool_choice' must be \"none\", \"auto\", \"required\" or {{\"type\": \"function\", "
                               "\"function\": {{\"name\"}}}}, got {}", quote(choice)), "tool_choice");
     kind = "tool_choice " + name->get<std::string>();
-    for (const json& t : tools)
-      if (t["function"]["name"] == *name) functions.push_back({*name, t["function"].contains("parameters") ? t["function"]["parameters"].dump() : ""});
+    for (size_t i = 0; i < tools.size(); ++i)
+      if (tools[i]["function"]["name"] == *name) functions.push_back({*name, parameters(tools, i, ordered)});
     if (functions.empty())
       bad_request(fmt::format("tool_choice names the function '{}', which 'tools' does not declare", name->get<std::string>()),
                   "tool_choice");
   } else {
-    for (const json& t : tools)
-      functions.push_back({t["function"]["name"], t["function"].contains("parameters") ? t["function"]["parameters"].dump() : ""});
+    for (size_t i = 0; i < tools.size(); ++i) functions.push_back({tools[i]["function"]["name"], parameters(tools, i, ordered)});
   }
   std::string gbnf;
   try {
@@ -524,7 +549,9 @@ void force_tool_call(CompletionRequest& r, const json& choice) {
   set_format(r, kind, gbnf, "tool_choice");
 }
 
-CompletionRequest read_completion(const json& b, bool chat, const ServedModel& model, uint64_t unseeded) {
+CompletionRequest read_completion(const json& b, bool chat, const ServedModel& model, uint64_t unseeded,
+                                  std::string_view raw_body) {
+  OrderedBody ordered(raw_body);
   std::set<std::string> keys = kCommonKeys;
   if (chat)
     keys.insert({"messages", "max_completion_tokens", "top_logprobs", "include_reasoning", "chat_template_kwargs",
@@ -536,7 +563,7 @@ CompletionRequest read_completion(const json& b, bool chat, const ServedModel& m
   r.chat = chat;
   r.sampling = model.defaults;
   const bool max_given = read_sampling(b, r, unseeded);
-  read_guided(b, r);
+  read_guided(b, r, ordered);
   const char* prompt_field = chat ? "messages" : "prompt";
   if (chat) {
     const auto messages = read_messages(b);
@@ -561,7 +588,8 @@ CompletionRequest read_completion(const json& b, bool chat, const ServedModel& m
         only_keys(js, {"name", "description", "schema", "strict"}, "response_format.json_schema");
         if (!present(js, "schema"))  // OpenAI allows it out: any JSON then
           bad_request("'response_format.json_schema.schema' is required", "response_format.json_schema.schema");
-        set_format(r, "json_schema", js["schema"].dump(), "response_format.json_schema.schema");
+        set_format(r, "json_schema", ordered.text("/response_format/json_schema/schema", js["schema"]),
+                   "response_format.json_schema.schema");
       } else if (f.size() == 1 && (type == "text" || type == "json_object")) {
         if (type == "json_object") set_format(r, "json_object", "", "response_format");
       } else {
@@ -578,7 +606,7 @@ CompletionRequest read_completion(const json& b, bool chat, const ServedModel& m
         r.tools.clear();  // the model is not told of the tools (a call it writes anyway is still parsed)
       } else if (c.is_string() && c == "auto") {
       } else if ((c.is_string() && c == "required") || c.is_object()) {
-        force_tool_call(r, c);
+        force_tool_call(r, c, ordered);
       } else {
         bad_request(fmt::format("'tool_choice' must be \"none\", \"auto\", \"required\" or {{\"type\": \"function\", "
                                 "\"function\": {{\"name\"}}}}, got {}", quote(c)), "tool_choice");

@@ -72,14 +72,19 @@ struct CompletionRequest {
   bool parallel_tool_calls = true;
   bool asks_drafting = false;  // speculative.mode fixed/auto or speculative.n_max > 0: needs a drafter
   std::string format_field;    // the field that set sampling.response_format (for errors)
+  int n = 1;                   // choices: each its own job, choice i with seed + i
 };
+
+inline constexpr int64_t kMaxChoices = 16;  // n
 
 // Function names as OpenAI allows them (plus '.'): 1-64 of [A-Za-z0-9_.-].
 inline constexpr size_t kMaxTools = 128;
 
 // `unseeded`: the seed of a request that names none (each request draws its own; the caller passes it
 // in so that reading stays deterministic).
-CompletionRequest read_completion(const nlohmann::json& body, bool chat, const ServedModel& model, uint64_t unseeded);
+// `raw_body`: the body's text, for the JSON schemas in it, whose keys keep the client's order there.
+CompletionRequest read_completion(const nlohmann::json& body, bool chat, const ServedModel& model, uint64_t unseeded,
+                                  std::string_view raw_body = {});
 
 struct TokenizeRequest {
   std::vector<int32_t> tokens;

@@ -161,46 +161,73 @@ class WithHeaders final : public http::Exchange {
 
 }  // namespace
 
-// Writes one completion request's answer as its job produces it: server-sent events as the text comes
-// (one `data: {chunk}` per piece, the finish chunk, the usage chunk when asked, `data: [DONE]`), or the
-// whole answer at the end. The scheduler's thread only hands the job's updates over (watch()); the
-// answer is written on the I/O thread, off the generation's path. The connection owns the answer while
-// it answers (a client that leaves takes it along); the job only points at it.
+// Writes one completion request's answer as its jobs produce it (one job per choice, `n`): server-sent
+// events as the text comes (one `data: {chunk}` per piece, with its choice's index; each choice's finish
+// chunk as it ends; the usage chunk when asked and `data: [DONE]` once every choice ended), or the whole
+// answer at the end. The scheduler's thread only hands the jobs' updates over (watch()); the answer is
+// written on the I/O thread, off the generation's path. The connection owns the answer while it answers
+// (a client that leaves takes it along); the jobs only point at it.
 class CompletionAnswer : public std::enable_shared_from_this<CompletionAnswer> {
  public:
-  CompletionAnswer(std::shared_ptr<Job> job, std::shared_ptr<http::Exchange> exchange, bool chat, std::string model,
+  CompletionAnswer(std::shared_ptr<http::Exchange> exchange, bool chat, std::string model,
                    std::function<std::string(int32_t)> token_bytes)
-      : job_(std::move(job)), exchange_(std::move(exchange)), chat_(chat), id_(request_id(chat ? "chatcmpl" : "cmpl")),
+      : exchange_(std::move(exchange)), chat_(chat), id_(request_id(chat ? "chatcmpl" : "cmpl")),
         model_(std::move(model)), created_(static_cast<int64_t>(std::time(nullptr))), token_bytes_(std::move(token_bytes)) {}
 
-  // What the request asks for; then the job's updates are handed to the I/O thread (before it is submitted).
-  void watch(const CompletionRequest& r) {
+  // What the request asks for; one job per choice (choice i sampled with seed + i), whose updates are
+  // then handed to the I/O thread. Before they are submitted.
+  const std::vector<std::shared_ptr<Job>>& watch(const CompletionRequest& r) {
     stream_ = r.stream;
     include_usage_ = r.include_usage;
     parallel_tool_calls_ = r.parallel_tool_calls;
     reasoning_ = r.sampling.reasoning;
     logprobs_ = r.sampling.logprobs >= 0;
-    job_->on_update = [answer = weak_from_this(), exchange = exchange_] {
-      exchange->run([answer] {
-        if (auto a = answer.lock()) a->pump();
-      });
-    };
+    std::lock_guard lock(jobs_mu_);
+    for (int i = 0; i < r.n; ++i) {
+      auto job = std::make_shared<Job>();
+      job->prompt = r.prompt;
+      job->sampling = r.sampling;
+      job->sampling.seed = r.sampling.seed + static_cast<uint64_t>(i);
+      job->cancel = cancelled_;
+      job->on_update = [answer = weak_from_this(), exchange = exchange_] {
+        exchange->run([answer] {
+          if (auto a = answer.lock()) a->pump();
+        });
+      };
+      Choice choice;
+      choice.job = job;
+      choices_.push_back(std::move(choice));
+      jobs_.push_back(std::move(job));
+    }
+    return jobs_;
   }
 
-  const std::shared_ptr<Job>& job() const { return job_; }
+  // The client went away: every choice stops after its current step.
+  void cancel() {
+    std::lock_guard lock(jobs_mu_);
+    cancelled_ = true;
+    for (const auto& job : jobs_) job->cancel = true;
+  }
 
-  // The stream's status, headers and first event (chat: the assistant's role).
+  // The stream's status, headers and first events (chat: each choice's assistant role).
   http::Response stream_head() const {
     http::Response head{200, "text/event-stream", {}, {{"Cache-Control", "no-cache"}}, false};
-    if (chat_) head.body = event(chunk({{"role", "assistant"}, {"content", ""}}, nullptr));
+    if (chat_)
+      for (size_t i = 0; i < choices_.size(); ++i) head.body += event(chunk(i, {{"role", "assistant"}, {"content", ""}}, nullptr));
     return head;
   }
 
-  // What the job produced since the last call, written; the end once it is done.
+  // What the jobs produced since the last call, written; the end once every one is done.
   void pump() {
     if (ended_) return;
     try {
-      write_output();
+      bool all_done = true;
+      for (size_t i = 0; i < choices_.size(); ++i) all_done = write_output(i) && all_done;
+      if (!all_done) return;
+      ended_ = true;
+      std::vector<std::unique_lock<std::mutex>> locks;
+      for (auto& c : choices_) locks.emplace_back(c.job->mu);
+      stream_ ? end_stream() : respond();
     } catch (const std::exception& e) {  // (nothing may escape into the I/O loop)
       ended_ = true;
       exchange_->respond(error_response({500, e.what(), "server_error", "", ""}));
@@ -208,29 +235,41 @@ class CompletionAnswer : public std::enable_shared_from_this<CompletionAnswer> {
   }
 
  private:
-  void write_output() {
-    Job::Output out = job_->take();
+  // One choice: its job and what was written of it.
+  struct Choice {
+    std::shared_ptr<Job> job;
+    std::vector<json> calls;               // the tool calls returned so far
+    std::string text, reasoning;           // a plain answer's output so far
+    int64_t text_offset = 0;               // completions' logprobs: bytes of the tokens reported so far
+    bool done = false;
+  };
+
+  // Choice i's output since the last call, written (streamed: its chunks, and its finish chunk once done);
+  // whether it is done.
+  bool write_output(size_t i) {
+    Choice& c = choices_[i];
+    if (c.done) return true;
+    Job::Output out = c.job->take();
     if (stream_) {
       std::string events;
-      if (!out.reasoning.empty()) events += event(chunk(json{{"reasoning_content", out.reasoning}}, nullptr));
+      if (!out.reasoning.empty()) events += event(chunk(i, json{{"reasoning_content", out.reasoning}}, nullptr));
       // A token's logprobs ride on the chunk of text it produced (an empty one when its text is held back).
       if (!out.text.empty() || !out.logprobs.empty()) {
-        json c = chunk(chat_ ? json{{"content", out.text}} : json(out.text), nullptr);
-        if (!out.logprobs.empty()) c["choices"][0]["logprobs"] = logprobs_json(out.logprobs);
-        events += event(c);
+        json ch = chunk(i, chat_ ? json{{"content", out.text}} : json(out.text), nullptr);
+        if (!out.logprobs.empty()) ch["choices"][0]["logprobs"] = logprobs_json(c, out.logprobs);
+        events += event(ch);
       }
       // Each tool call as one delta, whole (id, name and arguments), as soon as its closing token is out.
-      for (json& call : new_calls(out.tool_calls)) events += event(chunk(json{{"tool_calls", json::array({std::move(call)})}}, nullptr));
+      for (json& call : new_calls(c, out.tool_calls)) events += event(chunk(i, json{{"tool_calls", json::array({std::move(call)})}}, nullptr));
+      if (out.done && !cut(c)) events += event(chunk(i, chat_ ? json::object() : json(""), finish_reason(c)));
       if (!events.empty()) exchange_->send(std::move(events));
     } else {
-      text_ += out.text;
-      reasoning_text_ += out.reasoning;
-      new_calls(out.tool_calls);
+      c.text += out.text;
+      c.reasoning += out.reasoning;
+      new_calls(c, out.tool_calls);
     }
-    if (!out.done) return;
-    ended_ = true;
-    std::lock_guard lock(job_->mu);
-    stream_ ? end_stream() : respond();
+    c.done = out.done;
+    return c.done;
   }
 
   static std::string event(const json& j) { return "data: " + dump(j) + "\n\n"; }
@@ -238,7 +277,7 @@ class CompletionAnswer : public std::enable_shared_from_this<CompletionAnswer> {
   // OpenAI's logprobs object: chat {"content": [{token, logprob, bytes, top_logprobs}]}; completions
   // {tokens, token_logprobs, top_logprobs: [{token: logprob}], text_offset} (offsets in bytes of the
   // tokens' text, counted over the whole answer).
-  json logprobs_json(const std::vector<core::TokenLogprob>& lps) {
+  json logprobs_json(Choice& c, const std::vector<core::TokenLogprob>& lps) {
     auto bytes_of = [](const std::string& s) {
       json b = json::array();
       for (unsigned char ch : s) b.push_back(static_cast<int>(ch));
@@ -265,8 +304,8 @@ class CompletionAnswer : public std::enable_shared_from_this<CompletionAnswer> {
       json top = json::object();
       for (const auto& [id, v] : lp.top) top[token_bytes_(id)] = v;
       tops.push_back(std::move(top));
-      offsets.push_back(text_offset_);
-      text_offset_ += static_cast<int64_t>(t.size());
+      offsets.push_back(c.text_offset);
+      c.text_offset += static_cast<int64_t>(t.size());
     }
     return {{"tokens", std::move(tokens)}, {"token_logprobs", std::move(values)}, {"top_logprobs", std::move(tops)},
             {"text_offset", std::move(offsets)}};
@@ -274,28 +313,28 @@ class CompletionAnswer : public std::enable_shared_from_this<CompletionAnswer> {
 
   // The tool calls parsed since the last update, as OpenAI's tool_calls entries (kept for the plain
   // answer); with parallel_tool_calls false only the first call of the answer is returned.
-  std::vector<json> new_calls(const std::vector<api::ToolCall>& calls) {
+  std::vector<json> new_calls(Choice& c, const std::vector<api::ToolCall>& calls) {
     std::vector<json> out;
     if (!chat_) return out;
-    for (const auto& c : calls) {
-      if (!parallel_tool_calls_ && !calls_.empty()) break;
-      json call = {{"index", calls_.size()},
+    for (const auto& tc : calls) {
+      if (!parallel_tool_calls_ && !c.calls.empty()) break;
+      json call = {{"index", c.calls.size()},
                    {"id", "call_" + request_id("").substr(1, 24)},
                    {"type", "function"},
-                   {"function", {{"name", c.name}, {"arguments", c.arguments}}}};
-      calls_.push_back(call);
+                   {"function", {{"name", tc.name}, {"arguments", tc.arguments}}}};
+      c.calls.push_back(call);
       out.push_back(std::move(call));
     }
     return out;
   }
 
   // finish_reason: "tool_calls" when the model stopped after calling tools.
-  std::string finish_reason() const {
-    return job_->finish_reason == "stop" && !calls_.empty() ? "tool_calls" : job_->finish_reason;
+  static std::string finish_reason(const Choice& c) {
+    return c.job->finish_reason == "stop" && !c.calls.empty() ? "tool_calls" : c.job->finish_reason;
   }
 
-  json chunk(json delta_or_text, json finish) const {
-    json choice = {{"index", 0}, {"finish_reason", std::move(finish)}, {"logprobs", nullptr}};
+  json chunk(size_t index, json delta_or_text, json finish) const {
+    json choice = {{"index", index}, {"finish_reason", std::move(finish)}, {"logprobs", nullptr}};
     choice[chat_ ? "delta" : "text"] = std::move(delta_or_text);
     json c = {{"id", id_}, {"object", chat_ ? "chat.completion.chunk" : "text_completion"}, {"created", created_},
               {"model", model_}, {"choices", json::array({std::move(choice)})}};
@@ -303,87 +342,105 @@ class CompletionAnswer : public std::enable_shared_from_this<CompletionAnswer> {
     return c;
   }
 
-  static json usage(const api::Result& r) {
-    const auto prompt = r.stats.prompt_tokens + r.cached_tokens;
-    const auto completion = static_cast<int64_t>(r.tokens.size());
+  // OpenAI's usage of all choices: the prompt counted once, the completions summed. The speculative counts
+  // and why rounds ran on the host (a response_format, penalties: nothing turns off silently) summed and
+  // taken from the first choice that has one.
+  json usage() const {
+    int64_t completion = 0, accepted = 0, drafted = 0;
+    const api::Result* first = nullptr;
+    std::string host_reason;
+    for (const Choice& c : choices_) {
+      if (!c.job->result) continue;
+      const api::Result& r = *c.job->result;
+      if (!first) first = &r;
+      completion += static_cast<int64_t>(r.tokens.size());
+      accepted += r.stats.accepted_tokens;
+      drafted += r.stats.drafted_tokens;
+      if (host_reason.empty()) host_reason = r.stats.host_sampling_reason;
+    }
+    if (!first) return nullptr;
+    const auto prompt = first->stats.prompt_tokens + first->cached_tokens;
     json u = {{"prompt_tokens", prompt},
               {"completion_tokens", completion},
               {"total_tokens", prompt + completion},
-              {"prompt_tokens_details", {{"cached_tokens", r.cached_tokens}}}};
-    // Speculative decoding, as OpenAI reports predicted outputs, and why rounds ran on the host when a
-    // request's features forced it there (a response_format, penalties): nothing turns off silently.
-    const core::GenerationStats& st = r.stats;
-    if (st.drafted_tokens > 0)
-      u["completion_tokens_details"] = {{"accepted_prediction_tokens", st.accepted_tokens},
-                                        {"rejected_prediction_tokens", st.drafted_tokens - st.accepted_tokens}};
-    if (!st.host_sampling_reason.empty()) u["host_sampling_reason"] = st.host_sampling_reason;
+              {"prompt_tokens_details", {{"cached_tokens", first->cached_tokens}}}};
+    if (drafted > 0)
+      u["completion_tokens_details"] = {{"accepted_prediction_tokens", accepted}, {"rejected_prediction_tokens", drafted - accepted}};
+    if (!host_reason.empty()) u["host_sampling_reason"] = host_reason;
     return u;
   }
 
   // Cut short by shutdown (503) or a failure (500): never passed off as a complete answer.
-  bool cut() const { return job_->finish_reason == "abort" || job_->finish_reason == "error"; }
-  HttpError cut_error() const {
-    const bool shutdown = job_->finish_reason == "abort";
-    return {shutdown ? 503 : 500, job_->error.empty() ? "the request ended early" : job_->error,
+  static bool cut(const Choice& c) { return c.job->finish_reason == "abort" || c.job->finish_reason == "error"; }
+  const Choice* first_cut() const {
+    for (const Choice& c : choices_)
+      if (cut(c)) return &c;
+    return nullptr;
+  }
+  static HttpError cut_error(const Choice& c) {
+    const bool shutdown = c.job->finish_reason == "abort";
+    return {shutdown ? 503 : 500, c.job->error.empty() ? "the request ended early" : c.job->error,
             shutdown ? "service_unavailable" : "server_error", "", shutdown ? "shutting_down" : ""};
   }
 
   void end_stream() {
     std::string events;
-    if (cut()) {
-      events += "data: " + error_body(cut_error()) + "\n\n";
-    } else {
-      events += event(chunk(chat_ ? json::object() : json(""), finish_reason()));
-      if (include_usage_ && job_->result) {
-        events += event({{"id", id_}, {"object", chat_ ? "chat.completion.chunk" : "text_completion"}, {"created", created_},
-                         {"model", model_}, {"choices", json::array()}, {"usage", usage(*job_->result)}});
-      }
+    if (const Choice* c = first_cut()) {
+      events += "data: " + error_body(cut_error(*c)) + "\n\n";
+    } else if (include_usage_) {
+      events += event({{"id", id_}, {"object", chat_ ? "chat.completion.chunk" : "text_completion"}, {"created", created_},
+                       {"model", model_}, {"choices", json::array()}, {"usage", usage()}});
     }
     exchange_->send(events + "data: [DONE]\n\n");
     exchange_->end();
   }
 
   void respond() {
-    const api::Result* r = job_->result ? &*job_->result : nullptr;
-    json choice = {{"index", 0}, {"finish_reason", cut() ? "abort" : finish_reason()}, {"logprobs", nullptr}};
-    if (logprobs_ && r) choice["logprobs"] = logprobs_json(r->logprobs);
-    if (chat_) {
-      std::string content = r ? r->text : text_;
-      json message = {{"role", "assistant"}, {"content", content}};
-      if (!calls_.empty()) {
-        if (content.empty()) message["content"] = nullptr;
-        json calls = json::array();
-        for (json c : calls_) {
-          c.erase("index");
-          calls.push_back(std::move(c));
+    json choices = json::array();
+    for (size_t i = 0; i < choices_.size(); ++i) {
+      Choice& c = choices_[i];
+      const api::Result* r = c.job->result ? &*c.job->result : nullptr;
+      json choice = {{"index", i}, {"finish_reason", cut(c) ? "abort" : finish_reason(c)}, {"logprobs", nullptr}};
+      if (logprobs_ && r) choice["logprobs"] = logprobs_json(c, r->logprobs);
+      if (chat_) {
+        std::string content = r ? r->text : c.text;
+        json message = {{"role", "assistant"}, {"content", content}};
+        if (!c.calls.empty()) {
+          if (content.empty()) message["content"] = nullptr;
+          json calls = json::array();
+          for (json call : c.calls) {
+            call.erase("index");
+            calls.push_back(std::move(call));
+          }
+          message["tool_calls"] = std::move(calls);
         }
-        message["tool_calls"] = std::move(calls);
+        if (reasoning_) message["reasoning_content"] = r ? r->reasoning : c.reasoning;
+        choice["message"] = std::move(message);
+      } else {
+        choice["text"] = r ? r->text : c.text;
       }
-      if (reasoning_) message["reasoning_content"] = r ? r->reasoning : reasoning_text_;
-      choice["message"] = std::move(message);
-    } else {
-      choice["text"] = r ? r->text : text_;
+      choices.push_back(std::move(choice));
     }
     json out = {{"id", id_}, {"object", chat_ ? "chat.completion" : "text_completion"}, {"created", created_},
-                {"model", model_}, {"choices", json::array({std::move(choice)})}, {"usage", r ? usage(*r) : json()}};
+                {"model", model_}, {"choices", std::move(choices)}, {"usage", usage()}};
     int status = 200;
-    if (cut()) {  // the answer so far, marked "abort", with the error that cut it, under its status
-      const HttpError e = cut_error();
+    if (const Choice* c = first_cut()) {  // the answer so far, marked "abort", with the error that cut it, under its status
+      const HttpError e = cut_error(*c);
       status = e.status;
       out["error"] = json::parse(error_body(e))["error"];
     }
     exchange_->respond(json_response(status, out));
   }
 
-  std::shared_ptr<Job> job_;
   std::shared_ptr<http::Exchange> exchange_;
   bool chat_, stream_ = false, include_usage_ = false, reasoning_ = false, parallel_tool_calls_ = true, logprobs_ = false;
-  std::vector<json> calls_;  // the tool calls returned so far
   std::string id_, model_;
   int64_t created_;
   std::function<std::string(int32_t)> token_bytes_;
-  int64_t text_offset_ = 0;  // completions' logprobs: bytes of the tokens reported so far
-  std::string text_, reasoning_text_;  // a plain answer's output so far
+  std::vector<Choice> choices_;           // touched on the I/O thread once submitted
+  std::mutex jobs_mu_;                    // guards jobs_ and cancelled_ (cancel() runs on the I/O thread)
+  std::vector<std::shared_ptr<Job>> jobs_;
+  bool cancelled_ = false;
   bool ended_ = false;
 };
 
@@ -545,13 +602,12 @@ struct Server::Impl final : http::Handler {
       metrics.rejected(shutting_down ? "shutting_down" : "queue_full");
       return ex->respond(error_response(shutting_down ? kShuttingDown : queue_full()));
     }
-    auto job = std::make_shared<Job>();
     auto tok = l.model->built().target->tokenizer();
-    auto answer = std::make_shared<CompletionAnswer>(job, ex, chat, l.served->name, [tok](int32_t id) {
+    auto answer = std::make_shared<CompletionAnswer>(ex, chat, l.served->name, [tok](int32_t id) {
       return tok ? tok->token_bytes(id) : std::string();
     });
-    // A client that left frees its slot after the current step; till then the connection keeps the answer.
-    on_abandon = [job, answer] { job->cancel = true; };
+    // A client that left frees its slots after the current step; till then the connection keeps the answer.
+    on_abandon = [answer] { answer->cancel(); };
     net::post(workers, [this, answer, ex, chat, l, body = std::move(body), ticket = std::move(ticket)]() mutable {
       try {
         prepare(*answer, ex, chat, l, std::move(body), std::move(ticket));
@@ -561,30 +617,52 @@ struct Server::Impl final : http::Handler {
     });
   }
 
-  // On a worker: the body read into a prompt, the stream begun, the job submitted.
+  // On a worker: the body read into a prompt, the stream begun, the jobs submitted (one per choice, each
+  // with a place in the queue: a request of n choices takes n places, or is refused whole).
   void prepare(CompletionAnswer& answer, std::shared_ptr<http::Exchange> ex, bool chat, const Loaded& l, std::string body,
                Scheduler::Ticket ticket) {
     CompletionRequest r;
     try {
-      r = read_completion(parse_json_body(body), chat, *l.served, random_u64());
+      r = read_completion(parse_json_body(body), chat, *l.served, random_u64(), body);
     } catch (const HttpError& e) {
       return ex->respond(error_response(e));
     } catch (const Error& e) {  // the tokenizer's or chat format's errors: the request's text
       return ex->respond(error_response({400, e.what(), "invalid_request_error", "", ""}));
     }
     body = {};
-    const auto& job = answer.job();
-    job->prompt = std::move(r.prompt);
-    job->sampling = r.sampling;
-    answer.watch(r);
-    if (r.stream) ex->begin_stream(answer.stream_head());
-    if (l.scheduler->submit(job, std::move(ticket)) == Scheduler::Admission::ShuttingDown) {
-      metrics.rejected("shutting_down");
-      if (r.stream) {
-        ex->send("data: " + error_body(kShuttingDown) + "\n\ndata: [DONE]\n\n");
-        return ex->end();
+    std::vector<Scheduler::Ticket> tickets;
+    tickets.push_back(std::move(ticket));
+    while (static_cast<int>(tickets.size()) < r.n) {
+      tickets.push_back(l.scheduler->reserve());
+      if (!tickets.back()) {
+        metrics.rejected(shutting_down ? "shutting_down" : "queue_full");
+        return ex->respond(error_response(shutting_down ? kShuttingDown : queue_full()));
       }
-      return ex->respond(error_response(kShuttingDown));
+    }
+    const auto jobs = answer.watch(r);
+    if (r.stream) ex->begin_stream(answer.stream_head());
+    for (size_t i = 0; i < jobs.size(); ++i) {
+      if (l.scheduler->submit(jobs[i], std::move(tickets[i])) == Scheduler::Admission::ShuttingDown) {
+        metrics.rejected("shutting_down");
+        if (i > 0) {  // those submitted end as "abort"; the others end so, here: the answer says why
+          answer.cancel();
+          for (size_t j = i; j < jobs.size(); ++j) {
+            {
+              std::lock_guard lock(jobs[j]->mu);
+              jobs[j]->done = true;
+              jobs[j]->finish_reason = "abort";
+              jobs[j]->error = kShuttingDown.message;
+            }
+            jobs[j]->notify();
+          }
+          return;
+        }
+        if (r.stream) {
+          ex->send("data: " + error_body(kShuttingDown) + "\n\ndata: [DONE]\n\n");
+          return ex->end();
+        }
+        return ex->respond(error_response(kShuttingDown));
+      }
     }
   }
 
