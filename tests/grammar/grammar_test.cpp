@@ -1,5 +1,6 @@
 // The GBNF engine: what the parser accepts and refuses, what the matcher reads, and token masks over the
 // real Gemma 4 vocabulary checked token by token against the matcher reading the token's bytes.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -190,13 +191,17 @@ TEST(GrammarConstraint, SampledOutputsAreSentences) {
 item ::= "\"" [a-z ]{1,12} "\"" | [1-9] [0-9]{0,5} | "true"
 )");
   std::mt19937 rng(7);
-  std::vector<float> logits(static_cast<size_t>(tok->vocab_size()));
+  // Random logits: one draw of noise, rotated by a random offset each step.
+  const size_t V = static_cast<size_t>(tok->vocab_size());
+  std::vector<float> noise(V), logits(V);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (float& x : noise) x = normal(rng);
   for (int run = 0; run < 20; ++run) {
     auto c = grammar_constraint(g, tok, {tok->eos()}, tok->vocab_size(), "test grammar");
     std::string text;
     for (int step = 0; step < 200; ++step) {
-      std::normal_distribution<float> noise(0.0f, 1.0f);
-      for (float& l : logits) l = noise(rng);
+      const size_t offset = rng() % V;
+      std::rotate_copy(noise.begin(), noise.begin() + static_cast<std::ptrdiff_t>(offset), noise.end(), logits.begin());
       try {
         c->mask(logits, {});
       } catch (const Error& e) {
