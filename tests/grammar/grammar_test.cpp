@@ -12,6 +12,7 @@
 
 #include "specula/core/grammar.hpp"
 #include "specula/error.hpp"
+#include "random_logits.hpp"
 #include "vocab_fixture.hpp"
 
 namespace specula {
@@ -191,17 +192,12 @@ TEST(GrammarConstraint, SampledOutputsAreSentences) {
 item ::= "\"" [a-z ]{1,12} "\"" | [1-9] [0-9]{0,5} | "true"
 )");
   std::mt19937 rng(7);
-  // Random logits: one draw of noise, rotated by a random offset each step.
-  const size_t V = static_cast<size_t>(tok->vocab_size());
-  std::vector<float> noise(V), logits(V);
-  std::normal_distribution<float> normal(0.0f, 1.0f);
-  for (float& x : noise) x = normal(rng);
+  test::RandomLogits random(static_cast<size_t>(tok->vocab_size()), 1.0f, rng);
   for (int run = 0; run < 20; ++run) {
     auto c = grammar_constraint(g, tok, {tok->eos()}, tok->vocab_size(), "test grammar");
     std::string text;
     for (int step = 0; step < 200; ++step) {
-      const size_t offset = rng() % V;
-      std::rotate_copy(noise.begin(), noise.begin() + static_cast<std::ptrdiff_t>(offset), noise.end(), logits.begin());
+      const std::span<float> logits = random.next();
       try {
         c->mask(logits, {});
       } catch (const Error& e) {

@@ -19,6 +19,7 @@
 #include "specula/core/json_schema_grammar.hpp"
 #include "specula/error.hpp"
 #include "specula/tool_calls.hpp"
+#include "random_logits.hpp"
 #include "vocab_fixture.hpp"
 
 namespace specula {
@@ -323,6 +324,21 @@ TEST(JsonSchemaGrammar, MalformedSchemasAreErrors) {
     EXPECT_THROW(json_schema_to_gbnf(bad), Error) << bad;
 }
 
+// Whether the grammar compiled from `pattern` takes all of `s`.
+bool regex_whole(const char* pattern, const char* s) {
+  return check_grammar_prefix(*parse_gbnf(regex_to_gbnf(pattern)), s).complete;
+}
+
+// For each pattern, every string: matched whole by its grammar exactly when std::regex (ECMAScript) does.
+void expect_agreement_with_std_regex(const std::vector<std::pair<const char*, std::vector<const char*>>>& cases) {
+  for (const auto& [pattern, strings] : cases) {
+    const auto g = parse_gbnf(regex_to_gbnf(pattern));
+    const std::regex re(pattern);
+    for (const char* s : strings)
+      EXPECT_EQ(check_grammar_prefix(*g, s).complete, std::regex_match(s, re)) << pattern << " on '" << s << "'";
+  }
+}
+
 TEST(RegexGrammar, AgreesWithStdRegexOnWholeMatches) {
   const std::vector<std::pair<const char*, std::vector<const char*>>> cases = {
       {"^[A-Z]{3}-[0-9]{3}$", {"ABC-123", "AB-123", "ABC-12a", "abc-123", "ABC-1234"}},
@@ -339,19 +355,13 @@ TEST(RegexGrammar, AgreesWithStdRegexOnWholeMatches) {
       {"[a-c-]", {"-", "b", "d"}},
       {"\\u0041\\x42", {"AB", "ab"}},
   };
-  for (const auto& [pattern, strings] : cases) {
-    const auto g = parse_gbnf(regex_to_gbnf(pattern));
-    const std::regex re(pattern);
-    for (const char* s : strings)
-      EXPECT_EQ(check_grammar_prefix(*g, s).complete, std::regex_match(s, re)) << pattern << " on '" << s << "'";
-  }
+  expect_agreement_with_std_regex(cases);
   // Where std::regex (bytes, no named groups) cannot be the reference: code points and named groups.
-  const auto whole = [](const char* pattern, const char* s) { return check_grammar_prefix(*parse_gbnf(regex_to_gbnf(pattern)), s).complete; };
-  EXPECT_TRUE(whole("[^a-c]x", "éx"));
-  EXPECT_TRUE(whole("é+日", "éé日"));
-  EXPECT_FALSE(whole("é+日", "日"));
-  EXPECT_TRUE(whole("(?<year>\\d{4})", "2024"));
-  EXPECT_FALSE(whole("(?<year>\\d{4})", "202"));
+  EXPECT_TRUE(regex_whole("[^a-c]x", "éx"));
+  EXPECT_TRUE(regex_whole("é+日", "éé日"));
+  EXPECT_FALSE(regex_whole("é+日", "日"));
+  EXPECT_TRUE(regex_whole("(?<year>\\d{4})", "2024"));
+  EXPECT_FALSE(regex_whole("(?<year>\\d{4})", "202"));
   for (const char* bad : {"(a", "a)", "(?=a)", "a**", "[b-a]", "\\1", "x{3,2}", "a^b"})
     EXPECT_THROW(regex_to_gbnf(bad), Error) << bad;
 }
@@ -367,19 +377,13 @@ TEST(RegexGrammar, MoreAgreementWithStdRegex) {
       {"[A-Fa-f0-9]{2}(:[A-Fa-f0-9]{2}){2}", {"0a:Bc:ff", "0a:Bc", "0g:00:00"}},
       {"\\/\\.\\-\\*", {"/.-*", "/.-"}},
   };
-  for (const auto& [pattern, strings] : cases) {
-    const auto g = parse_gbnf(regex_to_gbnf(pattern));
-    const std::regex re(pattern);
-    for (const char* s : strings)
-      EXPECT_EQ(check_grammar_prefix(*g, s).complete, std::regex_match(s, re)) << pattern << " on '" << s << "'";
-  }
+  expect_agreement_with_std_regex(cases);
   // ECMAScript's white space and line terminators beyond ASCII (std::regex reads bytes: no reference).
-  const auto whole = [](const char* pattern, const char* s) { return check_grammar_prefix(*parse_gbnf(regex_to_gbnf(pattern)), s).complete; };
-  EXPECT_TRUE(whole("\\s", "\u3000"));
-  EXPECT_FALSE(whole("\\S", "\u3000"));
-  EXPECT_FALSE(whole("\\S", "\u00A0"));
-  EXPECT_FALSE(whole(".", "\u2028"));
-  EXPECT_TRUE(whole(".", "\u3000"));
+  EXPECT_TRUE(regex_whole("\\s", "\u3000"));
+  EXPECT_FALSE(regex_whole("\\S", "\u3000"));
+  EXPECT_FALSE(regex_whole("\\S", "\u00A0"));
+  EXPECT_FALSE(regex_whole(".", "\u2028"));
+  EXPECT_TRUE(regex_whole(".", "\u3000"));
   // '$' where something would have to follow it: a pattern that matches nothing there, refused.
   for (const char* bad : {"(a$)b", "(a$|b)c", "a$b"}) EXPECT_THROW(regex_to_gbnf(bad), Error) << bad;
   // Hostile nesting is bounded.
@@ -401,18 +405,12 @@ TEST(ToolCallGrammar, SampledCallsParseToArgumentsValidAgainstTheSchema) {
   const std::vector<ToolGrammarFunction> functions = {{"get_weather", weather.dump()}, {"ping", ping.dump()}};
   const auto g = parse_gbnf(tool_call_gbnf(functions, true));
   std::mt19937 rng(5);
-  // Random logits: one draw of noise, rotated by a random offset each step (drawing 262144 values a step
-  // would be most of the test's time).
-  const size_t V = static_cast<size_t>(tok->vocab_size());
-  std::vector<float> noise(V), logits(V);
-  std::normal_distribution<float> normal(0.0f, 3.0f);
-  for (float& x : noise) x = normal(rng);
+  test::RandomLogits random(static_cast<size_t>(tok->vocab_size()), 3.0f, rng);
   for (int run = 0; run < 12; ++run) {
     auto c = grammar_constraint(g, tok, {tok->eos()}, tok->vocab_size(), "tool_choice required");
     std::string text;
     for (int step = 0; step < 400 && !c->complete(); ++step) {
-      const size_t offset = rng() % V;
-      std::rotate_copy(noise.begin(), noise.begin() + static_cast<std::ptrdiff_t>(offset), noise.end(), logits.begin());
+      const std::span<float> logits = random.next();
       c->mask(logits, {});
       const auto best = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
       c->accept(best);
