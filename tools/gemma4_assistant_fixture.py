@@ -29,7 +29,7 @@ Default shapes are a small drafter for the "e2b" target fixture of gemma4_fixtur
 window 8, i.e. the target's KV-cache geometry, so the drafter can attend over that target's K/V.
 --real writes the real E2B drafter shapes (hidden 256, backbone 1536, 4 heads, 1 KV head, head dims
 256/512, FFN 2048, window 512, 2048 centroids / top-k 32; about 325 MB as F32 GGUF, 158 MB as BF16
-safetensors). --backbone-hidden pairs the drafter with a target of another hidden size. The vocabulary
+safetensors). --real e4b writes the E4B drafter's (backbone 2560, 2 KV heads). --backbone-hidden pairs the drafter with a target of another hidden size. The vocabulary
 is always the full 262144-token Gemma 4 vocab, copied from the vocab GGUF (llama.cpp refuses a file
 without tokenizer keys).
 
@@ -37,7 +37,8 @@ Every weight is rounded to bfloat16 first, so the F32 GGUF and the BF16 safetens
 numbers. Output is bit-for-bit reproducible (seeded numpy Generator); a stamp file lets repeated calls
 return at once.
 
-usage: gemma4_assistant_fixture.py --out DIR [--formats gguf-f32,gguf-seed,hf,mlx4] [--backbone-hidden N] [--real]
+usage: gemma4_assistant_fixture.py --out DIR [--formats gguf-f32,gguf-seed,hf,mlx4] [--backbone-hidden N]
+                                   [--real [e2b|e4b]]
                                    [--vocab GGUF]
 """
 import argparse
@@ -67,6 +68,9 @@ SMALL = dict(name="e2b-small", hidden=32, backbone=g4.VARIANTS["e2b"]["hidden"],
 REAL = dict(name="e2b-real", hidden=256, backbone=1536, layers=[S, S, S, F], heads=4, kv=1,
             hd_s=g4.REAL_HEAD_DIM, hd_f=g4.REAL_GLOBAL_HEAD_DIM, ffn=2048, window=512, context=131072,
             centroids=2048, top_k=32, seed=107)
+# google/gemma-4-E4B-it-assistant (third-party configs, spec §1.2): the E2B drafter over backbone 2560
+# and the E4B target's 2 KV heads.
+REAL_E4B = dict(REAL, name="e4b-real", backbone=2560, kv=2, seed=108)
 ALL_FORMATS = ["gguf-f32", "gguf-seed", "hf", "hf-tok", "mlx4"]
 
 
@@ -299,10 +303,12 @@ def main():
     ap.add_argument("--backbone-hidden", type=int, default=None,
                     help="hidden size of the target the drafter pairs with (default: 64 = the e2b "
                          "target fixture; 1536 with --real)")
-    ap.add_argument("--real", action="store_true", help="real E2B drafter shapes (hidden 256, backbone 1536)")
+    ap.add_argument("--real", nargs="?", const="e2b", choices=["e2b", "e4b"],
+                    help="real drafter shapes: e2b (the default; hidden 256, backbone 1536) or e4b (backbone "
+                         "2560, 2 KV heads)")
     ap.add_argument("--vocab", default=g4.DEFAULT_VOCAB)
     a = ap.parse_args()
-    spec = Spec(REAL if a.real else SMALL, a.backbone_hidden)
+    spec = Spec({None: SMALL, "e2b": REAL, "e4b": REAL_E4B}[a.real], a.backbone_hidden)
     generate(spec, a.out, [f for f in a.formats.split(",") if f], a.vocab)
 
 

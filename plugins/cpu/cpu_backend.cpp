@@ -101,23 +101,35 @@ const std::byte* CpuTensor::packed(const QuantKernel& k, int64_t cols, ThreadPoo
     if (!p) fail("CPU backend: out of memory packing weight '{}' ({} bytes)", name_, size);
     if (huge) madvise(p, size, MADV_HUGEPAGE);
     packed_ = AlignedBytes(p);
-    pool.parallel_for(panels, 4, [&](int64_t p0, int64_t p1) {
-      std::byte* out = p + static_cast<size_t>(p0) * panel_bytes;
-      std::memset(out, 0, static_cast<size_t>(p1 - p0) * panel_bytes);
-      k.pack(data + static_cast<size_t>(p0 * kPanelRows) * row_bytes, row_bytes,
-             std::min(rows, p1 * kPanelRows) - p0 * kPanelRows, cols, out);
-    });
-    packed_cols_ = cols;
     // The mapped rows are read again only by GetRows (a tied embedding). In a read-only file mapping (the
-    // checkpoint's) their pages leave the process (MADV_DONTNEED: a later read faults the page back in from
-    // the page cache), so the packed copy replaces them in the resident set instead of doubling it. Memory
-    // that is not such a mapping would lose its contents that way: there the pages are only marked cold.
+    // checkpoint's) their pages leave the process as soon as their panels are written (MADV_DONTNEED: a
+    // later read faults the page back in from the page cache), so the packed copy replaces them in the
+    // resident set instead of doubling it, even for a moment: packing goes 64 MB of panels at a time, so the
+    // peak is one chunk above the panels (a 330 MB LM head once doubled). Memory that is not such a mapping
+    // would lose its contents that way: there the pages are only marked cold, once packing is done.
+    const bool file_pages = in_read_only_file_mapping(data, bytes);
     const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-    const uintptr_t first = (reinterpret_cast<uintptr_t>(data) + page - 1) / page * page;
-    const uintptr_t last = (reinterpret_cast<uintptr_t>(data) + bytes) / page * page;
-    if (last > first)
-      madvise(reinterpret_cast<void*>(first), last - first,
-              in_read_only_file_mapping(data, bytes) ? MADV_DONTNEED : MADV_COLD);
+    const uintptr_t begin = reinterpret_cast<uintptr_t>(data), end = begin + bytes;
+    uintptr_t released = (begin + page - 1) / page * page;  // the first whole page not yet given back
+    auto release = [&](uintptr_t upto, int advice) {
+      upto = upto / page * page;
+      if (upto > released) madvise(reinterpret_cast<void*>(released), upto - released, advice);
+      released = std::max(released, upto);
+    };
+    const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>((size_t{64} << 20) / panel_bytes));
+    for (int64_t c0 = 0; c0 < panels; c0 += chunk) {
+      const int64_t c1 = std::min(panels, c0 + chunk);
+      pool.parallel_for(c1 - c0, 4, [&](int64_t p0, int64_t p1) {
+        p0 += c0, p1 += c0;
+        std::byte* out = p + static_cast<size_t>(p0) * panel_bytes;
+        std::memset(out, 0, static_cast<size_t>(p1 - p0) * panel_bytes);
+        k.pack(data + static_cast<size_t>(p0 * kPanelRows) * row_bytes, row_bytes,
+               std::min(rows, p1 * kPanelRows) - p0 * kPanelRows, cols, out);
+      });
+      if (file_pages) release(begin + static_cast<size_t>(std::min(rows, c1 * kPanelRows)) * row_bytes, MADV_DONTNEED);
+    }
+    packed_cols_ = cols;
+    release(end, file_pages ? MADV_DONTNEED : MADV_COLD);
   });
   return packed_cols_ == cols ? packed_.get() : nullptr;
 }
