@@ -29,7 +29,9 @@ Default shapes are a small drafter for the "e2b" target fixture of gemma4_fixtur
 window 8, i.e. the target's KV-cache geometry, so the drafter can attend over that target's K/V.
 --real writes the real E2B drafter shapes (hidden 256, backbone 1536, 4 heads, 1 KV head, head dims
 256/512, FFN 2048, window 512, 2048 centroids / top-k 32; about 325 MB as F32 GGUF, 158 MB as BF16
-safetensors). --real e4b writes the E4B drafter's (backbone 2560, 2 KV heads). --backbone-hidden pairs the drafter with a target of another hidden size. The vocabulary
+safetensors). --real e4b writes the E4B drafter's (backbone 2560, 2 KV heads), --real 26b-a4b the
+26B-A4B drafter's (hidden 1024, backbone 2816, 16 heads, FFN 8192, window 1024; dense head, so gguf-f32
+only, 1.7 GB). --backbone-hidden pairs the drafter with a target of another hidden size. The vocabulary
 is always the full 262144-token Gemma 4 vocab, copied from the vocab GGUF (llama.cpp refuses a file
 without tokenizer keys).
 
@@ -38,7 +40,7 @@ numbers. Output is bit-for-bit reproducible (seeded numpy Generator); a stamp fi
 return at once.
 
 usage: gemma4_assistant_fixture.py --out DIR [--formats gguf-f32,gguf-seed,hf,mlx4] [--backbone-hidden N]
-                                   [--real [e2b|e4b]]
+                                   [--real [e2b|e4b|26b-a4b]]
                                    [--vocab GGUF]
 """
 import argparse
@@ -71,6 +73,11 @@ REAL = dict(name="e2b-real", hidden=256, backbone=1536, layers=[S, S, S, F], hea
 # google/gemma-4-E4B-it-assistant (third-party configs, spec §1.2): the E2B drafter over backbone 2560
 # and the E4B target's 2 KV heads.
 REAL_E4B = dict(REAL, name="e4b-real", backbone=2560, kv=2, seed=108)
+# google/gemma-4-26B-A4B-it-assistant (third-party configs, spec §1.2): hidden 1024, 16 query heads, FFN
+# 8192, window 1024, no ordered embeddings: its head is dense, so only the upstream GGUF layout
+# (gguf-f32, which drops the centroids) is a faithful file.
+REAL_26B = dict(REAL, name="26b-a4b-real", hidden=1024, backbone=2816, heads=16, kv=8, ffn=8192, window=1024,
+                context=262144, seed=126)
 ALL_FORMATS = ["gguf-f32", "gguf-seed", "hf", "hf-tok", "mlx4"]
 
 
@@ -303,12 +310,12 @@ def main():
     ap.add_argument("--backbone-hidden", type=int, default=None,
                     help="hidden size of the target the drafter pairs with (default: 64 = the e2b "
                          "target fixture; 1536 with --real)")
-    ap.add_argument("--real", nargs="?", const="e2b", choices=["e2b", "e4b"],
-                    help="real drafter shapes: e2b (the default; hidden 256, backbone 1536) or e4b (backbone "
-                         "2560, 2 KV heads)")
+    ap.add_argument("--real", nargs="?", const="e2b", choices=["e2b", "e4b", "26b-a4b"],
+                    help="real drafter shapes: e2b (the default; hidden 256, backbone 1536), e4b (backbone "
+                         "2560, 2 KV heads) or 26b-a4b (hidden 1024, backbone 2816; use gguf-f32)")
     ap.add_argument("--vocab", default=g4.DEFAULT_VOCAB)
     a = ap.parse_args()
-    spec = Spec({None: SMALL, "e2b": REAL, "e4b": REAL_E4B}[a.real], a.backbone_hidden)
+    spec = Spec({None: SMALL, "e2b": REAL, "e4b": REAL_E4B, "26b-a4b": REAL_26B}[a.real], a.backbone_hidden)
     generate(spec, a.out, [f for f in a.formats.split(",") if f], a.vocab)
 
 
