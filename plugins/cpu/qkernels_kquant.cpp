@@ -549,12 +549,12 @@ void rows_kpanel(const std::byte* w, size_t wrb, int64_t nw, const std::byte* x,
 //   4n..4n+3 (n = 8c + k: low nibbles values 64c + 4k.., sub-block 2c; high nibbles 64c + 32 + 4k..,
 //   sub-block 2c + 1) | scale u8[8 sub-blocks][16 rows] | min u8[4 pairs][16 rows][2] | d f16[16] |
 //   dmin f16[16]
-// Q6_K block (3392 bytes): low nibbles [32 n][16 rows][4] (low: value 4n + b, high: 128 + 4n + b) |
-//   high parts [16 m][16 rows][4] (byte b, bits 2t..2t+1: value 4(m + 16t) + b) | scale i8[8 pairs]
-//   [16 rows][2] | d f16[16] | 32 bytes of padding (64-byte blocks)
 // Q5_K block (2880 bytes): Q4_K's nibbles | fifth bits [8 k][16 rows][4]: dword k of a row is the file's
 //   qh bytes 4k..4k+3 (byte b, bit 2c: value 64c + 4k + b, low nibble of dword 8c + k; bit 2c + 1: value
 //   64c + 32 + 4k + b, its high nibble) | then Q4_K's scale, min, d, dmin.
+// Q6_K block (3392 bytes): low nibbles [32 n][16 rows][4] (low: value 4n + b, high: 128 + 4n + b) |
+//   high parts [16 m][16 rows][4] (byte b, bits 2t..2t+1: value 4(m + 16t) + b) | scale i8[8 pairs]
+//   [16 rows][2] | d f16[16] | 32 bytes of padding (64-byte blocks)
 template <bool kQ5>
 struct PackedK4 {
   static constexpr size_t kSuperBlockBytes = kQ5 ? 176 : 144;
@@ -955,6 +955,7 @@ void add_kquant_kernels(KernelSet& set) {
   set.q5_k = {&quantize_xk, &xk_bytes, &rows<K4Tiles<true>::Tile, 1, KX>, &rows_kpanel<K4Pack<true>, false, 176>};
   set.q6_k = {&quantize_xk, &xk_bytes, &rows<Q6_KTile, 1, KX>, &rows_kpanel<Q6_KPack, true, 210>};
   add_packed<PackedQ4_K, false>(set.q4_k);
+  add_packed<PackedQ5_K, false, true>(set.q5_k);
   add_packed<PackedQ6_K, true>(set.q6_k);
 }
 
