@@ -549,16 +549,23 @@ void rows_kpanel(const std::byte* w, size_t wrb, int64_t nw, const std::byte* x,
 //   4n..4n+3 (n = 8c + k: low nibbles values 64c + 4k.., sub-block 2c; high nibbles 64c + 32 + 4k..,
 //   sub-block 2c + 1) | scale u8[8 sub-blocks][16 rows] | min u8[4 pairs][16 rows][2] | d f16[16] |
 //   dmin f16[16]
+// Q5_K block (2880 bytes): Q4_K's nibbles | fifth bits [8 k][16 rows][4]: dword k of a row is the file's
+//   qh bytes 4k..4k+3 (byte b, bit 2c: value 64c + 4k + b, low nibble of dword 8c + k; bit 2c + 1: value
+//   64c + 32 + 4k + b, its high nibble) | then Q4_K's scale, min, d, dmin.
 // Q6_K block (3392 bytes): low nibbles [32 n][16 rows][4] (low: value 4n + b, high: 128 + 4n + b) |
 //   high parts [16 m][16 rows][4] (byte b, bits 2t..2t+1: value 4(m + 16t) + b) | scale i8[8 pairs]
 //   [16 rows][2] | d f16[16] | 32 bytes of padding (64-byte blocks)
-struct PackedQ4_K {
-  static constexpr size_t kSuperBlockBytes = 144;
-  static constexpr size_t kBlock = 2368, kScale = 2048, kMin = 2176, kD = 2304, kDmin = 2336;
+template <bool kQ5>
+struct PackedK4 {
+  static constexpr size_t kSuperBlockBytes = kQ5 ? 176 : 144;
+  static constexpr size_t kHigh = 2048, kScale = kQ5 ? 2560 : 2048;
+  static constexpr size_t kMin = kScale + 128, kD = kMin + 128, kDmin = kD + 32, kBlock = kDmin + 32;
   static void pack(const std::byte* wb, std::byte* blk, int i) {
-    for (int n = 0; n < 32; ++n) std::memcpy(blk + 64 * n + 4 * i, wb + 16 + 4 * n, 4);
+    for (int n = 0; n < 32; ++n) std::memcpy(blk + 64 * n + 4 * i, wb + (kQ5 ? 48 : 16) + 4 * n, 4);
+    if constexpr (kQ5)
+      for (int k = 0; k < 8; ++k) std::memcpy(blk + kHigh + 64 * k + 4 * i, wb + 16 + 4 * k, 4);
     uint64_t sc, mn;
-    K4<false>::scales(wb, sc, mn);
+    K4<kQ5>::scales(wb, sc, mn);
     for (int j = 0; j < 8; ++j) {
       blk[kScale + 16 * j + i] = static_cast<std::byte>(sc >> (8 * j));
       blk[kMin + 32 * (j / 2) + 2 * i + j % 2] = static_cast<std::byte>(mn >> (8 * j));
@@ -567,6 +574,9 @@ struct PackedQ4_K {
     std::memcpy(blk + kDmin + 2 * i, wb + 2, 2);
   }
 };
+using PackedQ4_K = PackedK4<false>;
+using PackedQ5_K = PackedK4<true>;
+static_assert(PackedQ4_K::kBlock == 2368 && PackedQ5_K::kBlock == 2880);
 
 struct PackedQ6_K {
   static constexpr size_t kSuperBlockBytes = 210;
@@ -624,38 +634,64 @@ inline int32_t load4(const void* p) {
 }
 
 #if SPECULA_WIDE
-// Q4_K: RX activation rows x one panel (`valid` of its rows are real).
-template <int RX>
+// acc + dpbusd(w, the 4 activation bytes at x broadcast), with the broadcast folded into the instruction
+// ({1to16}): GCC loads and broadcasts them in an instruction of its own, one per dpbusd of a tile.
+[[gnu::always_inline]] inline __m512i dpbusd_bcast(__m512i acc, __m512i w, const int8_t* x) {
+  asm("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*reinterpret_cast<const int32_t*>(x)));
+  return acc;
+}
+
+// Sub-block 2c + H of a packed Q4_K / Q5_K super-block for RX rows into s: its exact dot times its scale.
+template <bool kQ5, int RX, int H>
+[[gnu::always_inline]] inline void q4_k_sub_block(const std::byte* blk, int c, const int8_t* const* xq, __m512i (&s)[RX]) {
+  using P = PackedK4<kQ5>;
+  const __m512i m4 = _mm512_set1_epi8(0x0f);
+  // Q5_K: bit 2c + H of each fifth-bit byte rotated to bit 4 (within its byte for every c and H).
+  const __m512i rot = _mm512_set1_epi32((4 - 2 * c - H) & 31);
+  __m512i t[RX];
+  for (int r = 0; r < RX; ++r) t[r] = _mm512_setzero_si512();
+#pragma GCC unroll 8
+  for (int k = 0; k < 8; ++k) {
+    if (H == 0) {
+      prefetch_line<P>(blk, 8 * c + k);
+      if (c == 3) prefetch_line<P>(blk, 32 + k);              // Q4_K: the scales; Q5_K: the fifth bits
+      if (kQ5 && c == 2) prefetch_line<P>(blk, 40 + k);  // Q5_K: the scales
+    }
+    const __m512i z = _mm512_loadu_si512(blk + 64 * (8 * c + k));
+    __m512i w;
+    if constexpr (kQ5) {
+      const __m512i fifth = _mm512_and_si512(_mm512_rolv_epi32(_mm512_loadu_si512(blk + P::kHigh + 64 * k), rot), _mm512_set1_epi8(0x10));
+      w = _mm512_ternarylogic_epi32(H ? _mm512_srli_epi16(z, 4) : z, fifth, m4, 0xEC);  // (nib & 15) | fifth
+    } else {
+      w = H ? _mm512_and_si512(_mm512_srli_epi16(z, 4), m4) : _mm512_and_si512(z, m4);
+    }
+    for (int r = 0; r < RX; ++r) t[r] = dpbusd_bcast(t[r], w, xq[r] + 64 * c + 32 * H + 4 * k);
+  }
+  const __m512i sc = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + P::kScale + 32 * c + 16 * H)));
+  for (int r = 0; r < RX; ++r) s[r] = _mm512_add_epi32(s[r], _mm512_mullo_epi32(t[r], sc));
+}
+
+// Q4_K / Q5_K: RX activation rows x one panel (`valid` of its rows are real).
+template <bool kQ5, int RX>
 [[gnu::always_inline]] inline void packed_q4_k_tile(const std::byte* panel, int valid, const std::byte* x, size_t xs,
                                                     int64_t cols, float* y, int64_t ldy) {
-  using P = PackedQ4_K;
+  using P = PackedK4<kQ5>;
   XK xr[RX];
   for (int r = 0; r < RX; ++r) xr[r] = xk(x, xs, r, cols);
   __m512 acc[RX];
   for (int r = 0; r < RX; ++r) acc[r] = _mm512_setzero_ps();
-  const __m512i m4 = _mm512_set1_epi8(0x0f);
   for (int64_t sb = 0; sb < cols / 256; ++sb) {
     const std::byte* blk = panel + static_cast<size_t>(sb) * P::kBlock;
     __m512i s[RX];
     for (int r = 0; r < RX; ++r) s[r] = _mm512_setzero_si512();
+    // One sub-block at a time (RX sums live, not 2 RX), each line read for its low nibbles and again,
+    // from L1, for its high ones.
+    const int8_t* xq[RX];
+    for (int r = 0; r < RX; ++r) xq[r] = xr[r].q + 256 * sb;
+#pragma GCC unroll 1
     for (int c = 0; c < 4; ++c) {
-      __m512i lo[RX], hi[RX];  // sub-blocks 2c and 2c + 1
-      for (int r = 0; r < RX; ++r) lo[r] = hi[r] = _mm512_setzero_si512();
-      for (int k = 0; k < 8; ++k) {
-        prefetch_line<P>(blk, 8 * c + k);
-        if (c == 3) prefetch_line<P>(blk, 32 + k);  // the scales
-        const __m512i z = _mm512_loadu_si512(blk + 64 * (8 * c + k));
-        const __m512i wl = _mm512_and_si512(z, m4), wh = _mm512_and_si512(_mm512_srli_epi16(z, 4), m4);
-        for (int r = 0; r < RX; ++r) {
-          const int8_t* xq = xr[r].q + 256 * sb + 64 * c + 4 * k;
-          lo[r] = _mm512_dpbusd_epi32(lo[r], wl, _mm512_set1_epi32(load4(xq)));
-          hi[r] = _mm512_dpbusd_epi32(hi[r], wh, _mm512_set1_epi32(load4(xq + 32)));
-        }
-      }
-      const __m512i sl = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + P::kScale + 32 * c)));
-      const __m512i sh = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(blk + P::kScale + 32 * c + 16)));
-      for (int r = 0; r < RX; ++r)
-        s[r] = _mm512_add_epi32(s[r], _mm512_add_epi32(_mm512_mullo_epi32(lo[r], sl), _mm512_mullo_epi32(hi[r], sh)));
+      q4_k_sub_block<kQ5, RX, 0>(blk, c, xq, s);
+      q4_k_sub_block<kQ5, RX, 1>(blk, c, xq, s);
     }
     __m512i mins[4];
     for (int k = 0; k < 4; ++k) mins[k] = _mm512_cvtepu8_epi16(loadu256(blk + P::kMin + 32 * k));
@@ -694,7 +730,7 @@ template <int RX, int T>
   for (int u = 0; u < 4; ++u) {
     prefetch_line<PackedQ6_K>(blk, 16 * T + 4 * q + u);
     const __m512i w = q6_k_codes<T>(blk, q, u);
-    for (int r = 0; r < RX; ++r) t[r] = _mm512_dpbusd_epi32(t[r], w, _mm512_set1_epi32(load4(xq[r] + 16 * j + 4 * u)));
+    for (int r = 0; r < RX; ++r) t[r] = dpbusd_bcast(t[r], w, xq[r] + 16 * j + 4 * u);
   }
   // Scale j % 2 of pair j / 2, sign-extended from its 16 bits.
   const __m512i pair = _mm512_cvtepi8_epi16(loadu256(blk + PackedQ6_K::kScale + 32 * (j / 2)));
@@ -747,39 +783,50 @@ inline __m256i load8_u8_epi32(const std::byte* p) {
   return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
 }
 
-template <int RX>
+template <bool kQ5, int RX>
 [[gnu::always_inline]] inline void packed_q4_k_tile(const std::byte* panel, int valid, const std::byte* x, size_t xs,
                                                     int64_t cols, float* y, int64_t ldy) {
-  using P = PackedQ4_K;
+  using P = PackedK4<kQ5>;
   XK xr[RX];
   for (int r = 0; r < RX; ++r) xr[r] = xk(x, xs, r, cols);
-  const __m256i m4 = _mm256_set1_epi8(0x0f);
+  const __m256i m4 = _mm256_set1_epi8(0x0f), m5 = _mm256_set1_epi8(0x10);
   for (int h = 0; h < 2 && valid > 8 * h; ++h) {
     __m256 acc[RX];
     for (int r = 0; r < RX; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t sb = 0; sb < cols / 256; ++sb) {
       const std::byte* blk = panel + static_cast<size_t>(sb) * P::kBlock;
-        __m256i s[RX];
+      __m256i s[RX];
       for (int r = 0; r < RX; ++r) s[r] = _mm256_setzero_si256();
       for (int c = 0; c < 4; ++c) {
-        // 16-bit sums of maddubs pairs: 8 groups of at most 2 * 15 * 127 stay below 32767.
-        __m256i lo[RX], hi[RX];
-        for (int r = 0; r < RX; ++r) lo[r] = hi[r] = _mm256_setzero_si256();
-        for (int k = 0; k < 8; ++k) {
-          prefetch_line<P>(blk, 8 * c + k);
-          if (c == 3) prefetch_line<P>(blk, 32 + k);  // the scales
-          const __m256i z = loadu256(blk + 64 * (8 * c + k) + 32 * h);
-          const __m256i wl = _mm256_and_si256(z, m4), wh = _mm256_and_si256(_mm256_srli_epi16(z, 4), m4);
-          for (int r = 0; r < RX; ++r) {
-            const int8_t* xq = xr[r].q + 256 * sb + 64 * c + 4 * k;
-            lo[r] = _mm256_add_epi16(lo[r], _mm256_maddubs_epi16(wl, _mm256_set1_epi32(load4(xq))));
-            hi[r] = _mm256_add_epi16(hi[r], _mm256_maddubs_epi16(wh, _mm256_set1_epi32(load4(xq + 32))));
-          }
-        }
         const __m256i sl = dup16(load8_u8_epi32(blk + P::kScale + 32 * c + 8 * h));
         const __m256i sh = dup16(load8_u8_epi32(blk + P::kScale + 32 * c + 16 + 8 * h));
-        for (int r = 0; r < RX; ++r)
-          s[r] = _mm256_add_epi32(s[r], _mm256_add_epi32(_mm256_madd_epi16(lo[r], sl), _mm256_madd_epi16(hi[r], sh)));
+        // 16-bit sums of maddubs pairs, added to s by madd with the scale every kFlush groups: Q4_K's 8
+        // groups of at most 2 * 15 * 127 and Q5_K's 4 of at most 2 * 31 * 127 stay below 32767.
+        constexpr int kFlush = kQ5 ? 4 : 8;
+        for (int k0 = 0; k0 < 8; k0 += kFlush) {
+          __m256i lo[RX], hi[RX];
+          for (int r = 0; r < RX; ++r) lo[r] = hi[r] = _mm256_setzero_si256();
+          for (int k = k0; k < k0 + kFlush; ++k) {
+            prefetch_line<P>(blk, 8 * c + k);
+            if (c == 3) prefetch_line<P>(blk, 32 + k);              // Q4_K: the scales; Q5_K: the fifth bits
+            if (kQ5 && c == 2) prefetch_line<P>(blk, 40 + k);  // Q5_K: the scales
+            const __m256i z = loadu256(blk + 64 * (8 * c + k) + 32 * h);
+            __m256i wl = _mm256_and_si256(z, m4), wh = _mm256_and_si256(_mm256_srli_epi16(z, 4), m4);
+            if constexpr (kQ5) {
+              // Bit 2c (2c + 1) of each fifth-bit byte to bit 4: per byte, as 16-bit shifts keep it.
+              const __m256i f = loadu256(blk + P::kHigh + 64 * k + 32 * h);
+              wl = _mm256_or_si256(wl, _mm256_and_si256(_mm256_slli_epi16(_mm256_srl_epi16(f, _mm_cvtsi32_si128(2 * c)), 4), m5));
+              wh = _mm256_or_si256(wh, _mm256_and_si256(_mm256_slli_epi16(_mm256_srl_epi16(f, _mm_cvtsi32_si128(2 * c + 1)), 4), m5));
+            }
+            for (int r = 0; r < RX; ++r) {
+              const int8_t* xq = xr[r].q + 256 * sb + 64 * c + 4 * k;
+              lo[r] = _mm256_add_epi16(lo[r], _mm256_maddubs_epi16(wl, _mm256_set1_epi32(load4(xq))));
+              hi[r] = _mm256_add_epi16(hi[r], _mm256_maddubs_epi16(wh, _mm256_set1_epi32(load4(xq + 32))));
+            }
+          }
+          for (int r = 0; r < RX; ++r)
+            s[r] = _mm256_add_epi32(s[r], _mm256_add_epi32(_mm256_madd_epi16(lo[r], sl), _mm256_madd_epi16(hi[r], sh)));
+        }
       }
       __m256i mins[4];
       for (int k = 0; k < 4; ++k)
@@ -874,10 +921,12 @@ template <int RX>
 
 // Weight rows [0, nw) packed at w (panels `panel_bytes` apart) times nx activation rows: a RowsKernel with
 // the panels in place of the rows.
-template <bool kQ6>
+template <bool kQ6, bool kQ5 = false>
 void packed_k_rows(const std::byte* w, size_t panel_bytes, int64_t nw, const std::byte* x, size_t xs, int64_t nx,
                    int64_t cols, float* y, int64_t ldy) {
-  constexpr int TX = kWide ? 4 : 2;
+  // Activation rows per pass over a panel. At 4 rows and more the tiles are bound by the dpbusd (AVX2:
+  // maddubs) rate, so 8 rows per pass gained AVX-512 3-8 %; AVX2's 16 registers hold 4 (20 % over 2).
+  constexpr int TX = kWide ? 8 : 4;
   for (int64_t o = 0; o < nw; o += kPanelRows) {
     const std::byte* panel = w + static_cast<size_t>(o / kPanelRows) * panel_bytes;
     const int valid = static_cast<int>(nw - o < kPanelRows ? nw - o : kPanelRows);
@@ -885,16 +934,16 @@ void packed_k_rows(const std::byte* w, size_t panel_bytes, int64_t nw, const std
       if constexpr (kQ6)
         packed_q6_k_tile<RX>(panel, valid, x + r * xs, xs, cols, y + r * ldy + o, ldy);
       else
-        packed_q4_k_tile<RX>(panel, valid, x + r * xs, xs, cols, y + r * ldy + o, ldy);
+        packed_q4_k_tile<kQ5, RX>(panel, valid, x + r * xs, xs, cols, y + r * ldy + o, ldy);
     });
   }
 }
 
-template <class P, bool kQ6>
+template <class P, bool kQ6, bool kQ5 = false>
 void add_packed(QuantKernel& k) {
   k.panel_bytes = &packed_k_panel_bytes<P>;
   k.pack = &pack_k_weights<P>;
-  k.packed = &packed_k_rows<kQ6>;
+  k.packed = &packed_k_rows<kQ6, kQ5>;
 }
 
 }  // namespace
@@ -906,6 +955,7 @@ void add_kquant_kernels(KernelSet& set) {
   set.q5_k = {&quantize_xk, &xk_bytes, &rows<K4Tiles<true>::Tile, 1, KX>, &rows_kpanel<K4Pack<true>, false, 176>};
   set.q6_k = {&quantize_xk, &xk_bytes, &rows<Q6_KTile, 1, KX>, &rows_kpanel<Q6_KPack, true, 210>};
   add_packed<PackedQ4_K, false>(set.q4_k);
+  add_packed<PackedQ5_K, false, true>(set.q5_k);
   add_packed<PackedQ6_K, true>(set.q6_k);
 }
 

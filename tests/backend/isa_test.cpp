@@ -137,7 +137,7 @@ class PackedKernels : public ::testing::TestWithParam<DType> {};
 
 TEST_P(PackedKernels, EveryRowCountGivesTheSameBits) {
   const DType type = GetParam();
-  const bool k_quant = type == DType::Q4_K || type == DType::Q6_K;
+  const bool k_quant = type == DType::Q4_K || type == DType::Q5_K || type == DType::Q6_K;
   const int64_t O = 3 * cpu::kPanelRows + 5, I = k_quant ? 256 * 5 : 32 * 37;
   const int64_t rows = 2 * cpu::kPrefillRows + 3;
   const Product p = make(type, O, I, rows, 23);
@@ -191,7 +191,7 @@ TEST_P(PackedKernels, EveryRowCountGivesTheSameBits) {
   EXPECT_LT(worst, 1e-2) << dtype_name(type) << ": error relative to sum |w x|";
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, PackedKernels, ::testing::Values(DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q6_K),
+INSTANTIATE_TEST_SUITE_P(Types, PackedKernels, ::testing::Values(DType::Q8_0, DType::Q4_0, DType::Q4_K, DType::Q5_K, DType::Q6_K),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
 INSTANTIATE_TEST_SUITE_P(Types, KernelSets,
