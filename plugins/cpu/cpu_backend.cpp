@@ -85,12 +85,15 @@ bool in_read_only_file_mapping(const std::byte* p, size_t n) {
 
 }  // namespace
 
-const std::byte* CpuTensor::packed(const QuantKernel& k, int64_t cols, ThreadPool& pool) {
+const std::byte* CpuTensor::packed(const QuantKernel& k, int64_t cols, ThreadPool& pool, int64_t group_rows) {
   if (!k.pack) return nullptr;
+  const int64_t rows = elements(shape_) / cols;
+  if (group_rows <= 0) group_rows = rows;
+  if (rows % group_rows != 0) return nullptr;
   std::call_once(packed_once_, [&] {
-    const int64_t rows = elements(shape_) / cols;
     const size_t row_bytes = *cpu::row_bytes(type_, cols, &quant), panel_bytes = k.panel_bytes(cols);
-    const int64_t panels = (rows + kPanelRows - 1) / kPanelRows;
+    const int64_t group_panels = (group_rows + kPanelRows - 1) / kPanelRows;
+    const int64_t panels = rows / group_rows * group_panels;
     // Matrices of a megabyte and more in 2 MB pages where the kernel allows: decode streams the panels,
     // and 4 KB pages stop the hardware prefetcher at every page. (Smaller ones would waste most of a page.)
     constexpr size_t kHuge = size_t{2} << 20;
@@ -104,9 +107,17 @@ const std::byte* CpuTensor::packed(const QuantKernel& k, int64_t cols, ThreadPoo
     pool.parallel_for(panels, 4, [&](int64_t p0, int64_t p1) {
       std::byte* out = p + static_cast<size_t>(p0) * panel_bytes;
       std::memset(out, 0, static_cast<size_t>(p1 - p0) * panel_bytes);
-      k.pack(data + static_cast<size_t>(p0 * kPanelRows) * row_bytes, row_bytes,
-             std::min(rows, p1 * kPanelRows) - p0 * kPanelRows, cols, out);
+      // The share's panels group by group: a group's last panel holds its last rows only.
+      for (int64_t q = p0; q < p1;) {
+        const int64_t g = q / group_panels, first = q - g * group_panels;
+        const int64_t end = std::min(p1, (g + 1) * group_panels) - g * group_panels;
+        k.pack(data + static_cast<size_t>(g * group_rows + first * kPanelRows) * row_bytes, row_bytes,
+               std::min(group_rows, end * kPanelRows) - first * kPanelRows, cols,
+               p + static_cast<size_t>(q) * panel_bytes);
+        q += end - first;
+      }
     });
+    packed_group_rows_ = group_rows;
     packed_cols_ = cols;
     // The mapped rows are read again only by GetRows (a tied embedding). In a read-only file mapping (the
     // checkpoint's) their pages leave the process (MADV_DONTNEED: a later read faults the page back in from
@@ -119,7 +130,7 @@ const std::byte* CpuTensor::packed(const QuantKernel& k, int64_t cols, ThreadPoo
       madvise(reinterpret_cast<void*>(first), last - first,
               in_read_only_file_mapping(data, bytes) ? MADV_DONTNEED : MADV_COLD);
   });
-  return packed_cols_ == cols ? packed_.get() : nullptr;
+  return packed_cols_ == cols && packed_group_rows_ == group_rows ? packed_.get() : nullptr;
 }
 
 namespace {
@@ -583,8 +594,13 @@ void CpuBackend::execute(const Graph& g, int32_t id) {
       const Node& e = src(0);
       const Node& x = src(1);
       const int64_t E = e.shape[0], O = e.shape[1], I = e.shape[2];
-      matmul_id(pool_, kernels_, matrix(g, n.src[0], E * O, I), E, fsrc(1), x.shape[1] == 1 && n.shape[1] != 1,
-                ints(2), n.shape[0], n.shape[1], reinterpret_cast<float*>(output(n, id)), n.name);
+      Matrix m = matrix(g, n.src[0], E * O, I);
+      // Packed as MatMul's weights are, each expert in panels of its own (CpuTensor::packed).
+      const Slot& ws = slots_[static_cast<size_t>(n.src[0])];
+      if (pack_weights_ && ws.tensor && !ws.tensor->mutable_data && ws.data == ws.tensor->data)
+        if (const QuantKernel* k = quant_kernel(kernels_, m.type)) m.packed = ws.tensor->packed(*k, I, pool_, O);
+      matmul_id(pool_, kernels_, m, E, fsrc(1), x.shape[1] == 1 && n.shape[1] != 1, ints(2), n.shape[0], n.shape[1],
+                reinterpret_cast<float*>(output(n, id)), n.name);
       return;
     }
     case Op::Add:
