@@ -295,6 +295,7 @@ class CpuBackend final : public ComputeBackend {
   std::unique_ptr<CompiledGraph> compile(const Graph& graph) override;
   void read(const BackendTensor& tensor, std::span<std::byte> dst) override;
   void write(BackendTensor& tensor, std::span<const std::byte> src) override;
+  const OpProfile* profile() const override { return profile_.get(); }
 
  private:
   struct Slot {
@@ -492,13 +493,22 @@ void CpuBackend::run(CpuPlan& plan, const RunInputs& inputs) {
       const bool weighted = (n.op == Op::MatMul || n.op == Op::MatMulId || n.op == Op::GetRows) &&
                             nodes[static_cast<size_t>(n.src[0])].op == Op::Constant;
       const CpuTensor* w = weighted ? slots_[static_cast<size_t>(n.src[0])].tensor : nullptr;
-      // Weight bytes read: the whole matrix, or the gathered rows of a table.
+      // Weight bytes read: the whole matrix, the gathered rows of a table, or the selected experts.
+      std::vector<int32_t> experts;
+      if (n.op == Op::MatMulId) {
+        const Node& ids = nodes[static_cast<size_t>(n.src[2])];
+        const auto* id = reinterpret_cast<const int32_t*>(slots_[static_cast<size_t>(n.src[2])].data);
+        experts.assign(id, id + elements(ids.shape));
+        std::sort(experts.begin(), experts.end());
+        experts.erase(std::unique(experts.begin(), experts.end()), experts.end());
+      }
       const size_t bytes = !w ? 0
                            : n.op == Op::GetRows ? w->bytes / static_cast<size_t>(w->shape()[0]) *
                                                        static_cast<size_t>(elements(nodes[static_cast<size_t>(n.src[1])].shape))
-                                                 : w->bytes;
+                           : n.op == Op::MatMulId ? w->bytes / static_cast<size_t>(w->shape()[0]) * experts.size()
+                                                  : w->bytes;
       profile_->record(graph, i, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-                       w ? w->name() : std::string(), bytes);
+                       w ? w->name() : std::string(), bytes, experts);
     } else {
       execute(graph, i);
     }
