@@ -88,7 +88,9 @@ bool in_read_only_file_mapping(const std::byte* p, size_t n) {
 const std::byte* CpuTensor::packed(const QuantKernel& k, int64_t cols, ThreadPool& pool, int64_t group_rows) {
   if (!k.pack) return nullptr;
   const int64_t rows = elements(shape_) / cols;
-  if (group_rows <= 0) group_rows = rows;
+  // Groups of whole panels are the whole matrix's layout: a tensor both MatMul and MatMulId multiply (a
+  // centroid head's table) shares one packed copy.
+  if (group_rows <= 0 || group_rows % kPanelRows == 0) group_rows = rows;
   if (rows % group_rows != 0) return nullptr;
   std::call_once(packed_once_, [&] {
     const size_t row_bytes = *cpu::row_bytes(type_, cols, &quant), panel_bytes = k.panel_bytes(cols);

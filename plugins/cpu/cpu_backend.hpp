@@ -44,7 +44,8 @@ class CpuTensor final : public BackendTensor {
   // null when the kernel has no packed form or the tensor was first packed with other columns or groups.
   // group_rows > 0 packs each group of that many rows (an expert's matrix of a MatMulId) into panels of its
   // own, the last one padded with zero rows: group g's panels start at g * ceil(group_rows / kPanelRows)
-  // panels (the whole-matrix layout where group_rows is a multiple of kPanelRows). 0: one group.
+  // panels (the whole-matrix layout where group_rows is a multiple of kPanelRows, and then the same copy as
+  // group_rows 0). 0: one group.
   const std::byte* packed(const QuantKernel& k, int64_t cols, ThreadPool& pool, int64_t group_rows = 0);
 
  private:
