@@ -106,31 +106,41 @@ const std::byte* CpuTensor::packed(const QuantKernel& k, int64_t cols, ThreadPoo
     if (!p) fail("CPU backend: out of memory packing weight '{}' ({} bytes)", name_, size);
     if (huge) madvise(p, size, MADV_HUGEPAGE);
     packed_ = AlignedBytes(p);
+    // The mapped rows are read again only by GetRows (a tied embedding). In a read-only file mapping (the
+    // checkpoint's) their pages leave the process as they are packed (MADV_DONTNEED: a later read faults
+    // the page back in from the page cache), so the packed copy replaces them in the resident set instead
+    // of doubling it, even while the matrix is packed (a 26B-A4B expert tensor is 540 MB as Q8_0, its tied
+    // embedding 784 MB). Memory that is not such a mapping would lose its contents that way: there the
+    // pages are only marked cold.
+    const int advice = in_read_only_file_mapping(data, bytes) ? MADV_DONTNEED : MADV_COLD;
+    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
+    auto drop = [&](const std::byte* from, const std::byte* to) {  // the whole pages in [from, to)
+      const uintptr_t a = (reinterpret_cast<uintptr_t>(from) + page - 1) / page * page;
+      const uintptr_t b = reinterpret_cast<uintptr_t>(to) / page * page;
+      if (b > a) madvise(reinterpret_cast<void*>(a), b - a, advice);
+    };
+    // Panel q's rows start here (a group's last panel holds its last rows only).
+    auto first_row = [&](int64_t q) { return q / group_panels * group_rows + q % group_panels * kPanelRows; };
+    constexpr int64_t kStep = 64;  // panels packed before their rows' pages are dropped: about 3 MB of Q8_0 rows of 2816
     pool.parallel_for(panels, 4, [&](int64_t p0, int64_t p1) {
-      std::byte* out = p + static_cast<size_t>(p0) * panel_bytes;
-      std::memset(out, 0, static_cast<size_t>(p1 - p0) * panel_bytes);
-      // The share's panels group by group: a group's last panel holds its last rows only.
-      for (int64_t q = p0; q < p1;) {
-        const int64_t g = q / group_panels, first = q - g * group_panels;
-        const int64_t end = std::min(p1, (g + 1) * group_panels) - g * group_panels;
-        k.pack(data + static_cast<size_t>(g * group_rows + first * kPanelRows) * row_bytes, row_bytes,
-               std::min(group_rows, end * kPanelRows) - first * kPanelRows, cols,
-               p + static_cast<size_t>(q) * panel_bytes);
-        q += end - first;
+      for (int64_t s0 = p0; s0 < p1; s0 += kStep) {
+        const int64_t s1 = std::min(p1, s0 + kStep);
+        std::memset(p + static_cast<size_t>(s0) * panel_bytes, 0, static_cast<size_t>(s1 - s0) * panel_bytes);
+        for (int64_t q = s0; q < s1;) {  // group by group
+          const int64_t g = q / group_panels, first = q - g * group_panels;
+          const int64_t end = std::min(s1, (g + 1) * group_panels) - g * group_panels;
+          k.pack(data + static_cast<size_t>(first_row(q)) * row_bytes, row_bytes,
+                 std::min(group_rows, end * kPanelRows) - first * kPanelRows, cols,
+                 p + static_cast<size_t>(q) * panel_bytes);
+          q += end - first;
+        }
+        // Rows [first_row(s0), first_row(s1)) are this step's alone.
+        drop(data + static_cast<size_t>(first_row(s0)) * row_bytes, data + static_cast<size_t>(first_row(s1)) * row_bytes);
       }
     });
     packed_group_rows_ = group_rows;
     packed_cols_ = cols;
-    // The mapped rows are read again only by GetRows (a tied embedding). In a read-only file mapping (the
-    // checkpoint's) their pages leave the process (MADV_DONTNEED: a later read faults the page back in from
-    // the page cache), so the packed copy replaces them in the resident set instead of doubling it. Memory
-    // that is not such a mapping would lose its contents that way: there the pages are only marked cold.
-    const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-    const uintptr_t first = (reinterpret_cast<uintptr_t>(data) + page - 1) / page * page;
-    const uintptr_t last = (reinterpret_cast<uintptr_t>(data) + bytes) / page * page;
-    if (last > first)
-      madvise(reinterpret_cast<void*>(first), last - first,
-              in_read_only_file_mapping(data, bytes) ? MADV_DONTNEED : MADV_COLD);
+    drop(data, data + bytes);  // the pages the steps shared
   });
   return packed_cols_ == cols && packed_group_rows_ == group_rows ? packed_.get() : nullptr;
 }
