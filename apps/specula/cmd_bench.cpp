@@ -26,6 +26,7 @@
 #include "specula/error.hpp"
 #include "specula/hub.hpp"
 #include "specula/log.hpp"
+#include "specula/op_profile.hpp"
 
 namespace {
 
@@ -189,8 +190,13 @@ int run_bench(const std::vector<std::string>& args) {
     const double step = 1.0 / tgs.median;
     auto ctx = target->new_context(copts);
     std::vector<float> logits = ctx->forward(prompt, 1);
-    const int32_t last = argmax(logits);
-    std::vector<int32_t> tokens(kMaxVerify, last);
+    // The tokens verified: the greedy continuation (what accepted drafts are), so that a mixture of experts
+    // routes them as it would real drafts (one token repeated would select fewer distinct experts).
+    std::vector<int32_t> tokens{argmax(logits)};
+    while (tokens.size() < static_cast<size_t>(kMaxVerify))
+      tokens.push_back(argmax(ctx->forward(std::span<const int32_t>(&tokens.back(), 1), 1)));
+    ctx->truncate(prompt_tokens);
+    const int32_t last = tokens[0];
     costs = nlohmann::json::array();
     for (int k = 1; k + 1 <= kMaxVerify; ++k) {
       std::vector<double> tv, td;
@@ -357,6 +363,17 @@ int run_bench(const std::vector<std::string>& args) {
     }
   }
 
+  // --profile on a mixture of experts: per graph kind (1 row: a decode step; K + 1: a verification), the
+  // distinct experts its MatMulIds selected, summed over the MoE layers, and the expert bytes they read.
+  nlohmann::json experts = nullptr;
+  if (const specula::OpProfile* p = built.backend->profile()) {
+    for (const auto& r : p->expert_reads()) {
+      if (experts.is_null()) experts = nlohmann::json::array();
+      experts.push_back({{"rows", r.rows}, {"nodes", r.nodes}, {"runs", r.runs}, {"moe_layers", r.moe_layers},
+                         {"distinct_experts", r.experts_per_run}, {"expert_bytes", r.bytes_per_run}});
+    }
+  }
+
   const auto& dev = built.backend->device();
   if (as_json) {
     nlohmann::json j = {{"model", pipeline.target.model.string()},
@@ -377,6 +394,7 @@ int run_bench(const std::vector<std::string>& args) {
                         {"peak_rss_mib", peak_rss_mib()},
                         {"speculative", spec},
                         {"verify_costs", costs}};
+    if (!experts.is_null()) j["moe_experts"] = experts;
     if (replaying) j.update(replay);
     if (!constrained.is_null()) j["json_schema"] = constrained;
     fmt::print("{}\n", j.dump(2));
@@ -398,6 +416,12 @@ int run_bench(const std::vector<std::string>& args) {
                       c["verify_ms"].get<double>(), c["verify_steps"].get<double>(), c["draft_ms"].get<double>(),
                       c["round_steps"].get<double>(), a.is_number() ? fmt::format("{:.0f}%", 100 * a.get<double>()) : "never"));
     }
+  }
+  if (!experts.is_null()) {
+    say(fmt::format("{:<8} {:>6} {:>6} {:>8} {:>14} {:>10}", "experts", "rows", "nodes", "runs", "distinct/run", "MB/run"));
+    for (const auto& e : experts)
+      say(fmt::format("{:<8} {:>6} {:>6} {:>8} {:>14.1f} {:>10.2f}", "", e["rows"].get<int64_t>(), e["nodes"].get<int64_t>(),
+                      e["runs"].get<int64_t>(), e["distinct_experts"].get<double>(), e["expert_bytes"].get<double>() / 1e6));
   }
   if (!constrained.is_null()) {
     say(fmt::format("schema   mask {:.3f} ms/row ({:.2f}% of a {:.1f} ms decode step; first run {:.3f} ms/row), {:.2f} tok/s",

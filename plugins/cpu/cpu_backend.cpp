@@ -85,12 +85,17 @@ bool in_read_only_file_mapping(const std::byte* p, size_t n) {
 
 }  // namespace
 
-const std::byte* CpuTensor::packed(const QuantKernel& k, int64_t cols, ThreadPool& pool) {
+const std::byte* CpuTensor::packed(const QuantKernel& k, int64_t cols, ThreadPool& pool, int64_t group_rows) {
   if (!k.pack) return nullptr;
+  const int64_t rows = elements(shape_) / cols;
+  // Groups of whole panels are the whole matrix's layout: a tensor both MatMul and MatMulId multiply (a
+  // centroid head's table) shares one packed copy.
+  if (group_rows <= 0 || group_rows % kPanelRows == 0) group_rows = rows;
+  if (rows % group_rows != 0) return nullptr;
   std::call_once(packed_once_, [&] {
-    const int64_t rows = elements(shape_) / cols;
     const size_t row_bytes = *cpu::row_bytes(type_, cols, &quant), panel_bytes = k.panel_bytes(cols);
-    const int64_t panels = (rows + kPanelRows - 1) / kPanelRows;
+    const int64_t group_panels = (group_rows + kPanelRows - 1) / kPanelRows;
+    const int64_t panels = rows / group_rows * group_panels;
     // Matrices of a megabyte and more in 2 MB pages where the kernel allows: decode streams the panels,
     // and 4 KB pages stop the hardware prefetcher at every page. (Smaller ones would waste most of a page.)
     constexpr size_t kHuge = size_t{2} << 20;
@@ -102,36 +107,42 @@ const std::byte* CpuTensor::packed(const QuantKernel& k, int64_t cols, ThreadPoo
     if (huge) madvise(p, size, MADV_HUGEPAGE);
     packed_ = AlignedBytes(p);
     // The mapped rows are read again only by GetRows (a tied embedding). In a read-only file mapping (the
-    // checkpoint's) their pages leave the process as soon as their panels are written (MADV_DONTNEED: a
-    // later read faults the page back in from the page cache), so the packed copy replaces them in the
-    // resident set instead of doubling it, even for a moment: packing goes 64 MB of panels at a time, so the
-    // peak is one chunk above the panels (a 330 MB LM head once doubled). Memory that is not such a mapping
-    // would lose its contents that way: there the pages are only marked cold, once packing is done.
-    const bool file_pages = in_read_only_file_mapping(data, bytes);
+    // checkpoint's) their pages leave the process as they are packed (MADV_DONTNEED: a later read faults
+    // the page back in from the page cache), so the packed copy replaces them in the resident set instead
+    // of doubling it, even while the matrix is packed (a 26B-A4B expert tensor is 540 MB as Q8_0, its tied
+    // embedding 784 MB). Memory that is not such a mapping would lose its contents that way: there the
+    // pages are only marked cold.
+    const int advice = in_read_only_file_mapping(data, bytes) ? MADV_DONTNEED : MADV_COLD;
     const uintptr_t page = static_cast<uintptr_t>(sysconf(_SC_PAGESIZE));
-    const uintptr_t begin = reinterpret_cast<uintptr_t>(data), end = begin + bytes;
-    uintptr_t released = (begin + page - 1) / page * page;  // the first whole page not yet given back
-    auto release = [&](uintptr_t upto, int advice) {
-      upto = upto / page * page;
-      if (upto > released) madvise(reinterpret_cast<void*>(released), upto - released, advice);
-      released = std::max(released, upto);
+    auto drop = [&](const std::byte* from, const std::byte* to) {  // the whole pages in [from, to)
+      const uintptr_t a = (reinterpret_cast<uintptr_t>(from) + page - 1) / page * page;
+      const uintptr_t b = reinterpret_cast<uintptr_t>(to) / page * page;
+      if (b > a) madvise(reinterpret_cast<void*>(a), b - a, advice);
     };
-    const int64_t chunk = std::max<int64_t>(1, static_cast<int64_t>((size_t{64} << 20) / panel_bytes));
-    for (int64_t c0 = 0; c0 < panels; c0 += chunk) {
-      const int64_t c1 = std::min(panels, c0 + chunk);
-      pool.parallel_for(c1 - c0, 4, [&](int64_t p0, int64_t p1) {
-        p0 += c0, p1 += c0;
-        std::byte* out = p + static_cast<size_t>(p0) * panel_bytes;
-        std::memset(out, 0, static_cast<size_t>(p1 - p0) * panel_bytes);
-        k.pack(data + static_cast<size_t>(p0 * kPanelRows) * row_bytes, row_bytes,
-               std::min(rows, p1 * kPanelRows) - p0 * kPanelRows, cols, out);
-      });
-      if (file_pages) release(begin + static_cast<size_t>(std::min(rows, c1 * kPanelRows)) * row_bytes, MADV_DONTNEED);
-    }
+    // Panel q's rows start here (a group's last panel holds its last rows only).
+    auto first_row = [&](int64_t q) { return q / group_panels * group_rows + q % group_panels * kPanelRows; };
+    constexpr int64_t kStep = 64;  // panels packed before their rows' pages are dropped: about 3 MB of Q8_0 rows of 2816
+    pool.parallel_for(panels, 4, [&](int64_t p0, int64_t p1) {
+      for (int64_t s0 = p0; s0 < p1; s0 += kStep) {
+        const int64_t s1 = std::min(p1, s0 + kStep);
+        std::memset(p + static_cast<size_t>(s0) * panel_bytes, 0, static_cast<size_t>(s1 - s0) * panel_bytes);
+        for (int64_t q = s0; q < s1;) {  // group by group
+          const int64_t g = q / group_panels, first = q - g * group_panels;
+          const int64_t end = std::min(s1, (g + 1) * group_panels) - g * group_panels;
+          k.pack(data + static_cast<size_t>(first_row(q)) * row_bytes, row_bytes,
+                 std::min(group_rows, end * kPanelRows) - first * kPanelRows, cols,
+                 p + static_cast<size_t>(q) * panel_bytes);
+          q += end - first;
+        }
+        // Rows [first_row(s0), first_row(s1)) are this step's alone.
+        drop(data + static_cast<size_t>(first_row(s0)) * row_bytes, data + static_cast<size_t>(first_row(s1)) * row_bytes);
+      }
+    });
+    packed_group_rows_ = group_rows;
     packed_cols_ = cols;
-    release(end, file_pages ? MADV_DONTNEED : MADV_COLD);
+    drop(data, data + bytes);  // the pages the steps shared
   });
-  return packed_cols_ == cols ? packed_.get() : nullptr;
+  return packed_cols_ == cols && packed_group_rows_ == group_rows ? packed_.get() : nullptr;
 }
 
 namespace {
@@ -296,6 +307,7 @@ class CpuBackend final : public ComputeBackend {
   std::unique_ptr<CompiledGraph> compile(const Graph& graph) override;
   void read(const BackendTensor& tensor, std::span<std::byte> dst) override;
   void write(BackendTensor& tensor, std::span<const std::byte> src) override;
+  const OpProfile* profile() const override { return profile_.get(); }
 
  private:
   struct Slot {
@@ -493,13 +505,22 @@ void CpuBackend::run(CpuPlan& plan, const RunInputs& inputs) {
       const bool weighted = (n.op == Op::MatMul || n.op == Op::MatMulId || n.op == Op::GetRows) &&
                             nodes[static_cast<size_t>(n.src[0])].op == Op::Constant;
       const CpuTensor* w = weighted ? slots_[static_cast<size_t>(n.src[0])].tensor : nullptr;
-      // Weight bytes read: the whole matrix, or the gathered rows of a table.
+      // Weight bytes read: the whole matrix, the gathered rows of a table, or the selected experts.
+      std::vector<int32_t> experts;
+      if (n.op == Op::MatMulId) {
+        const Node& ids = nodes[static_cast<size_t>(n.src[2])];
+        const auto* id = reinterpret_cast<const int32_t*>(slots_[static_cast<size_t>(n.src[2])].data);
+        experts.assign(id, id + elements(ids.shape));
+        std::sort(experts.begin(), experts.end());
+        experts.erase(std::unique(experts.begin(), experts.end()), experts.end());
+      }
       const size_t bytes = !w ? 0
                            : n.op == Op::GetRows ? w->bytes / static_cast<size_t>(w->shape()[0]) *
                                                        static_cast<size_t>(elements(nodes[static_cast<size_t>(n.src[1])].shape))
-                                                 : w->bytes;
+                           : n.op == Op::MatMulId ? w->bytes / static_cast<size_t>(w->shape()[0]) * experts.size()
+                                                  : w->bytes;
       profile_->record(graph, i, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(),
-                       w ? w->name() : std::string(), bytes);
+                       w ? w->name() : std::string(), bytes, experts);
     } else {
       execute(graph, i);
     }
@@ -595,8 +616,13 @@ void CpuBackend::execute(const Graph& g, int32_t id) {
       const Node& e = src(0);
       const Node& x = src(1);
       const int64_t E = e.shape[0], O = e.shape[1], I = e.shape[2];
-      matmul_id(pool_, kernels_, matrix(g, n.src[0], E * O, I), E, fsrc(1), x.shape[1] == 1 && n.shape[1] != 1,
-                ints(2), n.shape[0], n.shape[1], reinterpret_cast<float*>(output(n, id)), n.name);
+      Matrix m = matrix(g, n.src[0], E * O, I);
+      // Packed as MatMul's weights are, each expert in panels of its own (CpuTensor::packed).
+      const Slot& ws = slots_[static_cast<size_t>(n.src[0])];
+      if (pack_weights_ && ws.tensor && !ws.tensor->mutable_data && ws.data == ws.tensor->data)
+        if (const QuantKernel* k = quant_kernel(kernels_, m.type)) m.packed = ws.tensor->packed(*k, I, pool_, O);
+      matmul_id(pool_, kernels_, m, E, fsrc(1), x.shape[1] == 1 && n.shape[1] != 1, ints(2), n.shape[0], n.shape[1],
+                reinterpret_cast<float*>(output(n, id)), n.name);
       return;
     }
     case Op::Add:

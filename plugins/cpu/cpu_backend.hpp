@@ -41,8 +41,12 @@ class CpuTensor final : public BackendTensor {
   // The tensor decoded to F32, built on first use by elementwise ops (norm weights, scales).
   const float* as_f32();
   // The tensor as `cols`-column rows in the panels of k.pack, built on first use by a matrix product;
-  // null when the kernel has no packed form or the tensor was first packed with other columns.
-  const std::byte* packed(const QuantKernel& k, int64_t cols, ThreadPool& pool);
+  // null when the kernel has no packed form or the tensor was first packed with other columns or groups.
+  // group_rows > 0 packs each group of that many rows (an expert's matrix of a MatMulId) into panels of its
+  // own, the last one padded with zero rows: group g's panels start at g * ceil(group_rows / kPanelRows)
+  // panels (the whole-matrix layout where group_rows is a multiple of kPanelRows, and then the same copy as
+  // group_rows 0). 0: one group.
+  const std::byte* packed(const QuantKernel& k, int64_t cols, ThreadPool& pool, int64_t group_rows = 0);
 
  private:
   std::string name_;
@@ -53,6 +57,7 @@ class CpuTensor final : public BackendTensor {
   std::once_flag packed_once_;
   AlignedBytes packed_;
   int64_t packed_cols_ = 0;
+  int64_t packed_group_rows_ = 0;
 };
 
 int64_t elements(const Shape& s);

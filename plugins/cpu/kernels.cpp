@@ -62,6 +62,10 @@ void matmul_id(ThreadPool& pool, const KernelSet& kernels, const Matrix& experts
            p / k, p % k, num_experts);
     by_expert[static_cast<size_t>(e)].push_back(p);
   }
+  // Packed experts (CpuTensor::packed with group_rows O): expert e's panels follow e whole experts'.
+  const QuantKernel* qk = experts.packed ? quant_kernel(kernels, experts.type) : nullptr;
+  const size_t expert_panels_bytes =
+      qk ? qk->panel_bytes(I) * static_cast<size_t>((O + kPanelRows - 1) / kPanelRows) : 0;
   std::vector<float> xs, ys;
   for (int64_t e = 0; e < num_experts; ++e) {
     const auto& pairs = by_expert[static_cast<size_t>(e)];
@@ -78,7 +82,7 @@ void matmul_id(ThreadPool& pool, const KernelSet& kernels, const Matrix& experts
     w.data = experts.row(e * O);
     w.rows = O;
     w.row_offset = experts.row_offset + e * O;
-    w.packed = nullptr;
+    w.packed = qk ? experts.packed + static_cast<size_t>(e) * expert_panels_bytes : nullptr;
     matmul(pool, kernels, w, xs.data(), m, ys.data());
     for (int64_t j = 0; j < m; ++j)
       std::copy(ys.begin() + j * O, ys.begin() + (j + 1) * O, y + pairs[static_cast<size_t>(j)] * O);

@@ -36,9 +36,11 @@ void OpProfile::begin_run(const Graph& g) {
   current_ = &tables_[{rows, static_cast<int64_t>(g.nodes().size())}];
   ++current_->runs;
   layer_ = -1;
+  run_experts_.clear();
 }
 
-void OpProfile::record(const Graph& g, int32_t id, double seconds, const std::string& weight, size_t weight_bytes) {
+void OpProfile::record(const Graph& g, int32_t id, double seconds, const std::string& weight, size_t weight_bytes,
+                       std::span<const int32_t> experts) {
   const Node& n = g.nodes()[static_cast<size_t>(id)];
   if (n.op == Op::Input || n.op == Op::Constant || n.op == Op::Reshape) return;
   Table& t = *current_;
@@ -61,6 +63,37 @@ void OpProfile::record(const Graph& g, int32_t id, double seconds, const std::st
   add(t.ops[std::string(op_name(n.op))]);
   if (!weight.empty()) add(t.weights[folded]);
   add(t.layers[layer_]);
+  // Experts: MatMulIds of a layer's weights (a table outside the layers, a one-hot gather or a centroid
+  // head's clusters, is not a mixture of experts).
+  if (n.op == Op::MatMulId && !weight.empty() && l >= 0) {
+    t.moe_layers[layer_] = true;
+    t.expert_bytes += static_cast<double>(weight_bytes);
+    std::vector<bool>& seen = run_experts_[layer_];
+    for (int32_t e : experts) {
+      if (e < 0) continue;
+      if (static_cast<size_t>(e) >= seen.size()) seen.resize(static_cast<size_t>(e) + 1);
+      if (!seen[static_cast<size_t>(e)]) {
+        seen[static_cast<size_t>(e)] = true;
+        t.experts += 1;
+      }
+    }
+  }
+}
+
+std::vector<OpProfile::ExpertReads> OpProfile::expert_reads() const {
+  std::vector<ExpertReads> out;
+  for (const auto& [key, t] : tables_) {
+    if (t.moe_layers.empty()) continue;
+    ExpertReads r;
+    r.rows = key.first;
+    r.nodes = key.second;
+    r.runs = t.runs;
+    r.moe_layers = static_cast<int64_t>(t.moe_layers.size());
+    r.experts_per_run = t.experts / static_cast<double>(t.runs);
+    r.bytes_per_run = t.expert_bytes / static_cast<double>(t.runs);
+    out.push_back(r);
+  }
+  return out;
 }
 
 std::string OpProfile::report() const {
@@ -87,6 +120,11 @@ std::string OpProfile::report() const {
     std::vector<std::pair<std::string, Entry>> layers;
     for (const auto& [l, e] : t.layers) layers.emplace_back(l < 0 ? "outside layers" : fmt::format("layer {}", l), e);
     table("layer (slowest)", layers, 8);
+    if (!t.moe_layers.empty())
+      out += fmt::format("  experts: {:.1f} read per run (the distinct experts of each of {} MoE layers, summed), "
+                         "{:.2f} MB of expert weights\n",
+                         t.experts / static_cast<double>(t.runs), t.moe_layers.size(),
+                         t.expert_bytes / static_cast<double>(t.runs) / 1e6);
   }
   return out;
 }

@@ -629,4 +629,54 @@ TEST(Gemma4Eval, CliPrintsTopLogProbsOfTheSeedPrompt) {
   EXPECT_EQ(i, ref["positions"].size());
 }
 
+// specula bench --profile on the mixture of experts (26b fixture: 6 layers of 8 experts, top 2; Q8_0, so
+// the experts are packed): per graph kind, the distinct experts read summed over the layers lie between
+// top_k * layers and min(E, rows * top_k) * layers, a decode step reads exactly top_k * layers, and the
+// verifications grow with their rows (each one's tokens extend the last one's: the same experts and more).
+TEST(Gemma4BenchProfile, CountsTheExpertsEachGraphReads) {
+  const std::string cmd = std::string(SPECULA_CLI) + " bench -q --plugin-path " + SPECULA_PLUGIN_DIR + " --model " +
+                          (fixture("26b") / "model-q8_0.gguf").string() +
+                          " --threads 1 -p 12 -n 3 -r 1 --verify --profile";
+  auto run = [&](const std::string& c) {
+    FILE* pipe = popen(c.c_str(), "r");
+    if (!pipe) throw std::runtime_error("popen failed: " + c);
+    std::string out;
+    std::array<char, 4096> buf{};
+    size_t n;
+    while ((n = fread(buf.data(), 1, buf.size(), pipe)) > 0) out.append(buf.data(), n);
+    return std::pair{pclose(pipe), out};
+  };
+  const auto [status, out] = run(cmd + " --json 2>/dev/null");
+  ASSERT_EQ(status, 0) << out;
+  const json j = json::parse(out);
+  ASSERT_TRUE(j.contains("moe_experts")) << out;
+  const int64_t layers = 6, E = 8, top_k = 2;
+  std::map<int64_t, double> distinct;
+  double bytes_per_expert = 0;
+  for (const auto& e : j["moe_experts"]) {
+    const int64_t rows = e["rows"];
+    const double d = e["distinct_experts"];
+    EXPECT_EQ(e["moe_layers"].get<int64_t>(), layers) << e;
+    EXPECT_GE(d, double(top_k * layers)) << e;
+    EXPECT_LE(d, double(std::min(E, rows * top_k) * layers)) << e;
+    // Every expert of every layer is the same size: bytes read = experts read x (gate_up + down of one).
+    const double per = e["expert_bytes"].get<double>() / d;
+    if (bytes_per_expert == 0) bytes_per_expert = per;
+    EXPECT_NEAR(per, bytes_per_expert, 1e-6 * per) << e;
+    if (rows <= 9) distinct[rows] = d;  // decode and the verifications (the prompt: 12 rows)
+  }
+  // Q8_0 gate_up [64, 64] and down [64, 32]: 64 x 2 + 64 x 1 blocks of 34 bytes per expert.
+  EXPECT_DOUBLE_EQ(bytes_per_expert, (64 * 2 + 64 * 1) * 34.0);
+  ASSERT_EQ(distinct.size(), 9u) << out;  // 1 row, and 2 .. 9
+  EXPECT_DOUBLE_EQ(distinct[1], double(top_k * layers));
+  for (int64_t rows = 2; rows <= 9; ++rows) EXPECT_GE(distinct[rows], distinct[rows - 1]) << rows << " rows";
+  EXPECT_GT(distinct[9], distinct[1]);
+
+  // The text: bench's table, and the backend's profile (stderr) with its experts line per graph kind.
+  const auto [text_status, text] = run(cmd + " 2>&1");
+  ASSERT_EQ(text_status, 0) << text;
+  for (const char* want : {"\nexperts ", " distinct/run ", "  experts: 12.0 read per run (the distinct experts of each of 6 MoE layers"})
+    EXPECT_NE(text.find(want), std::string::npos) << "missing '" << want << "' in:\n" << text;
+}
+
 }  // namespace

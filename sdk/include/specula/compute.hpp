@@ -18,6 +18,8 @@
 
 namespace specula {
 
+class OpProfile;  // specula/op_profile.hpp
+
 using Shape = std::vector<int64_t>;  // outermost first; the last axis is contiguous
 
 // Storage owned by a backend: a weight, a KV cache, any persistent tensor. Graphs refer to it.
@@ -232,6 +234,10 @@ class ComputeBackend {
   // Copies a persistent tensor to host memory as F32/I32, or host data into it.
   virtual void read(const BackendTensor& tensor, std::span<std::byte> dst) = 0;
   virtual void write(BackendTensor& tensor, std::span<const std::byte> src) = 0;
+
+  // What option `profile` has recorded so far (specula/op_profile.hpp), or null: the option is off or the
+  // backend keeps no profile.
+  virtual const OpProfile* profile() const { return nullptr; }
 };
 
 }  // namespace specula

@@ -6,8 +6,10 @@
 
 #include <cstdint>
 #include <map>
+#include <span>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "specula/compute.hpp"
 
@@ -18,8 +20,21 @@ class OpProfile {
   // Called before a graph's nodes are recorded: its first MatMul's activation rows and its node count
   // name the table they go to.
   void begin_run(const Graph& g);
-  void record(const Graph& g, int32_t id, double seconds, const std::string& weight, size_t weight_bytes);
+  // experts: for a MatMulId, the distinct experts the node read (weight_bytes: their bytes). Each layer's
+  // distinct experts are counted once per run however many MatMulIds read them (gate_up and down); only
+  // MatMulIds of a layer's weight (blk.N.*) count.
+  void record(const Graph& g, int32_t id, double seconds, const std::string& weight, size_t weight_bytes,
+              std::span<const int32_t> experts = {});
   std::string report() const;
+
+  // Mixture-of-experts reads of one graph kind (a table with MatMulId nodes), per run: the sum over its
+  // MoE layers of the distinct experts selected, and the bytes of expert weights its MatMulIds read.
+  struct ExpertReads {
+    int64_t rows = 0, nodes = 0, runs = 0;
+    int64_t moe_layers = 0;
+    double experts_per_run = 0, bytes_per_run = 0;
+  };
+  std::vector<ExpertReads> expert_reads() const;
 
  private:
   struct Entry {
@@ -31,10 +46,13 @@ class OpProfile {
     int64_t runs = 0;
     std::map<std::string, Entry> ops, weights;
     std::map<int, Entry> layers;
+    double experts = 0, expert_bytes = 0;  // over all runs
+    std::map<int, bool> moe_layers;
   };
   std::map<std::pair<int64_t, int64_t>, Table> tables_;  // by (rows, nodes)
   Table* current_ = nullptr;
   int layer_ = -1;
+  std::map<int, std::vector<bool>> run_experts_;  // by layer: the experts this run has read so far
 };
 
 }  // namespace specula

@@ -43,7 +43,8 @@
 //    carries RoundBuffers and a RoundRule instead of device_tokens / device_logits / sampler / state
 // 11: tool calling: ChatMessage gains tool_calls / tool_call_id / name; ChatFormat::render_chat_tools;
 //    SamplingParams gains presence_penalty / frequency_penalty / logit_bias
-#define SPECULA_PLUGIN_ABI_VERSION 11u
+// 12: ComputeBackend::profile (the OpProfile of option `profile`; its ExpertReads of MatMulId nodes)
+#define SPECULA_PLUGIN_ABI_VERSION 12u
 #define SPECULA_PLUGIN_ENTRY_SYMBOL "specula_plugin_entry"
 
 // Compiler, standard library, language standard and the SDK's interface hash: C++ objects cross the
