@@ -80,10 +80,15 @@ int DraftLength::next() {
   for (const Mean& m : verify_) measured = measured || m.weight > 0;
   if (!measured) return initial_;
   const int b = best();
-  if (steps_ % 8 != 0) return b;
+  // While drafting does not pay (b = 0) each try of one draft costs about a step's verification for
+  // nothing, so the tries grow rarer (every 8, 16, ... 64 steps); a length that pays resets the pace.
+  explore_every_ = b > 0 ? 8 : explore_every_;
+  if (steps_ < next_explore_) return b;
+  if (b == 0) explore_every_ = std::min(2 * explore_every_, 64);
+  next_explore_ = steps_ + explore_every_;
   explore_up_ = !explore_up_;
   const int n = explore_up_ ? b + 1 : b - 1;
-  return n < 0 || n > max_ ? b : n;
+  return n < 0 ? std::min(1, max_) : n > max_ ? b - 1 : n;  // at an end of the range, its one neighbour
 }
 
 void DraftLength::observe_step(int n, int accepted, double draft_seconds, double verify_seconds) {

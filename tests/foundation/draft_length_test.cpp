@@ -61,6 +61,19 @@ TEST(DraftLength, StopsDraftingWhenDraftsAreRejected) {
   p.observe_plain(0.100);
   feed(p, 8, 40, [](int) { return 0; }, [](int rows) { return 0.100 + 0.03 * (rows - 1); }, 0.002);
   EXPECT_EQ(p.best(), 0);
+  // Trying one draft again costs a verification for nothing: the tries grow rarer (every 8th step while a
+  // length pays, here at steps 8, 24, 56, 120, 184, 248 of 256).
+  int tries = 0;
+  for (int k = 0; k < 256; ++k) {
+    const int n = p.next();
+    if (n > 0) {
+      ++tries;
+      p.observe_step(n, 0, 0.002, 0.130);
+    } else {
+      p.observe_plain(0.100);
+    }
+  }
+  EXPECT_EQ(tries, 6);
 }
 
 TEST(DraftLength, PicksTheLengthWithTheBestExpectedRate) {

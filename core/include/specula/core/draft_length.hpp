@@ -5,7 +5,8 @@
 //   tokens(K) = 1 + a1 + a1 a2 + ... + a1 ... aK,   time(K) = K draft + verify(K + 1),
 // with verify(1) the plain decode step. Unmeasured costs are interpolated (or extrapolated along the
 // last measured slope); every eighth step tries a neighbour of the best length so its estimates stay
-// current. The choice never changes greedy output: verification decides every token.
+// current (while plain decoding is the best, every 16th, 32nd, then 64th). The choice never changes
+// greedy output: verification decides every token.
 #pragma once
 
 #include <array>
@@ -38,6 +39,8 @@ class DraftLength {
   };
   int max_, initial_;
   int64_t steps_ = 0;
+  int64_t next_explore_ = 8;  // the step that tries a neighbour of the best length
+  int explore_every_ = 8;
   bool explore_up_ = true;
   std::array<Mean, kMax + 2> verify_{};     // by forward rows (1 = plain step)
   Mean draft_per_token_;
