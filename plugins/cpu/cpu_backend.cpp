@@ -94,7 +94,7 @@ const std::byte* CpuTensor::packed(const QuantKernel& k, int64_t cols, ThreadPoo
   if (rows % group_rows != 0) return nullptr;
   std::call_once(packed_once_, [&] {
     const size_t row_bytes = *cpu::row_bytes(type_, cols, &quant), panel_bytes = k.panel_bytes(cols);
-    const int64_t group_panels = (group_rows + kPanelRows - 1) / kPanelRows;
+    const int64_t group_panels = panel_count(group_rows);
     const int64_t panels = rows / group_rows * group_panels;
     // Matrices of a megabyte and more in 2 MB pages where the kernel allows: decode streams the panels,
     // and 4 KB pages stop the hardware prefetcher at every page. (Smaller ones would waste most of a page.)

@@ -45,6 +45,8 @@ struct QuantKernel {
 };
 inline constexpr int64_t kPrefillRows = 16;
 inline constexpr int64_t kPanelRows = 16;
+// The panels holding `rows` rows (the last one padded): a matrix's, or one expert's of a packed MatMulId.
+inline constexpr int64_t panel_count(int64_t rows) { return (rows + kPanelRows - 1) / kPanelRows; }
 
 // MLX affine weights (4 or 8 bits, groups of 32 / 64 / 128): rows of codes, and per-group scales and
 // biases in arrays of their own; every pointer at the first row of the call.

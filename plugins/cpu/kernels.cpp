@@ -65,7 +65,7 @@ void matmul_id(ThreadPool& pool, const KernelSet& kernels, const Matrix& experts
   // Packed experts (CpuTensor::packed with group_rows O): expert e's panels follow e whole experts'.
   const QuantKernel* qk = experts.packed ? quant_kernel(kernels, experts.type) : nullptr;
   const size_t expert_panels_bytes =
-      qk ? qk->panel_bytes(I) * static_cast<size_t>((O + kPanelRows - 1) / kPanelRows) : 0;
+      qk ? qk->panel_bytes(I) * static_cast<size_t>(panel_count(O)) : 0;
   std::vector<float> xs, ys;
   for (int64_t e = 0; e < num_experts; ++e) {
     const auto& pairs = by_expert[static_cast<size_t>(e)];

@@ -56,7 +56,9 @@ void DrafterBase::run_steps(const TargetView& target, int32_t last, int n,
   int32_t x = last;
   for (int k = 0; k < n; ++k) {
     check_token(x);
-    Step& s = step({.first = k == 0}, nullptr);
+    Kind kind;
+    kind.first = k == 0;
+    Step& s = step(kind, nullptr);
     RunInputs in = inputs(s);
     in.inputs.emplace_back(s.token, std::as_bytes(std::span(&x, 1)));
     s.plan->run(in);
@@ -73,7 +75,8 @@ void DrafterBase::run_steps(const TargetView& target, int32_t last, int n,
 // sampler has no device form here; the request then drafts on the host.
 bool DrafterBase::draft_on_backend(const DraftRequest& r) {
   const bool sampled = r.buffers.logits && r.rule.sampler;
-  Kind kind{.drafts = r.buffers.tokens.get()};
+  Kind kind;
+  kind.drafts = r.buffers.tokens.get();
   if (sampled) {
     kind.logits = r.buffers.logits.get();
     kind.sampler = r.rule.sampler->device_key(r.rule.state);

@@ -66,7 +66,7 @@ void OpProfile::record(const Graph& g, int32_t id, double seconds, const std::st
   // Experts: MatMulIds of a layer's weights (a table outside the layers, a one-hot gather or a centroid
   // head's clusters, is not a mixture of experts).
   if (n.op == Op::MatMulId && !weight.empty() && l >= 0) {
-    t.moe_layers[layer_] = true;
+    t.moe_layers.insert(layer_);
     t.expert_bytes += static_cast<double>(weight_bytes);
     std::vector<bool>& seen = run_experts_[layer_];
     for (int32_t e : experts) {

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <map>
+#include <set>
 #include <span>
 #include <string>
 #include <utility>
@@ -47,7 +48,7 @@ class OpProfile {
     std::map<std::string, Entry> ops, weights;
     std::map<int, Entry> layers;
     double experts = 0, expert_bytes = 0;  // over all runs
-    std::map<int, bool> moe_layers;
+    std::set<int> moe_layers;
   };
   std::map<std::pair<int64_t, int64_t>, Table> tables_;  // by (rows, nodes)
   Table* current_ = nullptr;
