@@ -926,7 +926,10 @@ void packed_k_rows(const std::byte* w, size_t panel_bytes, int64_t nw, const std
                    int64_t cols, float* y, int64_t ldy) {
   // Activation rows per pass over a panel. At 4 rows and more the tiles are bound by the dpbusd (AVX2:
   // maddubs) rate, so 8 rows per pass gained AVX-512 3-8 %; AVX2's 16 registers hold 4 (20 % over 2).
-  constexpr int TX = kWide ? 8 : 4;
+  // AVX-512 takes 12: a verification of 8 drafts (9 rows) is then one pass, not 8 + a second pass for 1
+  // (one thread, 6144 x 1536: Q4_K N = 9 0.574 -> 0.538 ms, Q6_K 0.909 -> 0.780; N = 12 -7 / -16 %; the
+  // float sums, touched once per super-block, spill); 16 was slower again from 12 rows on.
+  constexpr int TX = kWide ? 12 : 4;
   for (int64_t o = 0; o < nw; o += kPanelRows) {
     const std::byte* panel = w + static_cast<size_t>(o / kPanelRows) * panel_bytes;
     const int valid = static_cast<int>(nw - o < kPanelRows ? nw - o : kPanelRows);
