@@ -643,84 +643,151 @@ void rows_panel(const std::byte* w, size_t wrb, int64_t nw, const std::byte* x, 
 // ---- packed weights: 16-row panels built once, read by every product ------------------------------------
 // The prefill panels' arithmetic (exact integer dot per 32-value block, then one scale and one add per
 // block and row, in block order) on a layout built when the weight is first multiplied, so decode pays
-// no repacking and reads as many bytes as the file holds. Every row count runs the same operations, so a
-// row's result depends on nothing else in the batch, and equals what the prefill panels give.
-// Panel block (16 weight rows x 32 values), 32-byte aligned:
-//   Q8_0: codes[8][16][4] (dword g of row i: values 4g..4g+3, as panel_codes gives them), f16 scale[16]
-//   Q4_0: nibbles[4][16][4] (byte j of dword g: value 4g+j low, 16+4g+j high: the file's own bytes),
-//         f16 scale[16]
-// Panels follow each other, blocks in order inside a panel; rows past the matrix's end are zeros.
+// no repacking and reads about as many bytes as the file holds. Every row count runs the same operations,
+// so a row's result depends on nothing else in the batch, and equals what the prefill panels give.
+// A panel is a run of units of kBlocks 32-value blocks (16 weight rows each), 32-byte aligned:
+//   Q8_0 (1 block): codes[8][16][4] (dword g of row i: values 4g..4g+3, as panel_codes gives them), f16
+//         scale[16]
+//   Q4_0 (1 block): nibbles[4][16][4] (byte j of dword g: value 4g+j low, 16+4g+j high: the file's own
+//         bytes), f16 scale[16]
+//   IQ4_XS (a super-block, 8 blocks): nibbles[8][4][16][4] as Q4_0's | ls - 32 int8[8][16] | d f16[16]:
+//         2208 bytes for the file's 2176; block j's scale d * (ls - 32) is formed as IQ4_XSUnpack::scale
+//         forms it (one f32 product), so the bits are still the prefill panels'
+// Panels follow each other, units in order inside a panel; rows past the matrix's end are zeros.
+// P::pack(row, u, unit, i) writes unit u of a weight row as row i of `unit`; P::unpack(unit, j, wv) gives
+// block j's codes as the dpbusd (AVX2: maddubs) takes them, P::scales(unit, j) its 16 (AVX2: 8) scales.
 
-struct PackedQ8_0 {
+// One f16 scale per block and row, after the codes.
+template <size_t kCodes>
+struct F16Scales {
+  static constexpr int kBlocks = 1;
+  static constexpr size_t kUnitBytes = kCodes + 2 * kPanelRows;
+#if SPECULA_WIDE
+  static __m512 scales(const std::byte* unit, int) {
+    return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(unit + kCodes)));
+  }
+#else
+  static __m256 scales(const std::byte* unit, int, int h) {
+    return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(unit + kCodes + 16 * h)));
+  }
+#endif
+};
+
+struct PackedQ8_0 : F16Scales<512> {
   using Unpack = Q8_0Unpack;
-  static constexpr size_t kCodes = 512;
-  static void pack(const std::byte* wb, std::byte* out, int i) {
+  static void pack(const std::byte* row, int64_t u, std::byte* out, int i) {
+    const std::byte* wb = Unpack::at(row, u);
     alignas(32) uint8_t c[32];
     _mm256_store_si256(reinterpret_cast<__m256i*>(c), Unpack::panel_codes(wb));
     for (int g = 0; g < 8; ++g) std::memcpy(out + 64 * g + 4 * i, c + 4 * g, 4);
+    std::memcpy(out + 512 + 2 * i, wb, 2);
   }
 #if SPECULA_WIDE
-  static void unpack(const std::byte* blk, __m512i* wv) {
+  static void unpack(const std::byte* blk, int, __m512i* wv) {
     for (int g = 0; g < 8; ++g) wv[g] = _mm512_loadu_si512(blk + 64 * g);
   }
 #else
-  static void unpack(const std::byte* blk, int h, __m256i* wv) {
+  static void unpack(const std::byte* blk, int, int h, __m256i* wv) {
     for (int g = 0; g < 8; ++g) wv[g] = loadu256(blk + 64 * g + 32 * h);
   }
 #endif
 };
 
-struct PackedQ4_0 {
+// Four lines of nibbles at p (values 4g.. low, 16 + 4g.. high) to the 8 code vectors, through `look`
+// (the identity for Q4_0, IQ4's table).
+#if SPECULA_WIDE
+template <class Look>
+inline void unpack_nibbles(const std::byte* p, __m512i* wv, Look look) {
+  const __m512i m = _mm512_set1_epi8(0x0f);
+  for (int g = 0; g < 4; ++g) {
+    const __m512i z = _mm512_loadu_si512(p + 64 * g);
+    wv[g] = look(_mm512_and_si512(z, m));
+    wv[g + 4] = look(_mm512_and_si512(_mm512_srli_epi16(z, 4), m));
+  }
+}
+#else
+template <class Look>
+inline void unpack_nibbles(const std::byte* p, int h, __m256i* wv, Look look) {
+  const __m256i m = _mm256_set1_epi8(0x0f);
+  for (int g = 0; g < 4; ++g) {
+    const __m256i z = loadu256(p + 64 * g + 32 * h);
+    wv[g] = look(_mm256_and_si256(z, m));
+    wv[g + 4] = look(_mm256_and_si256(_mm256_srli_epi16(z, 4), m));
+  }
+}
+#endif
+
+struct PackedQ4_0 : F16Scales<256> {
   using Unpack = Q4_0Unpack;
-  static constexpr size_t kCodes = 256;
-  static void pack(const std::byte* wb, std::byte* out, int i) {
+  static void pack(const std::byte* row, int64_t u, std::byte* out, int i) {
+    const std::byte* wb = Unpack::at(row, u);
     for (int g = 0; g < 4; ++g) std::memcpy(out + 64 * g + 4 * i, wb + 2 + 4 * g, 4);
+    std::memcpy(out + 256 + 2 * i, wb, 2);
   }
 #if SPECULA_WIDE
-  static void unpack(const std::byte* blk, __m512i* wv) {
-    const __m512i m = _mm512_set1_epi8(0x0f);
-    for (int g = 0; g < 4; ++g) {
-      const __m512i z = _mm512_loadu_si512(blk + 64 * g);
-      wv[g] = _mm512_and_si512(z, m);
-      wv[g + 4] = _mm512_and_si512(_mm512_srli_epi16(z, 4), m);
-    }
+  static void unpack(const std::byte* blk, int, __m512i* wv) {
+    unpack_nibbles(blk, wv, [](__m512i v) { return v; });
   }
 #else
-  static void unpack(const std::byte* blk, int h, __m256i* wv) {
-    const __m256i m = _mm256_set1_epi8(0x0f);
-    for (int g = 0; g < 4; ++g) {
-      const __m256i z = loadu256(blk + 64 * g + 32 * h);
-      wv[g] = _mm256_and_si256(z, m);
-      wv[g + 4] = _mm256_and_si256(_mm256_srli_epi16(z, 4), m);
+  static void unpack(const std::byte* blk, int, int h, __m256i* wv) {
+    unpack_nibbles(blk, h, wv, [](__m256i v) { return v; });
+  }
+#endif
+};
+
+struct PackedIQ4_XS {
+  using Unpack = IQ4_XSUnpack;
+  static constexpr int kBlocks = 8;
+  static constexpr size_t kScale = 2048, kD = 2176, kUnitBytes = 2208;
+  static void pack(const std::byte* row, int64_t u, std::byte* out, int i) {
+    const std::byte* sb = row + 136 * u;
+    for (int j = 0; j < 8; ++j) {
+      for (int g = 0; g < 4; ++g) std::memcpy(out + 256 * j + 64 * g + 4 * i, sb + 8 + 16 * j + 4 * g, 4);
+      uint16_t high;
+      std::memcpy(&high, sb + 2, 2);
+      const int ls = ((static_cast<int>(sb[4 + j / 2]) >> (4 * (j % 2))) & 0xf) | (((high >> (2 * j)) & 3) << 4);
+      out[kScale + 16 * j + i] = static_cast<std::byte>(static_cast<int8_t>(ls - 32));
     }
+    std::memcpy(out + kD + 2 * i, sb, 2);
+  }
+#if SPECULA_WIDE
+  static void unpack(const std::byte* unit, int j, __m512i* wv) {
+    // The table's values + 128 (unsigned, as IQ4Codes::codes gives them on this set).
+    const __m512i table = _mm512_broadcast_i32x4(_mm_xor_si128(Unpack::table(), _mm_set1_epi8(-128)));
+    unpack_nibbles(unit + 256 * j, wv, [&](__m512i v) { return _mm512_shuffle_epi8(table, v); });
+  }
+  static __m512 scales(const std::byte* unit, int j) {
+    const __m512 d = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(unit + kD)));
+    const __m128i ls = _mm_loadu_si128(reinterpret_cast<const __m128i*>(unit + kScale + 16 * j));
+    return _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(ls)));
+  }
+#else
+  static void unpack(const std::byte* unit, int j, int h, __m256i* wv) {
+    const __m256i table = _mm256_broadcastsi128_si256(Unpack::table());  // signed: |w| against sign(x, w)
+    unpack_nibbles(unit + 256 * j, h, wv, [&](__m256i v) { return _mm256_shuffle_epi8(table, v); });
+  }
+  static __m256 scales(const std::byte* unit, int j, int h) {
+    const __m256 d = _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(unit + kD + 16 * h)));
+    const __m128i ls = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(unit + kScale + 16 * j + 8 * h));
+    return _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(ls)));
   }
 #endif
 };
 
 template <class P>
-constexpr size_t packed_block_bytes() {
-  return P::kCodes + 2 * kPanelRows;
-}
-template <class P>
 size_t packed_panel_bytes(int64_t cols) {
-  return packed_block_bytes<P>() * static_cast<size_t>(cols / 32);
+  return P::kUnitBytes * static_cast<size_t>(cols / (32 * P::kBlocks));
 }
 
 // Weight rows [0, nw) (row_bytes apart) into ceil(nw / 16) panels at out (zeroed by the caller).
 template <class P>
 void pack_weights(const std::byte* w, size_t wrb, int64_t nw, int64_t cols, std::byte* out) {
-  const int64_t nb = cols / 32;
+  const int64_t units = cols / (32 * P::kBlocks);
   for (int64_t o = 0; o < nw; o += kPanelRows) {
     const int rows = static_cast<int>(nw - o < kPanelRows ? nw - o : kPanelRows);
     std::byte* panel = out + static_cast<size_t>(o / kPanelRows) * packed_panel_bytes<P>(cols);
-    for (int64_t b = 0; b < nb; ++b) {
-      std::byte* blk = panel + static_cast<size_t>(b) * packed_block_bytes<P>();
-      for (int i = 0; i < rows; ++i) {
-        const std::byte* wb = P::Unpack::at(w + (o + i) * wrb, b);
-        P::pack(wb, blk, i);
-        std::memcpy(blk + P::kCodes + 2 * i, wb, 2);  // the f16 scale
-      }
-    }
+    for (int64_t u = 0; u < units; ++u)
+      for (int i = 0; i < rows; ++i) P::pack(w + (o + i) * wrb, u, panel + static_cast<size_t>(u) * P::kUnitBytes, i);
   }
 }
 
@@ -729,16 +796,18 @@ template <class P, int RX>
 [[gnu::always_inline]] inline void packed_tile(const std::byte* panel, int valid, const std::byte* x, size_t xs,
                                                int64_t cols, float* y, int64_t ldy) {
   const int64_t nb = cols / 32;
-  constexpr size_t kBlock = packed_block_bytes<P>();
+  // Each block prefetches its share of a unit's bytes, a unit at a time.
+  constexpr size_t kShare = P::kUnitBytes / P::kBlocks;
   const auto& [xq, xd, xi] = PanelRecords<RX>(x, xs, cols);
 #if SPECULA_WIDE
   __m512 acc[RX];
   for (int r = 0; r < RX; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t b = 0; b < nb; ++b) {
-    const std::byte* blk = panel + static_cast<size_t>(b) * kBlock;
-    prefetch_ahead(blk, kBlock);
+    const std::byte* unit = panel + static_cast<size_t>(b / P::kBlocks) * P::kUnitBytes;
+    const int j = static_cast<int>(b % P::kBlocks);
+    prefetch_ahead(unit + kShare * j, kShare);
     __m512i wv[8];
-    P::unpack(blk, wv);
+    P::unpack(unit, j, wv);
     // Two partial sums per row when there are few rows: the integer sum is the same, the chain half as long.
     constexpr int kChains = RX < 4 ? 2 : 1;
     __m512i sum[kChains][RX];
@@ -753,7 +822,7 @@ template <class P, int RX>
         __m512i& s = sum[g % kChains][r];
         s = _mm512_dpbusd_epi32(s, wv[g], _mm512_set1_epi32(x4));
       }
-    const __m512 dw = _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(blk + P::kCodes)));
+    const __m512 dw = P::scales(unit, j);
     for (int r = 0; r < RX; ++r) {
       const __m512i s = kChains == 2 ? _mm512_add_epi32(sum[0][r], sum[kChains - 1][r]) : sum[0][r];
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(xd[r][X32Layout::d(b)])), acc[r]);
@@ -767,10 +836,11 @@ template <class P, int RX>
     __m256 acc[RX];
     for (int r = 0; r < RX; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t b = 0; b < nb; ++b) {
-      const std::byte* blk = panel + static_cast<size_t>(b) * kBlock;
-      prefetch_ahead(blk, kBlock);
+      const std::byte* unit = panel + static_cast<size_t>(b / P::kBlocks) * P::kUnitBytes;
+      const int j = static_cast<int>(b % P::kBlocks);
+      prefetch_ahead(unit + kShare * j, kShare);
       __m256i wv[8];
-      P::unpack(blk, h, wv);
+      P::unpack(unit, j, h, wv);
       __m256i sum[RX];
       for (int r = 0; r < RX; ++r) sum[r] = _mm256_set1_epi32(xi[r][b]);
       for (int g = 0; g < 8; ++g) {
@@ -783,8 +853,7 @@ template <class P, int RX>
           sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xv), ones));
         }
       }
-      const __m256 dw =
-          _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(blk + P::kCodes + 16 * h)));
+      const __m256 dw = P::scales(unit, j, h);
       for (int r = 0; r < RX; ++r)
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), _mm256_mul_ps(dw, _mm256_set1_ps(xd[r][X32Layout::d(b)])), acc[r]);
     }
@@ -837,7 +906,7 @@ void add_x32_kernels(KernelSet& set) {
   set.q5_0 = x32<Q5_0Unpack>(&rows_panel<Q5_0Unpack>);
   set.q5_1 = x32<Q5_1Unpack>(nullptr);
   set.iq4_nl = x32<IQ4_NLUnpack>(&rows_panel<IQ4_NLUnpack>);
-  set.iq4_xs = x32<IQ4_XSUnpack>(&rows_panel<IQ4_XSUnpack>);
+  set.iq4_xs = x32_packed<PackedIQ4_XS>();
 }
 
 }  // namespace specula::cpu::SPECULA_ISA_NS
