@@ -650,6 +650,7 @@ void rows_panel(const std::byte* w, size_t wrb, int64_t nw, const std::byte* x, 
 //         scale[16]
 //   Q4_0 (1 block): nibbles[4][16][4] (byte j of dword g: value 4g+j low, 16+4g+j high: the file's own
 //         bytes), f16 scale[16]
+//   Q5_0 (1 block): Q4_0's nibbles | fifth bits [16][4] (PackedQ5_0) | f16 scale[16]: the file's size
 //   IQ4_XS (a super-block, 8 blocks): nibbles[8][4][16][4] as Q4_0's | ls - 32 int8[8][16] | d f16[16]:
 //         2208 bytes for the file's 2176; block j's scale d * (ls - 32) is formed as IQ4_XSUnpack::scale
 //         forms it (one f32 product), so the bits are still the prefill panels'
@@ -731,6 +732,54 @@ struct PackedQ4_0 : F16Scales<256> {
 #else
   static void unpack(const std::byte* blk, int, int h, __m256i* wv) {
     unpack_nibbles(blk, h, wv, [](__m256i v) { return v; });
+  }
+#endif
+};
+
+// Q5_0: Q4_0's nibbles, then the fifth bits rearranged so that one rotation (AVX2: one 16-bit shift) puts
+// each where its code wants it: [16 rows][4 bytes], bit 2g + H of byte b the fifth bit of value
+// 16H + 4g + b (the file's 4 qh bytes a row, so the panel is the file's size), then the f16 scales.
+struct PackedQ5_0 : F16Scales<320> {
+  using Unpack = Q5_0Unpack;
+  static void pack(const std::byte* row, int64_t u, std::byte* out, int i) {
+    const std::byte* wb = Unpack::at(row, u);  // f16 d, u32 qh (bit k: value k), 16 bytes of nibbles
+    for (int g = 0; g < 4; ++g) std::memcpy(out + 64 * g + 4 * i, wb + 6 + 4 * g, 4);
+    uint32_t qh;
+    std::memcpy(&qh, wb + 2, 4);
+    for (int b = 0; b < 4; ++b) {
+      unsigned v = 0;
+      for (int g = 0; g < 4; ++g)
+        for (int h = 0; h < 2; ++h) v |= ((qh >> (16 * h + 4 * g + b)) & 1u) << (2 * g + h);
+      out[256 + 4 * i + b] = static_cast<std::byte>(v);
+    }
+    std::memcpy(out + 320 + 2 * i, wb, 2);
+  }
+#if SPECULA_WIDE
+  static void unpack(const std::byte* blk, int, __m512i* wv) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), m5 = _mm512_set1_epi8(0x10);
+    const __m512i fb = _mm512_loadu_si512(blk + 256);
+    // Bit 2g + h of each byte to bit 4: a rotation of its dword that keeps it inside its byte.
+    auto fifth = [&](int bit) { return _mm512_and_si512(_mm512_rolv_epi32(fb, _mm512_set1_epi32((4 - bit) & 31)), m5); };
+    for (int g = 0; g < 4; ++g) {
+      const __m512i z = _mm512_loadu_si512(blk + 64 * g);
+      wv[g] = _mm512_ternarylogic_epi32(z, fifth(2 * g), m4, 0xEC);  // (z & 15) | fifth
+      wv[g + 4] = _mm512_ternarylogic_epi32(_mm512_srli_epi16(z, 4), fifth(2 * g + 1), m4, 0xEC);
+    }
+  }
+#else
+  static void unpack(const std::byte* blk, int, int h, __m256i* wv) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f), m5 = _mm256_set1_epi8(0x10);
+    const __m256i fb = loadu256(blk + 256 + 32 * h);
+    // Bit 2g + h of each byte to bit 4: 16-bit shifts of at most 4 keep it inside its byte.
+    auto fifth = [&](int bit) {
+      const __m256i v = bit < 4 ? _mm256_sll_epi16(fb, _mm_cvtsi32_si128(4 - bit)) : _mm256_srl_epi16(fb, _mm_cvtsi32_si128(bit - 4));
+      return _mm256_and_si256(v, m5);
+    };
+    for (int g = 0; g < 4; ++g) {
+      const __m256i z = loadu256(blk + 64 * g + 32 * h);
+      wv[g] = _mm256_or_si256(_mm256_and_si256(z, m4), fifth(2 * g));
+      wv[g + 4] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(z, 4), m4), fifth(2 * g + 1));
+    }
   }
 #endif
 };
@@ -903,7 +952,7 @@ void add_x32_kernels(KernelSet& set) {
   set.q8_0 = x32_packed<PackedQ8_0>();
   set.q4_0 = x32_packed<PackedQ4_0>();
   set.q4_1 = x32<Q4_1Unpack>(nullptr);  // prompt chunks: matmul_gemm
-  set.q5_0 = x32<Q5_0Unpack>(&rows_panel<Q5_0Unpack>);
+  set.q5_0 = x32_packed<PackedQ5_0>();
   set.q5_1 = x32<Q5_1Unpack>(nullptr);
   set.iq4_nl = x32<IQ4_NLUnpack>(&rows_panel<IQ4_NLUnpack>);
   set.iq4_xs = x32_packed<PackedIQ4_XS>();

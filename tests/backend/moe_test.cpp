@@ -86,7 +86,7 @@ TEST_P(PackedExperts, MatMulIdEqualsMatMulPerExpert) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, PackedExperts,
-                         ::testing::Combine(::testing::Values(DType::Q8_0, DType::Q4_0, DType::IQ4_XS, DType::Q4_K, DType::Q6_K),
+                         ::testing::Combine(::testing::Values(DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::IQ4_XS, DType::Q4_K, DType::Q6_K),
                                             ::testing::Bool()),
                          [](const auto& info) {
                            return std::string(dtype_name(std::get<0>(info.param))) +
@@ -96,7 +96,7 @@ INSTANTIATE_TEST_SUITE_P(Types, PackedExperts,
 // Packed and unpacked experts compute the same products up to rounding (the packed panels round
 // differently from the tiles, docs/backends.md), so the packed layout holds the right rows.
 TEST(PackedExpertsRounding, CloseToUnpacked) {
-  for (DType type : {DType::Q8_0, DType::Q4_0, DType::IQ4_XS, DType::Q4_K, DType::Q6_K}) {
+  for (DType type : {DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::IQ4_XS, DType::Q4_K, DType::Q6_K}) {
     const int64_t E = 3, O = 24, I = 256, N = 4, K = 2;
     const size_t rb = *dtype_row_bytes(type, static_cast<uint64_t>(I));
     auto w = test::random_floats(static_cast<size_t>(E * O * I), 61);
