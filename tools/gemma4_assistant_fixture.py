@@ -76,8 +76,9 @@ REAL_E4B = dict(REAL, name="e4b-real", backbone=2560, kv=2, seed=108)
 # google/gemma-4-26B-A4B-it-assistant (third-party configs, spec §1.2): hidden 1024, 16 query heads, FFN
 # 8192, window 1024, no ordered embeddings: its head is dense, so only the upstream GGUF layout
 # (gguf-f32, which drops the centroids) is a faithful file.
-REAL_26B = dict(REAL, name="26b-a4b-real", hidden=1024, backbone=2816, heads=16, kv=8, ffn=8192, window=1024,
-                context=262144, seed=126)
+# Its full-attention layer reads the target's 2 global KV heads: head_count_kv per layer, [8, 8, 8, 2].
+REAL_26B = dict(REAL, name="26b-a4b-real", hidden=1024, backbone=2816, heads=16, kv=8, kv_global=2, ffn=8192,
+                window=1024, context=262144, seed=126)
 ALL_FORMATS = ["gguf-f32", "gguf-seed", "hf", "hf-tok", "mlx4"]
 
 
@@ -85,6 +86,7 @@ class Spec:
     def __init__(self, v, backbone=None):
         self.__dict__.update(v)
         self.vocab = v.get("vocab", VOCAB)  # tools/train-tiny sets its own
+        self.kv_global = v.get("kv_global")  # KV heads of the full-attention layers, when they differ
         if backbone is not None:
             self.backbone = backbone
         self.L = len(self.layers)
@@ -95,6 +97,9 @@ class Spec:
 
     def hd(self, l):
         return self.hd_f if self.layers[l] == F else self.hd_s
+
+    def nkv(self, l):
+        return self.kv_global if self.kv_global and self.layers[l] == F else self.kv
 
 
 def make_weights(spec):
@@ -146,7 +151,7 @@ def hf_config(spec):
         "vocab_size": spec.vocab, "hidden_size": spec.hidden, "intermediate_size": spec.ffn,
         "num_hidden_layers": spec.L, "num_attention_heads": spec.heads,
         "num_key_value_heads": spec.kv, "head_dim": spec.hd_s, "global_head_dim": spec.hd_f,
-        "num_global_key_value_heads": None, "attention_k_eq_v": False,
+        "num_global_key_value_heads": spec.kv_global, "attention_k_eq_v": bool(spec.kv_global),
         "hidden_activation": "gelu_pytorch_tanh", "max_position_embeddings": spec.context,
         "rms_norm_eps": g4.EPS, "sliding_window": spec.window, "layer_types": spec.layers,
         "final_logit_softcapping": None, "tie_word_embeddings": True,
@@ -242,7 +247,8 @@ def write_gguf(path, spec, w, vocab_path, ordering=None, seed=False, tokenizer_k
            kv(A + "embedding_length", T.T_U32, spec.hidden),
            kv(A + "feed_forward_length", T.T_U32, spec.ffn),
            kv(A + "attention.head_count", T.T_U32, spec.heads),
-           kv(A + "attention.head_count_kv", T.T_U32, spec.kv),
+           kv(A + "attention.head_count_kv", T.T_ARR, (T.T_I32, [spec.nkv(l) for l in range(spec.L)]))
+           if spec.kv_global else kv(A + "attention.head_count_kv", T.T_U32, spec.kv),
            kv(A + "rope.freq_base", T.T_F32, g4.ROPE_THETA), kv(A + "rope.freq_base_swa", T.T_F32, g4.ROPE_THETA_SWA),
            kv(A + "attention.layer_norm_rms_epsilon", T.T_F32, g4.EPS),
            kv(A + "attention.key_length", T.T_U32, spec.hd_f), kv(A + "attention.value_length", T.T_U32, spec.hd_f),

@@ -45,7 +45,13 @@ class AssistantConverter final : public Converter {
     k.ffn = tc.value("intermediate_size", int64_t{2048});
     k.heads = c.heads;
     k.kv_heads = tc.value("num_key_value_heads", int64_t{1});
-    for (const Layer& l : c.layers) k.sliding.push_back(!l.full);
+    // 26B-A4B / 31B: the full-attention layer reads the target's global KV heads, so head_count_kv goes per
+    // layer as for the target (llama.cpp sizes its views of the target's cache by it).
+    const bool global_kv = tc.contains("num_global_key_value_heads") && !tc["num_global_key_value_heads"].is_null();
+    for (const Layer& l : c.layers) {
+      k.sliding.push_back(!l.full);
+      if (global_kv) k.kv_heads_per_layer.push_back(l.full ? tc["num_global_key_value_heads"].get<int64_t>() : k.kv_heads);
+    }
     k.head_dim_full = tc.value("global_head_dim", int64_t{512});
     k.head_dim_swa = tc.value("head_dim", int64_t{256});
     k.rope_theta = c.rope_full.theta;

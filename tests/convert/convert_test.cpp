@@ -246,6 +246,29 @@ TEST(Convert, AssistantBothSchemasEqualTheFixtureWritersGguf) {
   EXPECT_EQ(q8.find("assist_pre_proj.weight")->type, specula::DType::Q8_0);
 }
 
+// The 26B-A4B and 31B assistants' full-attention layer reads the target's global KV heads: head_count_kv
+// then goes per layer, as llama.cpp's converter writes it (llama.cpp sizes its views of the target's cache
+// by it and aborts on a scalar). The drafter's layers are Q-only, so the config alone changes.
+TEST(Convert, AssistantWithGlobalKvHeadsWritesThemPerLayer) {
+  SKIP_UNDER_SANITIZERS();
+  const fs::path dir = fixture("e2b");
+  test::TempDir tmp;
+  const fs::path src = tmp / "assistant-global-kv";
+  fs::copy(dir / "assistant-hf-tok", src, fs::copy_options::recursive);
+  nlohmann::json cfg = nlohmann::json::parse(std::ifstream(src / "config.json"));
+  cfg["text_config"]["num_key_value_heads"] = 2;
+  cfg["text_config"]["num_global_key_value_heads"] = 1;
+  std::ofstream(src / "config.json") << cfg.dump();
+  for (const std::string schema : {"seed", "upstream"}) {
+    const Gguf g = read(converted(tmp, src, schema + ".gguf", "--outtype f32 --schema " + schema));
+    EXPECT_EQ(g.file.metadata.at("gemma4-assistant.attention.head_count_kv"), nlohmann::json::array({2, 2, 2, 1}))
+        << schema;
+  }
+  // Without it, one scalar as before.
+  const Gguf plain = read(converted(tmp, dir / "assistant-hf-tok", "plain.gguf", "--outtype f32"));
+  EXPECT_TRUE(plain.file.metadata.at("gemma4-assistant.attention.head_count_kv").is_number());
+}
+
 // ------------------------------------------------------------------ HF -> GGUF -> Specula = HF -> Specula
 
 std::vector<float> logits(const fs::path& model, const std::vector<int32_t>& tokens) {
