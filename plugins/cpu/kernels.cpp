@@ -416,29 +416,40 @@ inline __m256 tanh8(__m256 x) {
 }
 }  // namespace
 
+namespace {
+// f (8 lanes at a time) over x[i0, i1) into out. A partial last group goes through a padded register, not
+// a scalar formula: every value gets the same arithmetic wherever a chunk ends, and chunk ends move with
+// the thread count and the row count (a verification's rows must get a decode step's bits; a scalar tail
+// with std::tanh once flipped near-tied argmaxes between them).
+template <class F>
+void map8(const float* x, int64_t i0, int64_t i1, float* out, F f) {
+  int64_t i = i0;
+  for (; i + 8 <= i1; i += 8) _mm256_storeu_ps(out + i, f(_mm256_loadu_ps(x + i)));
+  if (i < i1) {
+    alignas(32) float buf[8] = {};
+    std::copy(x + i, x + i1, buf);
+    _mm256_store_ps(buf, f(_mm256_load_ps(buf)));
+    std::copy(buf, buf + (i1 - i), out + i);
+  }
+}
+}  // namespace
+
 void gelu_tanh(ThreadPool& pool, const float* x, int64_t n, float* out) {
   pool.parallel_for(n, 4096, [&](int64_t i0, int64_t i1) {
-    const float k = 0.7978845608028654f;  // sqrt(2 / pi)
-    int64_t i = i0;
-    for (; i + 8 <= i1; i += 8) {
-      const __m256 v = _mm256_loadu_ps(x + i);
-      const __m256 inner = _mm256_mul_ps(_mm256_set1_ps(k), _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), v), _mm256_mul_ps(v, v), v));
+    map8(x, i0, i1, out, [](__m256 v) {
+      const __m256 k = _mm256_set1_ps(0.7978845608028654f);  // sqrt(2 / pi)
+      const __m256 inner = _mm256_mul_ps(k, _mm256_fmadd_ps(_mm256_mul_ps(_mm256_set1_ps(0.044715f), v), _mm256_mul_ps(v, v), v));
       const __m256 t = _mm256_add_ps(_mm256_set1_ps(1.0f), tanh8(inner));
-      _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), v), t));
-    }
-    for (; i < i1; ++i) {
-      const float v = x[i];
-      out[i] = 0.5f * v * (1.0f + std::tanh(k * (v + 0.044715f * v * v * v)));
-    }
+      return _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(0.5f), v), t);
+    });
   });
 }
 
 void softcap(ThreadPool& pool, const float* x, int64_t n, float cap, float* out) {
   pool.parallel_for(n, 4096, [&](int64_t i0, int64_t i1) {
-    int64_t i = i0;
-    for (; i + 8 <= i1; i += 8)
-      _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_set1_ps(cap), tanh8(_mm256_div_ps(_mm256_loadu_ps(x + i), _mm256_set1_ps(cap)))));
-    for (; i < i1; ++i) out[i] = cap * std::tanh(x[i] / cap);
+    map8(x, i0, i1, out, [&](__m256 v) {
+      return _mm256_mul_ps(_mm256_set1_ps(cap), tanh8(_mm256_div_ps(v, _mm256_set1_ps(cap))));
+    });
   });
 }
 
