@@ -414,9 +414,7 @@ inline __m256 tanh8(__m256 x) {
   large = _mm256_or_ps(large, _mm256_and_ps(sign, x));
   return _mm256_blendv_ps(small, large, _mm256_cmp_ps(ax, _mm256_set1_ps(0.625f), _CMP_GT_OQ));
 }
-}  // namespace
 
-namespace {
 // f (8 lanes at a time) over x[i0, i1) into out. A partial last group goes through a padded register, not
 // a scalar formula: every value gets the same arithmetic wherever a chunk ends, and chunk ends move with
 // the thread count and the row count (a verification's rows must get a decode step's bits; a scalar tail

@@ -228,13 +228,16 @@ struct IQ4_XSUnpack : IQ4Codes<0> {
   static constexpr size_t kBytes = 17;  // 136 / 8, for the prefetch distance
   static constexpr bool kAffine = false;
   static const std::byte* at(const std::byte* row, int64_t b) { return row + 136 * (b / 8) + 8 + 16 * (b % 8); }
-  static float scale(const std::byte* row, int64_t b) {
-    const std::byte* sb = row + 136 * (b / 8);
-    const int ib = static_cast<int>(b % 8);
+  // Block ib's signed 6-bit scale ls - 32 in super-block sb (the scale is d times it).
+  static int scale_code(const std::byte* sb, int ib) {
     uint16_t high;
     std::memcpy(&high, sb + 2, 2);
     const int ls = ((static_cast<int>(sb[4 + ib / 2]) >> (4 * (ib % 2))) & 0xf) | (((high >> (2 * ib)) & 3) << 4);
-    return f16(sb) * static_cast<float>(ls - 32);
+    return ls - 32;
+  }
+  static float scale(const std::byte* row, int64_t b) {
+    const std::byte* sb = row + 136 * (b / 8);
+    return f16(sb) * static_cast<float>(scale_code(sb, static_cast<int>(b % 8)));
   }
   static __m128 scales4(const std::byte* row, int64_t b) {
     return _mm_setr_ps(scale(row, b), scale(row, b + 1), scale(row, b + 2), scale(row, b + 3));
@@ -663,6 +666,8 @@ template <size_t kCodes>
 struct F16Scales {
   static constexpr int kBlocks = 1;
   static constexpr size_t kUnitBytes = kCodes + 2 * kPanelRows;
+  // Row i's scale: the f16 that starts the file's block wb.
+  static void pack_scale(const std::byte* wb, std::byte* unit, int i) { std::memcpy(unit + kCodes + 2 * i, wb, 2); }
 #if SPECULA_WIDE
   static __m512 scales(const std::byte* unit, int) {
     return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(unit + kCodes)));
@@ -681,7 +686,7 @@ struct PackedQ8_0 : F16Scales<512> {
     alignas(32) uint8_t c[32];
     _mm256_store_si256(reinterpret_cast<__m256i*>(c), Unpack::panel_codes(wb));
     for (int g = 0; g < 8; ++g) std::memcpy(out + 64 * g + 4 * i, c + 4 * g, 4);
-    std::memcpy(out + 512 + 2 * i, wb, 2);
+    pack_scale(wb, out, i);
   }
 #if SPECULA_WIDE
   static void unpack(const std::byte* blk, int, __m512i* wv) {
@@ -723,7 +728,7 @@ struct PackedQ4_0 : F16Scales<256> {
   static void pack(const std::byte* row, int64_t u, std::byte* out, int i) {
     const std::byte* wb = Unpack::at(row, u);
     for (int g = 0; g < 4; ++g) std::memcpy(out + 64 * g + 4 * i, wb + 2 + 4 * g, 4);
-    std::memcpy(out + 256 + 2 * i, wb, 2);
+    pack_scale(wb, out, i);
   }
 #if SPECULA_WIDE
   static void unpack(const std::byte* blk, int, __m512i* wv) {
@@ -752,7 +757,7 @@ struct PackedQ5_0 : F16Scales<320> {
         for (int h = 0; h < 2; ++h) v |= ((qh >> (16 * h + 4 * g + b)) & 1u) << (2 * g + h);
       out[256 + 4 * i + b] = static_cast<std::byte>(v);
     }
-    std::memcpy(out + 320 + 2 * i, wb, 2);
+    pack_scale(wb, out, i);
   }
 #if SPECULA_WIDE
   static void unpack(const std::byte* blk, int, __m512i* wv) {
@@ -792,10 +797,7 @@ struct PackedIQ4_XS {
     const std::byte* sb = row + 136 * u;
     for (int j = 0; j < 8; ++j) {
       for (int g = 0; g < 4; ++g) std::memcpy(out + 256 * j + 64 * g + 4 * i, sb + 8 + 16 * j + 4 * g, 4);
-      uint16_t high;
-      std::memcpy(&high, sb + 2, 2);
-      const int ls = ((static_cast<int>(sb[4 + j / 2]) >> (4 * (j % 2))) & 0xf) | (((high >> (2 * j)) & 3) << 4);
-      out[kScale + 16 * j + i] = static_cast<std::byte>(static_cast<int8_t>(ls - 32));
+      out[kScale + 16 * j + i] = static_cast<std::byte>(static_cast<int8_t>(Unpack::scale_code(sb, j)));
     }
     std::memcpy(out + kD + 2 * i, sb, 2);
   }
