@@ -66,27 +66,34 @@ void matmul_id(ThreadPool& pool, const KernelSet& kernels, const Matrix& experts
   const QuantKernel* qk = experts.packed ? quant_kernel(kernels, experts.type) : nullptr;
   const size_t expert_panels_bytes =
       qk ? qk->panel_bytes(I) * static_cast<size_t>(panel_count(O)) : 0;
-  std::vector<float> xs, ys;
+  // Each used expert's rows gathered in expert order, all multiplied in one pass, then scattered back.
+  std::vector<Matrix> used;
+  std::vector<int64_t> first{0};
+  std::vector<float> xs;
   for (int64_t e = 0; e < num_experts; ++e) {
     const auto& pairs = by_expert[static_cast<size_t>(e)];
     if (pairs.empty()) continue;
-    const int64_t m = static_cast<int64_t>(pairs.size());
-    xs.resize(static_cast<size_t>(m * I));
-    ys.resize(static_cast<size_t>(m * O));
-    for (int64_t j = 0; j < m; ++j) {
-      const int64_t p = pairs[static_cast<size_t>(j)];
+    for (const int64_t p : pairs) {
       const float* src = x + (x_shared ? p / k : p) * I;
-      std::copy(src, src + I, xs.begin() + j * I);
+      xs.insert(xs.end(), src, src + I);
     }
     Matrix w = experts;
     w.data = experts.row(e * O);
     w.rows = O;
     w.row_offset = experts.row_offset + e * O;
     w.packed = qk ? experts.packed + static_cast<size_t>(e) * expert_panels_bytes : nullptr;
-    matmul(pool, kernels, w, xs.data(), m, ys.data());
-    for (int64_t j = 0; j < m; ++j)
-      std::copy(ys.begin() + j * O, ys.begin() + (j + 1) * O, y + pairs[static_cast<size_t>(j)] * O);
+    used.push_back(w);
+    first.push_back(first.back() + static_cast<int64_t>(pairs.size()));
   }
+  if (used.empty()) return;
+  std::vector<float> ys(static_cast<size_t>(first.back() * O));
+  matmul_experts(pool, kernels, used, xs.data(), first, ys.data());
+  const float* row = ys.data();
+  for (const auto& pairs : by_expert)
+    for (const int64_t p : pairs) {
+      std::copy(row, row + O, y + p * O);
+      row += O;
+    }
 }
 
 void get_rows(ThreadPool& pool, const Matrix& table, const int32_t* ids, int64_t n, float* out,

@@ -39,6 +39,10 @@ inline int64_t rows_grain(int64_t cost) { return std::max<int64_t>(1, kMinShareV
 
 // y[N, O] = x[N, I] @ W[O, I]^T.
 void matmul(ThreadPool& pool, const KernelSet& kernels, const Matrix& w, const float* x, int64_t n, float* y);
+// MatMulId's experts in one pass: y rows [first[i], first[i + 1]) = x rows [first[i], first[i + 1]) @ w[i]^T,
+// every w[i] of one type and shape; each expert's rows get the bits matmul() gives them.
+void matmul_experts(ThreadPool& pool, const KernelSet& kernels, const std::vector<Matrix>& w, const float* x,
+                    const std::vector<int64_t>& first, float* y);
 // Smallest activation row count for which matmul() uses the tiled oneDNN GEMM for this weight type.
 int64_t gemm_min_rows(DType type);
 // The reference path of matmul: decode each weight row, dot in F32. Used for types without a kernel.

@@ -52,28 +52,52 @@ RowsKernel float_kernel(const KernelSet& ks, DType type) {
 // thread would only take that time away.
 constexpr size_t kMinShareWork = size_t{256} << 10;
 
-// Each thread takes a contiguous share of the weight rows and streams it once per chunk of activation
-// rows; a chunk is sized so that its records stay in the core's L2 cache. rows(o0, o1, x, nx, y) runs
-// weight rows [o0, o1) against nx activation rows; shares start at multiples of `unit` rows (packed panels).
+// One product of a pass: weight w against n activation rows at x, into y (w.rows floats a row). A pass
+// is one product, or MatMulId's experts (all of one type and shape), each against its own rows.
+struct Part {
+  const Matrix* w;
+  const std::byte* x;
+  int64_t n;
+  float* y;
+};
+
+// Each thread takes contiguous shares of the parts' weight rows (an expert's share ends at its last row)
+// and streams each once per chunk of activation rows; a chunk is sized so that its records stay in the
+// core's L2 cache. rows(part, o0, o1, x, nx, y) runs weight rows [o0, o1) of the part's weight against nx
+// of its activation rows; shares start at multiples of `unit` rows (packed panels). Experts go in one
+// pass: a pass each paid the pool's hand-over per selected expert (8-30 a layer on 26B-A4B) and split
+// each small matrix between threads.
 template <class Rows>
-void over_weight_rows(ThreadPool& pool, const Matrix& w, const std::byte* x, size_t x_stride, int64_t n, float* y,
-                      const Rows& rows, int64_t unit = 1) {
-  const int64_t O = w.rows, units = (O + unit - 1) / unit;
+void over_weight_rows(ThreadPool& pool, const std::vector<Part>& parts, size_t x_stride, const Rows& rows,
+                      int64_t unit = 1) {
+  const int64_t O = parts.front().w->rows, per_part = (O + unit - 1) / unit;
+  const int64_t units = per_part * static_cast<int64_t>(parts.size());
   const int64_t chunk = std::clamp<int64_t>(static_cast<int64_t>((size_t{512} << 10) / x_stride) / 4 * 4, 4, 256);
   // A second activation row costs about half a first: the weight bytes are streamed and decoded once.
-  const size_t work = w.row_bytes * static_cast<size_t>(O) * static_cast<size_t>(n + 1) / 2;
+  size_t work = 0;
+  for (const Part& p : parts) work += p.w->row_bytes * static_cast<size_t>(O) * static_cast<size_t>(p.n + 1) / 2;
   const int64_t shares = std::max<int64_t>(1, static_cast<int64_t>(work / kMinShareWork));
   const int64_t grain = std::max<int64_t>((16 + unit - 1) / unit, (units + shares - 1) / shares);
   pool.parallel_for(units, grain, [&](int64_t u0, int64_t u1) {
-    const int64_t o0 = u0 * unit, o1 = std::min(O, u1 * unit);
-    for (int64_t r0 = 0; r0 < n; r0 += chunk)
-      rows(o0, o1, x + static_cast<size_t>(r0) * x_stride, std::min(chunk, n - r0), y + r0 * O + o0);
+    while (u0 < u1) {
+      const Part& p = parts[static_cast<size_t>(u0 / per_part)];
+      const int64_t s0 = u0 % per_part, s1 = std::min(per_part, s0 + (u1 - u0));
+      const int64_t o0 = s0 * unit, o1 = std::min(O, s1 * unit);
+      for (int64_t r0 = 0; r0 < p.n; r0 += chunk)
+        rows(p, o0, o1, p.x + static_cast<size_t>(r0) * x_stride, std::min(chunk, p.n - r0), p.y + r0 * O + o0);
+      u0 += s1 - s0;
+    }
   });
+}
+template <class Rows>
+void over_weight_rows(ThreadPool& pool, const Matrix& w, const std::byte* x, size_t x_stride, int64_t n, float* y,
+                      const Rows& rows, int64_t unit = 1) {
+  over_weight_rows(pool, std::vector<Part>{{&w, x, n, y}}, x_stride, rows, unit);
 }
 
 void matmul_rows(ThreadPool& pool, RowsKernel rows, const Matrix& w, const std::byte* x, size_t x_stride,
                  int64_t n, float* y) {
-  over_weight_rows(pool, w, x, x_stride, n, y, [&](int64_t o0, int64_t o1, const std::byte* xr, int64_t nx, float* yr) {
+  over_weight_rows(pool, w, x, x_stride, n, y, [&](const Part&, int64_t o0, int64_t o1, const std::byte* xr, int64_t nx, float* yr) {
     rows(w.row(o0), w.row_bytes, o1 - o0, xr, x_stride, nx, w.cols, yr, w.rows);
   });
 }
@@ -88,22 +112,38 @@ std::vector<std::byte> activation_records(ThreadPool& pool, QuantizeKernel write
   return rec;
 }
 
-// Packed weights (Matrix::packed) go through the set's packed panels, in shares of whole panels.
-void matmul_quant(ThreadPool& pool, const QuantKernel& k, const Matrix& w, const float* x, int64_t n, float* y) {
-  const size_t stride = k.record_bytes(w.cols);
-  const std::vector<std::byte> qx = activation_records(pool, k.quantize, stride, x, n, w.cols);
-  if (w.packed && k.packed) {
-    const size_t panel_bytes = k.panel_bytes(w.cols);
+// Quantized activation records against each part's weights: packed ones (Matrix::packed) through the set's
+// packed panels, in shares of whole panels; others through its row tiles (prompt chunks: its prefill
+// panels). parts[i] takes records [first[i], first[i + 1]).
+void matmul_quant(ThreadPool& pool, const QuantKernel& k, std::vector<Part> parts, const std::vector<int64_t>& first,
+                  const float* x) {
+  const int64_t cols = parts.front().w->cols;
+  const size_t stride = k.record_bytes(cols);
+  const std::vector<std::byte> qx = activation_records(pool, k.quantize, stride, x, first.back(), cols);
+  bool packed = k.packed != nullptr;
+  for (size_t i = 0; i < parts.size(); ++i) {
+    parts[i].x = qx.data() + static_cast<size_t>(first[i]) * stride;
+    packed = packed && parts[i].w->packed;
+  }
+  if (packed) {
+    const size_t panel_bytes = k.panel_bytes(cols);
     over_weight_rows(
-        pool, w, qx.data(), stride, n, y,
-        [&](int64_t o0, int64_t o1, const std::byte* xr, int64_t nx, float* yr) {
-          k.packed(w.packed + static_cast<size_t>(o0 / kPanelRows) * panel_bytes, panel_bytes, o1 - o0, xr, stride,
-                   nx, w.cols, yr, w.rows);
+        pool, parts, stride,
+        [&](const Part& p, int64_t o0, int64_t o1, const std::byte* xr, int64_t nx, float* yr) {
+          k.packed(p.w->packed + static_cast<size_t>(o0 / kPanelRows) * panel_bytes, panel_bytes, o1 - o0, xr, stride,
+                   nx, cols, yr, p.w->rows);
         },
         kPanelRows);
     return;
   }
-  matmul_rows(pool, n >= kPrefillRows && k.prefill ? k.prefill : k.rows, w, qx.data(), stride, n, y);
+  // The kernel by each part's own row count, as a product of that part alone would choose it.
+  over_weight_rows(pool, parts, stride, [&](const Part& p, int64_t o0, int64_t o1, const std::byte* xr, int64_t nx, float* yr) {
+    const RowsKernel rows = p.n >= kPrefillRows && k.prefill ? k.prefill : k.rows;
+    rows(p.w->row(o0), p.w->row_bytes, o1 - o0, xr, stride, nx, cols, yr, p.w->rows);
+  });
+}
+void matmul_quant(ThreadPool& pool, const QuantKernel& k, const Matrix& w, const float* x, int64_t n, float* y) {
+  matmul_quant(pool, k, {{&w, nullptr, n, y}}, {0, n}, x);
 }
 
 // MLX affine weights with a kernel (4 and 8 bits): the codes in place, scales and biases beside them.
@@ -126,7 +166,7 @@ void matmul_mlx(ThreadPool& pool, const AffineKernel& k, const Matrix& w, const 
                                                : AffineMatrix::Scale::f32;
   m.scale_bytes = static_cast<size_t>(w.cols / q.group_size) * (q.scale_type == DType::F32 ? 4 : 2);
   over_weight_rows(pool, w, rec.data(), stride, n, y,
-                   [&](int64_t o0, int64_t o1, const std::byte* xr, int64_t nx, float* yr) {
+                   [&](const Part&, int64_t o0, int64_t o1, const std::byte* xr, int64_t nx, float* yr) {
                      AffineMatrix part = m;
                      part.codes = w.row(o0);
                      const size_t first = static_cast<size_t>(w.row_offset + o0) * m.scale_bytes;
@@ -205,6 +245,23 @@ void matmul(ThreadPool& pool, const KernelSet& ks, const Matrix& w, const float*
   if (RowsKernel rows = float_kernel(ks, w.type))
     return matmul_rows(pool, rows, w, reinterpret_cast<const std::byte*>(x), static_cast<size_t>(w.cols) * 4, n, y);
   matmul_generic(pool, w, x, n, y);
+}
+
+void matmul_experts(ThreadPool& pool, const KernelSet& ks, const std::vector<Matrix>& w, const float* x,
+                    const std::vector<int64_t>& first, float* y) {
+  const Matrix& w0 = w.front();
+  const QuantKernel* k = quant_kernel(ks, w0.type);
+  bool gemm = false;  // an expert that matmul() would send to the oneDNN GEMM (float and Q4_1 / Q5_1 prompts)
+  for (size_t i = 0; i + 1 < first.size(); ++i)
+    gemm = gemm || (first[i + 1] - first[i] >= gemm_min_rows(w0.type) && w0.rows * w0.cols >= kGemmMinElements);
+  if (!k || gemm) {
+    for (size_t i = 0; i < w.size(); ++i)
+      matmul(pool, ks, w[i], x + first[i] * w0.cols, first[i + 1] - first[i], y + first[i] * w0.rows);
+    return;
+  }
+  std::vector<Part> parts;
+  for (size_t i = 0; i < w.size(); ++i) parts.push_back({&w[i], nullptr, first[i + 1] - first[i], y + first[i] * w0.rows});
+  matmul_quant(pool, *k, std::move(parts), first, x);
 }
 
 }  // namespace specula::cpu
