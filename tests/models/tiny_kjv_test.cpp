@@ -354,7 +354,7 @@ TEST(TinyKjv, SampledRoundReadsOnceFromTheBackendAndEqualsTheHost) {
     specula::core::GenerationOptions o;
     o.max_tokens = 48;
     o.draft_tokens = k;
-    auto params = [&](specula::SamplingDevice device) {
+    auto params = [&, seed = seed](specula::SamplingDevice device) {  // a structured binding: captured by init (clang)
       specula::SamplingParams p{.temperature = 0.8f, .top_k = 40, .top_p = 0.95f, .seed = static_cast<uint64_t>(seed)};
       p.device = device;
       return p;
