@@ -165,14 +165,17 @@ def meta_int(suffix):
         if k.endswith(suffix) and isinstance(v, int): return v
     return 0
 layers, shared = meta_int(".block_count"), meta_int(".attention.shared_kv_layers")
+experts, used = meta_int(".expert_count"), meta_int(".expert_used_count")
 # Bytes a decode step reads: every weight once, the tied head in full, one row of the per-layer
-# embedding table; KV-shared layers' own K/V weights are never read.
+# embedding table, top-k of each layer's experts (a mixture of experts: `*_exps` tensors hold all E);
+# KV-shared layers' own K/V weights are never read.
 per_token = 0
 for t in info["tensors"]:
     name, size = t["name"], t["bytes"]
     m = re.match(r"blk\.(\d+)\.attn_[kv]\.weight$", name)
     if m and shared and int(m.group(1)) >= layers - shared: continue
     if name == "per_layer_token_embd.weight": size //= t["shape"][0]
+    if "_exps." in name and experts and used: size = size * used // experts
     per_token += size
 med = statistics.median
 a_pp, b_pp = [num(j, "pp_tokens_per_second", "pp_tok_s") for j in ours], [num(j, "pp_tokens_per_second", "pp_tok_s") for j in peer]
