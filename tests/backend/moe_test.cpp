@@ -21,8 +21,9 @@ TEST_P(PackedExperts, MatMulIdEqualsMatMulPerExpert) {
   test::Fixture fx;
   fx.backend = cpu::make_cpu_backend({{"threads", 2}, {"pack_weights", pack}});
   const int64_t E = 5, I = 512, K = 2;
-  // O = 32: whole panels; 24 and 7: each expert's last panel padded.
-  for (int64_t O : {32, 24, 7}) {
+  // O = 32: whole panels; 24 and 7: each expert's last panel padded; 400: enough work that both threads
+  // share the one pass over the selected experts, a share starting inside an expert.
+  for (int64_t O : {32, 24, 7, 400}) {
     const size_t rb = *dtype_row_bytes(type, static_cast<uint64_t>(I));
     auto w = test::random_floats(static_cast<size_t>(E * O * I), 41 + static_cast<uint32_t>(O));
     std::vector<std::byte> q(rb * static_cast<size_t>(E * O));
