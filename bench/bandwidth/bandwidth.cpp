@@ -1,8 +1,8 @@
 // Memory read bandwidth, the decode roofline's denominator: threads sum a buffer well above the last-level
 // cache (default 2 GiB) with AVX2 loads; prints the best of --runs in GB/s, over three ways of reading:
 // plain loads, and loads with software prefetches into L1 2 KB ahead or into L2 8 KB ahead. On a 2-core
-// Xeon VM (2026-12-06) plain loads read 16.6-22.2 GB/s and the L2 prefetches 24.2-28.8: the roofline is what the
-// machine can be made to give, so the best of the three counts.
+// Xeon VM (2026-12-06) plain loads read 16.6-22.2 GB/s and the L2 prefetches 24.2-28.8: the roofline is
+// what the machine can be made to give, so the best of the three counts.
 //   bench_bandwidth [--threads N] [--mib M] [--runs R]
 #include <immintrin.h>
 

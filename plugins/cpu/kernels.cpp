@@ -70,6 +70,7 @@ void matmul_id(ThreadPool& pool, const KernelSet& kernels, const Matrix& experts
   std::vector<Matrix> used;
   std::vector<int64_t> first{0};
   std::vector<float> xs;
+  xs.reserve(static_cast<size_t>(n * k * I));
   for (int64_t e = 0; e < num_experts; ++e) {
     const auto& pairs = by_expert[static_cast<size_t>(e)];
     if (pairs.empty()) continue;

@@ -15,6 +15,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <span>
 #include <vector>
 
 #include <immintrin.h>
@@ -68,7 +69,7 @@ struct Part {
 // pass: a pass each paid the pool's hand-over per selected expert (8-30 a layer on 26B-A4B) and split
 // each small matrix between threads.
 template <class Rows>
-void over_weight_rows(ThreadPool& pool, const std::vector<Part>& parts, size_t x_stride, const Rows& rows,
+void over_weight_rows(ThreadPool& pool, std::span<const Part> parts, size_t x_stride, const Rows& rows,
                       int64_t unit = 1) {
   const int64_t O = parts.front().w->rows, per_part = (O + unit - 1) / unit;
   const int64_t units = per_part * static_cast<int64_t>(parts.size());
@@ -92,7 +93,8 @@ void over_weight_rows(ThreadPool& pool, const std::vector<Part>& parts, size_t x
 template <class Rows>
 void over_weight_rows(ThreadPool& pool, const Matrix& w, const std::byte* x, size_t x_stride, int64_t n, float* y,
                       const Rows& rows, int64_t unit = 1) {
-  over_weight_rows(pool, std::vector<Part>{{&w, x, n, y}}, x_stride, rows, unit);
+  const Part part{&w, x, n, y};
+  over_weight_rows(pool, std::span<const Part>(&part, 1), x_stride, rows, unit);
 }
 
 void matmul_rows(ThreadPool& pool, RowsKernel rows, const Matrix& w, const std::byte* x, size_t x_stride,
@@ -114,16 +116,19 @@ std::vector<std::byte> activation_records(ThreadPool& pool, QuantizeKernel write
 
 // Quantized activation records against each part's weights: packed ones (Matrix::packed) through the set's
 // packed panels, in shares of whole panels; others through its row tiles (prompt chunks: its prefill
-// panels). parts[i] takes records [first[i], first[i + 1]).
-void matmul_quant(ThreadPool& pool, const QuantKernel& k, std::vector<Part> parts, const std::vector<int64_t>& first,
-                  const float* x) {
+// panels). x holds the parts' activation rows one part after the other; each part's x is set here.
+void matmul_quant(ThreadPool& pool, const QuantKernel& k, std::span<Part> parts, const float* x) {
   const int64_t cols = parts.front().w->cols;
   const size_t stride = k.record_bytes(cols);
-  const std::vector<std::byte> qx = activation_records(pool, k.quantize, stride, x, first.back(), cols);
+  int64_t rows = 0;
+  for (const Part& p : parts) rows += p.n;
+  const std::vector<std::byte> qx = activation_records(pool, k.quantize, stride, x, rows, cols);
   bool packed = k.packed != nullptr;
-  for (size_t i = 0; i < parts.size(); ++i) {
-    parts[i].x = qx.data() + static_cast<size_t>(first[i]) * stride;
-    packed = packed && parts[i].w->packed;
+  const std::byte* rec = qx.data();
+  for (Part& p : parts) {
+    p.x = rec;
+    rec += static_cast<size_t>(p.n) * stride;
+    packed = packed && p.w->packed;
   }
   if (packed) {
     const size_t panel_bytes = k.panel_bytes(cols);
@@ -143,7 +148,8 @@ void matmul_quant(ThreadPool& pool, const QuantKernel& k, std::vector<Part> part
   });
 }
 void matmul_quant(ThreadPool& pool, const QuantKernel& k, const Matrix& w, const float* x, int64_t n, float* y) {
-  matmul_quant(pool, k, {{&w, nullptr, n, y}}, {0, n}, x);
+  Part part{&w, nullptr, n, y};
+  matmul_quant(pool, k, std::span<Part>(&part, 1), x);
 }
 
 // MLX affine weights with a kernel (4 and 8 bits): the codes in place, scales and biases beside them.
@@ -234,12 +240,17 @@ int64_t gemm_min_rows(DType type) {
   }
 }
 
+namespace {
 // oneDNN's GEMM generates its code on the first call, tens of milliseconds; a smaller matrix (a small
 // model's) stays on this set's kernels at any row count, so its first prompt is not that much slower.
 constexpr int64_t kGemmMinElements = int64_t{1} << 20;
+bool uses_gemm(const Matrix& w, int64_t n) {
+  return n >= gemm_min_rows(w.type) && w.rows * w.cols >= kGemmMinElements;
+}
+}  // namespace
 
 void matmul(ThreadPool& pool, const KernelSet& ks, const Matrix& w, const float* x, int64_t n, float* y) {
-  if (n >= gemm_min_rows(w.type) && w.rows * w.cols >= kGemmMinElements) return matmul_gemm(pool, w, x, n, y);
+  if (uses_gemm(w, n)) return matmul_gemm(pool, w, x, n, y);
   if (const QuantKernel* k = quant_kernel(ks, w.type)) return matmul_quant(pool, *k, w, x, n, y);
   if (const AffineKernel* k = mlx_kernel(ks, w)) return matmul_mlx(pool, *k, w, x, n, y);
   if (RowsKernel rows = float_kernel(ks, w.type))
@@ -252,8 +263,7 @@ void matmul_experts(ThreadPool& pool, const KernelSet& ks, const std::vector<Mat
   const Matrix& w0 = w.front();
   const QuantKernel* k = quant_kernel(ks, w0.type);
   bool gemm = false;  // an expert that matmul() would send to the oneDNN GEMM (float and Q4_1 / Q5_1 prompts)
-  for (size_t i = 0; i + 1 < first.size(); ++i)
-    gemm = gemm || (first[i + 1] - first[i] >= gemm_min_rows(w0.type) && w0.rows * w0.cols >= kGemmMinElements);
+  for (size_t i = 0; i < w.size(); ++i) gemm = gemm || uses_gemm(w0, first[i + 1] - first[i]);
   if (!k || gemm) {
     for (size_t i = 0; i < w.size(); ++i)
       matmul(pool, ks, w[i], x + first[i] * w0.cols, first[i + 1] - first[i], y + first[i] * w0.rows);
@@ -261,7 +271,7 @@ void matmul_experts(ThreadPool& pool, const KernelSet& ks, const std::vector<Mat
   }
   std::vector<Part> parts;
   for (size_t i = 0; i < w.size(); ++i) parts.push_back({&w[i], nullptr, first[i + 1] - first[i], y + first[i] * w0.rows});
-  matmul_quant(pool, *k, std::move(parts), first, x);
+  matmul_quant(pool, *k, parts, x);
 }
 
 }  // namespace specula::cpu
