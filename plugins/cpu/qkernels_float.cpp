@@ -93,30 +93,24 @@ struct FloatTiles {
 };
 
 // ---- MLX affine, 4 or 8 bits, float activations -----------------------------------------------------------
-// w = scale q + bias per group of 32 / 64 / 128 values, so a block of 32 contributes
-// scale * sum(q x) + bias * sum(x). The codes convert to floats in registers: 4 bits hold value 2m in the
-// low nibble of byte m and 2m + 1 in the high one, so the activation record keeps each block's even
-// values first, then its odd ones. Lane j of a block's 16-lane product is q[a_j] x[a_j] + q[b_j] x[b_j]
-// (AVX2: lanes 0-7 and 8-15 in two halves), scaled and accumulated per lane; the bias terms are summed
-// in order on the side. The same operations on both sets: the same bits.
-// Record: x: float[cols] (reordered) | sums: float[cols / 32] (each block's sum, in value order)
-size_t xmlx_bytes(int64_t cols) { return align64(4 * static_cast<size_t>(cols) + static_cast<size_t>(cols) / 8); }
+// MLX's own numerics: each weight is dequantized, w = scale q + bias (one fma, per group of 32 / 64 / 128
+// values), and meets the float activation in a float fma. 4 bits hold value 2m in the low nibble of byte
+// m and 2m + 1 in the high one, so the activation record keeps each block of 32 values' even values
+// first, then its odd ones, and lane j of a block pairs byte j's two codes with them. AVX-512 looks the
+// 4-bit weights up in a 16-float table of the group's values (vpermps takes an index's low 4 bits);
+// AVX2 computes the same fma per value. Even and odd values go to separate accumulators (two chains),
+// summed at the end in the same order on both sets: the same bits, and the same whatever the tile.
+// Record: x: float[cols] (4 bits: reordered within each block of 32)
+size_t xmlx_bytes(int64_t cols) { return align64(4 * static_cast<size_t>(cols)); }
 
 template <int kBits>
 void prepare_xmlx(const float* x, int64_t cols, std::byte* rec) {
   auto* xr = reinterpret_cast<float*>(rec);
-  auto* sums = reinterpret_cast<float*>(rec + 4 * cols);
-  for (int64_t b = 0; b < cols / 32; ++b) {
-    const float* xb = x + 32 * b;
-    float* out = xr + 32 * b;
-    float s = 0;
-    for (int i = 0; i < 32; ++i) s += xb[i];
-    sums[b] = s;
+  for (int64_t b = 0; b < cols / 32; ++b)
     for (int m = 0; m < 16; ++m) {
-      out[m] = kBits == 4 ? xb[2 * m] : xb[m];
-      out[16 + m] = kBits == 4 ? xb[2 * m + 1] : xb[16 + m];
+      xr[32 * b + m] = kBits == 4 ? x[32 * b + 2 * m] : x[32 * b + m];
+      xr[32 * b + 16 + m] = kBits == 4 ? x[32 * b + 2 * m + 1] : x[32 * b + 16 + m];
     }
-  }
 }
 
 inline float mlx_scale(const AffineMatrix& m, const std::byte* p, int64_t g) {
@@ -138,91 +132,150 @@ inline float mlx_scale(const AffineMatrix& m, const std::byte* p, int64_t g) {
   }
 }
 
-// The 32 codes of a block as the first and second 16 bytes the record's order pairs with.
+// The dequantized weights of one block: a = the values lane j pairs with the record's first 16, b = the
+// second 16.
+#if SPECULA_WIDE
+struct MlxGroup {
+  __m512 scale, bias, table;  // table[k] = scale k + bias (4 bits)
+  void set(float s, float bi, int bits) {
+    scale = _mm512_set1_ps(s);
+    bias = _mm512_set1_ps(bi);
+    if (bits == 4)
+      table = _mm512_fmadd_ps(scale, _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), bias);
+  }
+};
 template <int kBits>
-inline void mlx_codes(const std::byte* block, __m128i& a, __m128i& b) {
-  const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block));
+inline void mlx_weights(const std::byte* block, const MlxGroup& g, __m512& a, __m512& b) {
+  const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block));
   if constexpr (kBits == 4) {
-    a = _mm_and_si128(p, _mm_set1_epi8(0x0f));
-    b = _mm_and_si128(_mm_srli_epi16(p, 4), _mm_set1_epi8(0x0f));
+    const __m512i c = _mm512_cvtepu8_epi32(lo);
+    a = _mm512_permutexvar_ps(c, g.table);
+    b = _mm512_permutexvar_ps(_mm512_srli_epi32(c, 4), g.table);
   } else {
-    a = p;
-    b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16));
+    const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(block + 16));
+    a = _mm512_fmadd_ps(g.scale, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(lo)), g.bias);
+    b = _mm512_fmadd_ps(g.scale, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(hi)), g.bias);
   }
 }
+#else
+struct MlxGroup {
+  __m256 scale, bias;
+  void set(float s, float bi, int) {
+    scale = _mm256_set1_ps(s);
+    bias = _mm256_set1_ps(bi);
+  }
+};
+// Half h (lanes 8h..8h+7) of a block's a and b.
+template <int kBits>
+inline void mlx_weights(const std::byte* block, int h, const MlxGroup& g, __m256& a, __m256& b) {
+  const __m128i lo = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 8 * h));
+  __m256i ca = _mm256_cvtepu8_epi32(lo), cb;
+  if constexpr (kBits == 4) {
+    cb = _mm256_srli_epi32(ca, 4);
+    ca = _mm256_and_si256(ca, _mm256_set1_epi32(15));
+  } else {
+    cb = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(block + 16 + 8 * h)));
+  }
+  a = _mm256_fmadd_ps(g.scale, _mm256_cvtepi32_ps(ca), g.bias);
+  b = _mm256_fmadd_ps(g.scale, _mm256_cvtepi32_ps(cb), g.bias);
+}
+#endif
 
-template <int kBits, int RX>
+// RW weight rows x RX activation rows; each (weight row, activation row) pair runs the same operations
+// whatever the tile, so the tiling never changes a result.
+template <int kBits, int kPer, int RW, int RX>
 void tile_mlx(const AffineMatrix& m, int64_t o, const std::byte* x, size_t xs, int64_t cols, float* y, int64_t ldy) {
-  constexpr int64_t kBytes = 4 * kBits;
-  const std::byte* row = m.codes + static_cast<size_t>(o) * m.code_bytes;
-  const std::byte* sc = m.scales + static_cast<size_t>(o) * m.scale_bytes;
-  const std::byte* bi = m.biases + static_cast<size_t>(o) * m.scale_bytes;
-  const int64_t nb = cols / 32, per_group = m.group_size / 32;
-  const float *xr[RX], *xsum[RX];
-  float side[RX];
-  for (int r = 0; r < RX; ++r) {
-    xr[r] = at<float>(x, r * xs);
-    xsum[r] = at<float>(x, r * xs + 4 * cols);
-    side[r] = 0;
+  constexpr int64_t kBytes = 4 * kBits;  // a block's codes
+  const int64_t nb = cols / 32;  // blocks of 32 values, kPer to a group
+  const std::byte *row[RW], *sc[RW], *bi[RW];
+  for (int w = 0; w < RW; ++w) {
+    row[w] = m.codes + static_cast<size_t>(o + w) * m.code_bytes;
+    sc[w] = m.scales + static_cast<size_t>(o + w) * m.scale_bytes;
+    bi[w] = m.biases + static_cast<size_t>(o + w) * m.scale_bytes;
   }
-  float s = 0, bias = 0;
+  const float* xr[RX];
+  for (int r = 0; r < RX; ++r) xr[r] = at<float>(x, r * xs);
+  MlxGroup g[RW];
 #if SPECULA_WIDE
-  __m512 acc[RX];
-  for (int r = 0; r < RX; ++r) acc[r] = _mm512_setzero_ps();
+  __m512 acc[RW][RX][2];
+  for (int w = 0; w < RW; ++w)
+    for (int r = 0; r < RX; ++r) acc[w][r][0] = acc[w][r][1] = _mm512_setzero_ps();
 #else
-  __m256 acc[2][RX];
-  for (int h = 0; h < 2; ++h)
-    for (int r = 0; r < RX; ++r) acc[h][r] = _mm256_setzero_ps();
+  __m256 acc[RW][RX][2][2];  // [..][even / odd][half]
+  for (int w = 0; w < RW; ++w)
+    for (int r = 0; r < RX; ++r)
+      for (int e = 0; e < 2; ++e) acc[w][r][e][0] = acc[w][r][e][1] = _mm256_setzero_ps();
 #endif
-  for (int64_t b = 0; b < nb; ++b) {
-    if (b % per_group == 0) {
-      s = mlx_scale(m, sc, b / per_group);
-      bias = mlx_scale(m, bi, b / per_group);
-    }
-    prefetch_ahead(row + kBytes * b, kBytes);
-    __m128i ca, cb;
-    mlx_codes<kBits>(row + kBytes * b, ca, cb);
+  // Groups outside, their kPer blocks unrolled inside (a division per block, or a loop of one to four
+  // blocks, cost more than the block).
+  for (int64_t group = 0; group < nb / kPer; ++group) {
+    for (int w = 0; w < RW; ++w) g[w].set(mlx_scale(m, sc[w], group), mlx_scale(m, bi[w], group), kBits);
+    for (int64_t b = group * kPer; b < (group + 1) * kPer; ++b) {
+      if (b % (64 / kBytes) == 0)  // one prefetch per cache line of codes
+        for (int w = 0; w < RW; ++w) prefetch_ahead(row[w] + kBytes * b, 64);
 #if SPECULA_WIDE
-    const __m512 qa = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(ca)), qb = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(cb));
-    const __m512 sv = _mm512_set1_ps(s);
-    for (int r = 0; r < RX; ++r) {
-      const float* xb = xr[r] + 32 * b;
-      const __m512 t = _mm512_fmadd_ps(qa, _mm512_loadu_ps(xb), _mm512_mul_ps(qb, _mm512_loadu_ps(xb + 16)));
-      acc[r] = _mm512_fmadd_ps(t, sv, acc[r]);
-      side[r] = __builtin_fmaf(bias, xsum[r][b], side[r]);
-    }
-#else
-    __m256 qa[2], qb[2];
-    for (int h = 0; h < 2; ++h) {
-      qa[h] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h ? _mm_srli_si128(ca, 8) : ca));
-      qb[h] = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(h ? _mm_srli_si128(cb, 8) : cb));
-    }
-    const __m256 sv = _mm256_set1_ps(s);
-    for (int r = 0; r < RX; ++r) {
-      const float* xb = xr[r] + 32 * b;
-      for (int h = 0; h < 2; ++h) {
-        const __m256 t = _mm256_fmadd_ps(qa[h], _mm256_loadu_ps(xb + 8 * h), _mm256_mul_ps(qb[h], _mm256_loadu_ps(xb + 16 + 8 * h)));
-        acc[h][r] = _mm256_fmadd_ps(t, sv, acc[h][r]);
+      __m512 wa[RW], wb[RW];
+      for (int w = 0; w < RW; ++w) mlx_weights<kBits>(row[w] + kBytes * b, g[w], wa[w], wb[w]);
+      for (int r = 0; r < RX; ++r) {  // each activation load serves RW weight rows
+        __m512 xa = _mm512_loadu_ps(xr[r] + 32 * b), xb = _mm512_loadu_ps(xr[r] + 32 * b + 16);
+        __asm__("" : "+v"(xa), "+v"(xb));  // one load each, not one per weight row folded into the fmas
+        for (int w = 0; w < RW; ++w) {
+          acc[w][r][0] = _mm512_fmadd_ps(wa[w], xa, acc[w][r][0]);
+          acc[w][r][1] = _mm512_fmadd_ps(wb[w], xb, acc[w][r][1]);
+        }
       }
-      side[r] = __builtin_fmaf(bias, xsum[r][b], side[r]);
-    }
-#endif
-  }
-  for (int r = 0; r < RX; ++r) {
-#if SPECULA_WIDE
-    y[r * ldy] = hsum8(fold(acc[r])) + side[r];
 #else
-    y[r * ldy] = hsum8(_mm256_add_ps(acc[0][r], acc[1][r])) + side[r];
+      for (int w = 0; w < RW; ++w)
+        for (int h = 0; h < 2; ++h) {
+          __m256 wa, wb;
+          mlx_weights<kBits>(row[w] + kBytes * b, h, g[w], wa, wb);
+          for (int r = 0; r < RX; ++r) {
+            const float* xb = xr[r] + 32 * b + 8 * h;
+            acc[w][r][0][h] = _mm256_fmadd_ps(wa, _mm256_loadu_ps(xb), acc[w][r][0][h]);
+            acc[w][r][1][h] = _mm256_fmadd_ps(wb, _mm256_loadu_ps(xb + 16), acc[w][r][1][h]);
+          }
+        }
 #endif
+    }
   }
+  for (int w = 0; w < RW; ++w)
+    for (int r = 0; r < RX; ++r) {
+#if SPECULA_WIDE
+      y[r * ldy + w] = hsum8(fold(_mm512_add_ps(acc[w][r][0], acc[w][r][1])));
+#else
+      y[r * ldy + w] = hsum8(_mm256_add_ps(_mm256_add_ps(acc[w][r][0][0], acc[w][r][1][0]),
+                                           _mm256_add_ps(acc[w][r][0][1], acc[w][r][1][1])));
+#endif
+    }
 }
 
+template <int kBits, int kPer>
+void rows_mlx_per(const AffineMatrix& m, int64_t nw, const std::byte* x, size_t xs, int64_t nx, int64_t cols, float* y,
+                  int64_t ldy) {
+  // Decode: several weight rows, for independent chains. Several activation rows: each block's weights are
+  // dequantized once for TX of them and each activation load serves TW weight rows, as far as the registers
+  // hold them (2 x TW x TX accumulators; loads from L1, not the fmas, bounded the 2 x 4 tiles tried first).
+  const auto over_w = [&]<int TW, int TX>() {
+    const auto pass = [&]<int RW>(int64_t o) {
+      over_x<TX>(nx, [&]<int RX>(int64_t r) { tile_mlx<kBits, kPer, RW, RX>(m, o, x + r * xs, xs, cols, y + r * ldy + o, ldy); });
+    };
+    int64_t o = 0;
+    for (; o + TW <= nw; o += TW) pass.template operator()<TW>(o);
+    for (; o < nw; ++o) pass.template operator()<1>(o);
+  };
+  if (nx == 1) return over_w.template operator()<kWide ? 4 : 2, 1>();
+  over_w.template operator()<kWide ? 4 : 1, kWide ? 2 : 3>();
+}
+
+// MLX's group sizes are 32, 64 and 128 (mlx_params_valid): one, two or four blocks.
 template <int kBits>
 void rows_mlx(const AffineMatrix& m, int64_t nw, const std::byte* x, size_t xs, int64_t nx, int64_t cols, float* y,
               int64_t ldy) {
-  constexpr int TX = kWide ? 4 : 2;
-  for (int64_t o = 0; o < nw; ++o)
-    over_x<TX>(nx, [&]<int RX>(int64_t r) { tile_mlx<kBits, RX>(m, o, x + r * xs, xs, cols, y + r * ldy + o, ldy); });
+  switch (m.group_size) {
+    case 32: return rows_mlx_per<kBits, 1>(m, nw, x, xs, nx, cols, y, ldy);
+    case 64: return rows_mlx_per<kBits, 2>(m, nw, x, xs, nx, cols, y, ldy);
+    default: return rows_mlx_per<kBits, 4>(m, nw, x, xs, nx, cols, y, ldy);
+  }
 }
 }  // namespace
 
