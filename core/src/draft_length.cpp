@@ -10,11 +10,13 @@ namespace {
 constexpr double kDecay = 0.95;      // weight of the past per new observation (about the last 20 steps)
 constexpr double kPriorWeight = 0.5; // observations a position's acceptance prior is worth
 constexpr double kRowSlope = 0.15;   // extra cost per verified row, relative to a step, before two are measured
+constexpr double kFirstTiming = 0.25; // the weight of a length's first timing: often a warm-up, slower than the rest
 }  // namespace
 
-void DraftLength::Mean::add(double x) {
-  value = (value * weight * kDecay + x) / (weight * kDecay + 1);
-  weight = weight * kDecay + 1;
+void DraftLength::Mean::add(double x, double first) {
+  const double past = weight * kDecay, now = weight > 0 ? 1 : first;
+  value = (value * past + x * now) / (past + now);
+  weight = past + now;
 }
 
 DraftLength::DraftLength(int max_tokens, int initial) : max_(max_tokens), initial_(initial) {
@@ -32,7 +34,7 @@ double DraftLength::acceptance(int position) const {
   return prior;
 }
 
-double DraftLength::verify_seconds(int rows) const {
+double DraftLength::estimate(int rows) const {
   // The measured lengths nearest below and above `rows`.
   int lo = -1, hi = -1;
   for (int r = rows; r >= 1 && lo < 0; --r)
@@ -53,6 +55,15 @@ double DraftLength::verify_seconds(int rows) const {
   double slope = other > 0 ? (v - verify_[other].value) / (near - other) : kRowSlope * v / (1 + kRowSlope * (near - 1));
   slope = std::max(slope, 0.0);
   return std::max(0.1 * v, v + slope * (rows - near));
+}
+
+double DraftLength::verify_seconds(int rows) const {
+  // A forward over more rows never costs less than over fewer: a measurement above one of more rows (a
+  // slow first step, a noisy neighbour) is capped by it, else drafting would look free until it decays.
+  double v = estimate(rows);
+  for (int r = rows + 1; r <= max_ + 1; ++r)
+    if (verify_[r].weight > 0 && (v < 0 || verify_[r].value < v)) v = verify_[r].value;
+  return v;
 }
 
 double DraftLength::tokens_per_second(int n) const {
@@ -79,6 +90,9 @@ int DraftLength::next() {
   bool measured = false;
   for (const Mean& m : verify_) measured = measured || m.weight > 0;
   if (!measured) return initial_;
+  // A plain step timed slower than a longer forward (a warm-up, a noisy neighbour) is timed again, a
+  // couple of times, rather than left to decay while the cap above makes one draft look free.
+  if (verify_[1].weight > 0 && verify_[1].weight < 2 && verify_[1].value > verify_seconds(1)) return 0;
   const int b = best();
   // While drafting does not pay (b = 0) each try of one draft costs about a step's verification for
   // nothing, so the tries grow rarer (every 8, 16, ... 64 steps); a length that pays resets the pace.
@@ -93,11 +107,11 @@ int DraftLength::next() {
 
 void DraftLength::observe_step(int n, int accepted, double draft_seconds, double verify_seconds) {
   if (n < 1 || n > max_ || accepted < 0 || accepted > n) return;
-  verify_[n + 1].add(verify_seconds);
-  draft_per_token_.add(draft_seconds / n);
+  verify_[n + 1].add(verify_seconds, kFirstTiming);
+  draft_per_token_.add(draft_seconds / n, kFirstTiming);
   for (int i = 1; i <= n && i <= accepted + 1; ++i) accepted_[i].add(i <= accepted ? 1.0 : 0.0);
 }
 
-void DraftLength::observe_plain(double seconds) { verify_[1].add(seconds); }
+void DraftLength::observe_plain(double seconds) { verify_[1].add(seconds, kFirstTiming); }
 
 }  // namespace specula::core

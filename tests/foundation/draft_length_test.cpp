@@ -76,6 +76,38 @@ TEST(DraftLength, StopsDraftingWhenDraftsAreRejected) {
   EXPECT_EQ(tries, 6);
 }
 
+TEST(DraftLength, ASlowFirstPlainStepDoesNotMakeDraftingLookFree) {
+  // Seen on the E2B Q4_K_M replay at profile 0 (every draft rejected): the first plain step took 40 ms,
+  // the later ones 32, a forward of 2 rows 35. Believing plain steps cost 40 ms, one draft looked
+  // cheaper than none and ran for most of the 128 steps (0.93x plain speed).
+  DraftLength p(8, 3);
+  int drafted = 0, plain = 0;
+  for (int k = 0; k < 128; ++k) {
+    const int n = p.next();
+    if (n > 0) {
+      ++drafted;
+      p.observe_step(n, 0, 0.0006 * n, 0.032 + 0.003 * n);
+    } else {
+      p.observe_plain(plain++ == 0 ? 0.040 : 0.032);
+    }
+  }
+  EXPECT_LE(drafted, 8) << "the tries of a rejected length: the first step, then at growing intervals";
+  EXPECT_NEAR(p.verify_seconds(1), 0.032, 0.0005);
+  EXPECT_EQ(p.best(), 0);
+}
+
+TEST(DraftLength, VerificationCostsNeverFallWithMoreRows) {
+  DraftLength p(8, 3);
+  p.observe_plain(0.050);          // slower than the 3-row forward below: capped by it
+  p.observe_step(2, 0, 0, 0.040);  // 3 rows
+  p.observe_step(5, 0, 0, 0.060);  // 6 rows
+  EXPECT_DOUBLE_EQ(p.verify_seconds(1), 0.040);
+  EXPECT_DOUBLE_EQ(p.verify_seconds(2), 0.040);
+  EXPECT_DOUBLE_EQ(p.verify_seconds(3), 0.040);
+  EXPECT_NEAR(p.verify_seconds(4), 0.040 + 0.020 / 3, 1e-12);
+  EXPECT_EQ(p.next(), 0) << "the plain step's timing is suspect: it is timed again";
+}
+
 TEST(DraftLength, PicksTheLengthWithTheBestExpectedRate) {
   // Acceptance 1, 1, 0 at positions 1, 2, 3 and verification that grows steeply past 3 rows: 2 drafts
   // give 3 tokens for 0.11 s; 1 draft 2 for 0.105; 3 drafts 3 for 0.2.

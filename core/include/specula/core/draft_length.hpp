@@ -4,7 +4,9 @@
 // the drafts before it were accepted. The pick maximises expected tokens per second:
 //   tokens(K) = 1 + a1 + a1 a2 + ... + a1 ... aK,   time(K) = K draft + verify(K + 1),
 // with verify(1) the plain decode step. Unmeasured costs are interpolated (or extrapolated along the
-// last measured slope); every eighth step tries a neighbour of the best length so its estimates stay
+// last measured slope) and capped by any measured longer forward; a length's first timing counts a
+// quarter (often a warm-up), and a plain step timed slower than a longer forward is timed again at once.
+// Every eighth step tries a neighbour of the best length so its estimates stay
 // current (while plain decoding is the best, every 16th, 32nd, then 64th). The choice never changes
 // greedy output: verification decides every token.
 #pragma once
@@ -35,8 +37,9 @@ class DraftLength {
  private:
   struct Mean {
     double value = 0, weight = 0;  // exponentially weighted: recent steps count more
-    void add(double x);
+    void add(double x, double first = 1);  // `first`: the weight of the first observation
   };
+  double estimate(int rows) const;  // verify_seconds before the cap by longer forwards
   int max_, initial_;
   int64_t steps_ = 0;
   int64_t next_explore_ = 8;  // the step that tries a neighbour of the best length
