@@ -644,10 +644,10 @@ void CpuBackend::execute(const Graph& g, int32_t id) {
       return;
     }
     case Op::GeluTanh:
-      gelu_tanh(pool_, fsrc(0), elements(n.shape), reinterpret_cast<float*>(output(n, id)));
+      gelu_tanh(pool_, kernels_, fsrc(0), elements(n.shape), reinterpret_cast<float*>(output(n, id)));
       return;
     case Op::Softcap:
-      softcap(pool_, fsrc(0), elements(n.shape), n.f[0], reinterpret_cast<float*>(output(n, id)));
+      softcap(pool_, kernels_, fsrc(0), elements(n.shape), n.f[0], reinterpret_cast<float*>(output(n, id)));
       return;
     case Op::Rope:
       rope(pool_, fsrc(0), ints(1), n.shape[0], n.shape[1], n.shape[2], n.i[0], n.f[0], n.f[1], n.f[2],

@@ -74,6 +74,9 @@ struct KernelSet {
   QuantKernel q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, iq4_xs, q4_k, q5_k, q6_k;
   RowsKernel f32, f16, bf16;  // x rows are F32, x_stride = cols * 4
   AffineKernel mlx4, mlx8;
+  // Element-wise maps over n values (qkernels_map.cpp): the same bits on every set.
+  void (*gelu_tanh)(const float* x, int64_t n, float* out);
+  void (*softcap)(const float* x, int64_t n, float cap, float* out);
 };
 
 namespace avx2 {

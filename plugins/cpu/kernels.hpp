@@ -80,8 +80,8 @@ void rms_norm(ThreadPool& pool, const float* x, const float* w, int64_t rows, in
 void binary(ThreadPool& pool, Op op, const float* a, const Shape& as, const float* b, const Shape& bs,
             float* out);
 
-void gelu_tanh(ThreadPool& pool, const float* x, int64_t n, float* out);
-void softcap(ThreadPool& pool, const float* x, int64_t n, float cap, float* out);
+void gelu_tanh(ThreadPool& pool, const KernelSet& kernels, const float* x, int64_t n, float* out);
+void softcap(ThreadPool& pool, const KernelSet& kernels, const float* x, int64_t n, float cap, float* out);
 void scale(ThreadPool& pool, const float* x, int64_t n, float s, float* out);
 void softmax(ThreadPool& pool, const float* x, int64_t rows, int64_t cols, float* out);
 void top_k(const float* x, int64_t rows, int64_t cols, int64_t k, int32_t* out);

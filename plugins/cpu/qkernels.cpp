@@ -25,6 +25,7 @@ const KernelSet& kernel_set() {
     add_x32_kernels(s);
     add_kquant_kernels(s);
     add_float_kernels(s);
+    add_map_kernels(s);
     return s;
   }();
   return set;

@@ -765,34 +765,38 @@ namespace {
 
 // Element-wise ops give a value the same bits however the pool splits the array: the chunk ends move with
 // the thread count and with the number of rows, and a verification's rows must get a decode step's bits.
-// (A scalar std::tanh tail at misaligned chunk ends once flipped near-tied argmaxes between the two.)
-TEST(ElementwiseOps, BitsDoNotDependOnThreadsOrRows) {
+// (A scalar std::tanh tail at misaligned chunk ends once flipped near-tied argmaxes between the two.) Every
+// kernel set gives the bits of the AVX2 set (8 lanes against AVX-512's 16).
+TEST(ElementwiseOps, BitsDoNotDependOnThreadsRowsOrKernelSet) {
   const int64_t cols = 6144, most = 9;
   std::mt19937 rng(5);
   std::normal_distribution<float> dist(0.0f, 4.0f);
   std::vector<float> x(static_cast<size_t>(most * cols + 5));
   for (float& v : x) v = dist(rng);
+  x[3] = 0.0f, x[4] = -0.0f, x[5] = 0.6249f, x[6] = -0.6251f, x[7] = 200.0f, x[8] = -200.0f;  // the branches' edges
   cpu::ThreadPool one(1), two(2), three(3);
-  using Op = void (*)(cpu::ThreadPool&, const float*, int64_t, float*);
-  const Op ops[] = {[](cpu::ThreadPool& p, const float* in, int64_t n, float* out) { cpu::gelu_tanh(p, in, n, out); },
-                    [](cpu::ThreadPool& p, const float* in, int64_t n, float* out) { cpu::softcap(p, in, n, 30.0f, out); }};
+  using Op = void (*)(cpu::ThreadPool&, const cpu::KernelSet&, const float*, int64_t, float*);
+  const Op ops[] = {[](cpu::ThreadPool& p, const cpu::KernelSet& k, const float* in, int64_t n, float* out) { cpu::gelu_tanh(p, k, in, n, out); },
+                    [](cpu::ThreadPool& p, const cpu::KernelSet& k, const float* in, int64_t n, float* out) { cpu::softcap(p, k, in, n, 30.0f, out); }};
+  const cpu::KernelSet& avx2 = cpu::select_kernels("avx2");
   for (const Op op : ops) {
-    // Each row alone on one thread: a decode step's values.
+    // Each row alone on one thread with the AVX2 set: a decode step's values.
     std::vector<float> alone(x.size());
     for (int64_t r = 0; r * cols < static_cast<int64_t>(x.size()); ++r) {
       const int64_t n = std::min<int64_t>(cols, static_cast<int64_t>(x.size()) - r * cols);
-      op(one, x.data() + r * cols, n, alone.data() + r * cols);
+      op(one, avx2, x.data() + r * cols, n, alone.data() + r * cols);
     }
-    for (cpu::ThreadPool* pool : {&one, &two, &three})
-      for (int64_t rows : {int64_t{1}, int64_t{5}, int64_t{7}, most}) {
-        const int64_t n = rows == most ? static_cast<int64_t>(x.size()) : rows * cols;
-        std::vector<float> y(static_cast<size_t>(n));
-        op(*pool, x.data(), n, y.data());
-        for (int64_t i = 0; i < n; ++i)
-          ASSERT_EQ(std::memcmp(&y[static_cast<size_t>(i)], &alone[static_cast<size_t>(i)], 4), 0)
-              << pool->size() << " threads, " << rows << " rows, value " << i << ": " << y[static_cast<size_t>(i)]
-              << " != " << alone[static_cast<size_t>(i)];
-      }
+    for (cpu::Isa isa : cpu::supported_isas())
+      for (cpu::ThreadPool* pool : {&one, &two, &three})
+        for (int64_t rows : {int64_t{1}, int64_t{5}, int64_t{7}, most}) {
+          const int64_t n = rows == most ? static_cast<int64_t>(x.size()) : rows * cols;
+          std::vector<float> y(static_cast<size_t>(n));
+          op(*pool, cpu::select_kernels(cpu::isa_name(isa)), x.data(), n, y.data());
+          for (int64_t i = 0; i < n; ++i)
+            ASSERT_EQ(std::memcmp(&y[static_cast<size_t>(i)], &alone[static_cast<size_t>(i)], 4), 0)
+                << cpu::isa_name(isa) << ", " << pool->size() << " threads, " << rows << " rows, value " << i << ": "
+                << y[static_cast<size_t>(i)] << " != " << alone[static_cast<size_t>(i)];
+        }
   }
 }
 
