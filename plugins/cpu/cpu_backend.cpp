@@ -326,6 +326,7 @@ class CpuBackend final : public ComputeBackend {
 
   ThreadPool pool_;
   const KernelSet& kernels_;
+  RopeTables rope_tables_;
   std::unique_ptr<OpProfile> profile_;
   bool pack_weights_;
   BufferPool buffers_;
@@ -650,7 +651,7 @@ void CpuBackend::execute(const Graph& g, int32_t id) {
       softcap(pool_, kernels_, fsrc(0), elements(n.shape), n.f[0], reinterpret_cast<float*>(output(n, id)));
       return;
     case Op::Rope:
-      rope(pool_, fsrc(0), ints(1), n.shape[0], n.shape[1], n.shape[2], n.i[0], n.f[0], n.f[1], n.f[2],
+      rope(pool_, rope_tables_, fsrc(0), ints(1), n.shape[0], n.shape[1], n.shape[2], n.i[0], n.f[0], n.f[1], n.f[2],
            reinterpret_cast<float*>(output(n, id)));
       return;
     case Op::Attention: {

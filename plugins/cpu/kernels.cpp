@@ -311,32 +311,49 @@ void attention(ThreadPool& pool, const AttentionArgs& a, float* out) {
   });
 }
 
-void rope(ThreadPool& pool, const float* x, const int32_t* pos, int64_t T, int64_t H, int64_t D,
-          int64_t pairs, float theta, float divisor, float freq_scale, float* out) {
-  // inv_freq in F32 as transformers computes it: 1 / theta^(2k / divisor), then the frequency scale.
-  std::vector<float> inv_freq(static_cast<size_t>(pairs));
-  for (int64_t k = 0; k < pairs; ++k)
-    inv_freq[static_cast<size_t>(k)] =
-        (1.0f / std::pow(theta, static_cast<float>(2 * k) / divisor)) * freq_scale;
-  const int64_t half = D / 2;
-  // A row's cost: its values, and a cosine and a sine (in double) per pair, some 20 values' time each.
-  pool.parallel_for(T, rows_grain(H * D + 40 * pairs), [&](int64_t t0, int64_t t1) {
-    std::vector<float> c(static_cast<size_t>(pairs)), s(static_cast<size_t>(pairs));
-    for (int64_t t = t0; t < t1; ++t) {
-      for (int64_t k = 0; k < pairs; ++k) {
-        const float angle = static_cast<float>(pos[t]) * inv_freq[static_cast<size_t>(k)];
-        c[static_cast<size_t>(k)] = static_cast<float>(std::cos(static_cast<double>(angle)));
-        s[static_cast<size_t>(k)] = static_cast<float>(std::sin(static_cast<double>(angle)));
+void RopeTables::lookup(const Rotation& r, const int32_t* pos, int64_t T, const float** out) {
+  constexpr size_t kMaxPositions = 8192;  // 8 MB a rotation of 128 pairs
+  Table& table = tables_[r];
+  if (table.inv_freq.empty()) {
+    // inv_freq in F32 as transformers computes it: 1 / theta^(2k / divisor), then the frequency scale.
+    table.inv_freq.resize(static_cast<size_t>(r.pairs));
+    for (int64_t k = 0; k < r.pairs; ++k)
+      table.inv_freq[static_cast<size_t>(k)] =
+          (1.0f / std::pow(r.theta, static_cast<float>(2 * k) / r.divisor)) * r.freq_scale;
+  }
+  if (table.at.size() + static_cast<size_t>(T) > kMaxPositions) table.at.clear();  // never under out's feet
+  for (int64_t t = 0; t < T; ++t) {
+    auto [it, fresh] = table.at.try_emplace(pos[t]);
+    std::vector<float>& cs = it->second;
+    if (fresh) {
+      cs.resize(static_cast<size_t>(2 * r.pairs));
+      for (int64_t k = 0; k < r.pairs; ++k) {
+        const float angle = static_cast<float>(pos[t]) * table.inv_freq[static_cast<size_t>(k)];
+        cs[static_cast<size_t>(k)] = static_cast<float>(std::cos(static_cast<double>(angle)));
+        cs[static_cast<size_t>(r.pairs + k)] = static_cast<float>(std::sin(static_cast<double>(angle)));
       }
+    }
+    out[t] = cs.data();
+  }
+}
+
+void rope(ThreadPool& pool, RopeTables& tables, const float* x, const int32_t* pos, int64_t T, int64_t H, int64_t D,
+          int64_t pairs, float theta, float divisor, float freq_scale, float* out) {
+  std::vector<const float*> angles(static_cast<size_t>(T));
+  tables.lookup({theta, divisor, freq_scale, pairs}, pos, T, angles.data());
+  const int64_t half = D / 2;
+  pool.parallel_for(T, rows_grain(H * D), [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t) {
+      const float* c = angles[static_cast<size_t>(t)];
+      const float* s = c + pairs;
       for (int64_t h = 0; h < H; ++h) {
         const float* xi = x + (t * H + h) * D;
         float* yo = out + (t * H + h) * D;
         if (yo != xi) std::copy(xi, xi + D, yo);
         for (int64_t k = 0; k < pairs; ++k) {
           const float x0 = xi[k], x1 = xi[k + half];
-          const float ck = c[static_cast<size_t>(k)], sk = s[static_cast<size_t>(k)];
-          yo[k] = x0 * ck - x1 * sk;
-          yo[k + half] = x1 * ck + x0 * sk;
+          yo[k] = x0 * c[k] - x1 * s[k];
+          yo[k + half] = x1 * c[k] + x0 * s[k];
         }
       }
     }

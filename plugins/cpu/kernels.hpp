@@ -6,7 +6,10 @@
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "isa.hpp"
 #include "specula/compute.hpp"
@@ -70,7 +73,28 @@ struct AttentionArgs {
 };
 void attention(ThreadPool& pool, const AttentionArgs& a, float* out);
 
-void rope(ThreadPool& pool, const float* x, const int32_t* pos, int64_t T, int64_t H, int64_t D,
+// The cosines and sines of RoPE's angles by rotation and position, kept across ops and runs: a graph's
+// layers share a few rotations (Gemma 4: its sliding and its global layers), so each position's angles are
+// computed once, not once per layer and per q and k (some 20 values' time a pair). Bounded per rotation.
+class RopeTables {
+ public:
+  struct Rotation {
+    float theta, divisor, freq_scale;
+    int64_t pairs;
+    auto operator<=>(const Rotation&) const = default;
+  };
+  // out[t] = pos[t]'s pairs cosines, then its pairs sines; valid until the next call.
+  void lookup(const Rotation& r, const int32_t* pos, int64_t T, const float** out);
+
+ private:
+  struct Table {
+    std::vector<float> inv_freq;
+    std::unordered_map<int32_t, std::vector<float>> at;  // by position
+  };
+  std::map<Rotation, Table> tables_;
+};
+
+void rope(ThreadPool& pool, RopeTables& tables, const float* x, const int32_t* pos, int64_t T, int64_t H, int64_t D,
           int64_t pairs, float theta, float divisor, float freq_scale, float* out);
 
 void rms_norm(ThreadPool& pool, const float* x, const float* w, int64_t rows, int64_t cols, float eps,

@@ -411,6 +411,30 @@ TEST(Ops, RopeStandardAndProportional) {
   }
 }
 
+// The backend keeps RoPE's angles by rotation and position; kept ones, and ones computed again after the
+// tables were cleared at their bound, are the bits of freshly computed ones.
+TEST(Ops, RopeTablesKeepTheBitsOfFreshAngles) {
+  const cpu::RopeTables::Rotation local{1e4f, 256.0f, 1.0f, 128}, global{1e6f, 512.0f, 1.0f, 64};
+  cpu::RopeTables kept;
+  std::vector<int32_t> many(6000);
+  std::iota(many.begin(), many.end(), 0);
+  std::vector<const float*> out(many.size());
+  kept.lookup(local, many.data(), 6000, out.data());
+  kept.lookup(global, many.data(), 6000, out.data());
+  std::iota(many.begin(), many.end(), 6000);
+  kept.lookup(local, many.data(), 6000, out.data());  // past 8192 positions: cleared first
+  for (const auto& r : {local, global}) {
+    const std::vector<int32_t> pos{3, 11999, 5999, 3, 70000};
+    std::vector<const float*> a(pos.size()), b(pos.size());
+    kept.lookup(r, pos.data(), static_cast<int64_t>(pos.size()), a.data());
+    cpu::RopeTables fresh;
+    fresh.lookup(r, pos.data(), static_cast<int64_t>(pos.size()), b.data());
+    for (size_t t = 0; t < pos.size(); ++t)
+      EXPECT_EQ(std::memcmp(a[t], b[t], static_cast<size_t>(2 * r.pairs) * 4), 0) << "position " << pos[t];
+    EXPECT_EQ(a[0], a[3]) << "a position repeated within one lookup shares its table";
+  }
+}
+
 // Attention reference: explicit mask from positions, softmax in double.
 struct AttCase {
   int64_t T, S, Hq, Hkv, D, Dv;
