@@ -174,10 +174,7 @@ void over_x(int64_t nx, F&& tile) {
   const int64_t tiles = (nx + TX - 1) / TX;
   for (int64_t t = 0, r = 0; t < tiles; ++t) {
     const int64_t rows = (nx - r) / (tiles - t);  // the larger tiles last
-    if (rows == TX)
-      tile.template operator()<TX>(r);
-    else
-      tile_of<TX - 1>(rows, r, tile);
+    tile_of<TX>(rows, r, tile);
     r += rows;
   }
 }
