@@ -179,40 +179,6 @@ void over_x(int64_t nx, F&& tile) {
   }
 }
 
-// ---- packed panels in column chunks -------------------------------------------------------------------
-// A packed tile runs blocks [b0, b1) of one panel; after the first chunk it adds to the sums it left in y
-// (exact: the same float additions in the same order, so the same bits as one pass).
-struct Blocks {
-  int64_t b0, b1;
-};
-// Activation records one column chunk may hold. Several activation rows over long weight rows outgrow L1,
-// and every panel then fetched its records from L2 again, behind the weight stream's misses (packed Q4_0,
-// one thread, 5 rows: 1536 x 6144 took 0.37-0.39 ms against 0.21-0.23 for the same bytes as 6144 x 1536;
-// in chunks 0.28-0.30). Chunks cut the weight stream into pieces, which costs where records fit anyway:
-// 6144 x 1536 at 5 rows took 0.28-0.31 ms in two chunks of 8 KB. One row's records (at most 15 KB) stay.
-constexpr size_t kChunkRecordBytes = 16 << 10;
-// Blocks per column chunk for nx activation rows of `record_bytes` a block over `nb` blocks: as even as
-// whole multiples of `unit` blocks allow.
-inline int64_t record_chunk(int64_t nx, int64_t nb, size_t record_bytes, int64_t unit) {
-  const size_t records = static_cast<size_t>(nx) * record_bytes * static_cast<size_t>(nb);
-  const int64_t chunks = nx == 1 ? 1 : static_cast<int64_t>((records + kChunkRecordBytes - 1) / kChunkRecordBytes);
-  const int64_t units = nb / unit;
-  return (units + chunks - 1) / chunks * unit;
-}
-// Weight rows [0, nw) in panels times nx activation rows: tile.operator()<RX>(first weight row, valid rows,
-// first activation row, blocks) for each panel and tile of activation rows, chunk by chunk of the `nb`
-// blocks.
-template <int TX, class F>
-void over_panels(int64_t nw, int64_t nx, int64_t nb, int64_t chunk, F&& tile) {
-  for (int64_t b0 = 0; b0 < nb; b0 += chunk) {
-    const Blocks blocks{b0, nb - b0 < chunk ? nb : b0 + chunk};
-    for (int64_t o = 0; o < nw; o += kPanelRows) {
-      const int valid = static_cast<int>(nw - o < kPanelRows ? nw - o : kPanelRows);
-      over_x<TX>(nx, [&]<int RX>(int64_t r) __attribute__((always_inline)) { tile.template operator()<RX>(o, valid, r, blocks); });
-    }
-  }
-}
-
 // ---- tiles: a few weight rows x a few activation rows over blocks [b0, b1) -----------------------------
 // Blocks [b0, b1) of a column pass. The accumulators of each (weight row i, activation row r) pair, 16
 // floats, are carried between passes; weight bytes are prefetched `ahead` bytes on (the next row's

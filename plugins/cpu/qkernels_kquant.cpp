@@ -674,14 +674,13 @@ template <bool kQ5, int RX, int H>
 // Q4_K / Q5_K: RX activation rows x one panel (`valid` of its rows are real).
 template <bool kQ5, int RX>
 [[gnu::always_inline]] inline void packed_q4_k_tile(const std::byte* panel, int valid, const std::byte* x, size_t xs,
-                                                    int64_t cols, float* y, int64_t ldy, Blocks blocks) {
+                                                    int64_t cols, float* y, int64_t ldy) {
   using P = PackedK4<kQ5>;
   XK xr[RX];
   for (int r = 0; r < RX; ++r) xr[r] = xk(x, xs, r, cols);
-  const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
   __m512 acc[RX];
-  for (int r = 0; r < RX; ++r) acc[r] = blocks.b0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask, y + r * ldy);
-  for (int64_t sb = blocks.b0; sb < blocks.b1; ++sb) {
+  for (int r = 0; r < RX; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < cols / 256; ++sb) {
     const std::byte* blk = panel + static_cast<size_t>(sb) * P::kBlock;
     __m512i s[RX];
     for (int r = 0; r < RX; ++r) s[r] = _mm512_setzero_si512();
@@ -705,6 +704,7 @@ template <bool kQ5, int RX>
       acc[r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m), _mm512_mul_ps(dmin, dx), acc[r]);
     }
   }
+  const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
   for (int r = 0; r < RX; ++r) _mm512_mask_storeu_ps(y + r * ldy, mask, acc[r]);
 }
 
@@ -740,14 +740,13 @@ template <int RX, int T>
 
 template <int RX>
 [[gnu::always_inline]] inline void packed_q6_k_tile(const std::byte* panel, int valid, const std::byte* x, size_t xs,
-                                                    int64_t cols, float* y, int64_t ldy, Blocks blocks) {
+                                                    int64_t cols, float* y, int64_t ldy) {
   using P = PackedQ6_K;
   XK xr[RX];
   for (int r = 0; r < RX; ++r) xr[r] = xk(x, xs, r, cols);
-  const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
   __m512 acc[RX];
-  for (int r = 0; r < RX; ++r) acc[r] = blocks.b0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask, y + r * ldy);
-  for (int64_t sb = blocks.b0; sb < blocks.b1; ++sb) {
+  for (int r = 0; r < RX; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t sb = 0; sb < cols / 256; ++sb) {
     const std::byte* blk = panel + static_cast<size_t>(sb) * P::kBlock;
     const int8_t* xq[RX];
     __m512i s[RX], off[RX];
@@ -774,6 +773,7 @@ template <int RX>
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(t), _mm512_mul_ps(d, _mm512_set1_ps(xr[r].d[sb])), acc[r]);
     }
   }
+  const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
   for (int r = 0; r < RX; ++r) _mm512_mask_storeu_ps(y + r * ldy, mask, acc[r]);
 }
 #else
@@ -785,16 +785,15 @@ inline __m256i load8_u8_epi32(const std::byte* p) {
 
 template <bool kQ5, int RX>
 [[gnu::always_inline]] inline void packed_q4_k_tile(const std::byte* panel, int valid, const std::byte* x, size_t xs,
-                                                    int64_t cols, float* y, int64_t ldy, Blocks blocks) {
+                                                    int64_t cols, float* y, int64_t ldy) {
   using P = PackedK4<kQ5>;
   XK xr[RX];
   for (int r = 0; r < RX; ++r) xr[r] = xk(x, xs, r, cols);
   const __m256i m4 = _mm256_set1_epi8(0x0f), m5 = _mm256_set1_epi8(0x10);
   for (int h = 0; h < 2 && valid > 8 * h; ++h) {
-    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid - 8 * h), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     __m256 acc[RX];
-    for (int r = 0; r < RX; ++r) acc[r] = blocks.b0 == 0 ? _mm256_setzero_ps() : _mm256_maskload_ps(y + r * ldy + 8 * h, mask);
-    for (int64_t sb = blocks.b0; sb < blocks.b1; ++sb) {
+    for (int r = 0; r < RX; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t sb = 0; sb < cols / 256; ++sb) {
       const std::byte* blk = panel + static_cast<size_t>(sb) * P::kBlock;
       __m256i s[RX];
       for (int r = 0; r < RX; ++r) s[r] = _mm256_setzero_si256();
@@ -843,6 +842,7 @@ template <bool kQ5, int RX>
         acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), _mm256_mul_ps(dmin, dx), acc[r]);
       }
     }
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid - 8 * h), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     for (int r = 0; r < RX; ++r) _mm256_maskstore_ps(y + r * ldy + 8 * h, mask, acc[r]);
   }
 }
@@ -880,15 +880,14 @@ template <int RX, int T>
 
 template <int RX>
 [[gnu::always_inline]] inline void packed_q6_k_tile(const std::byte* panel, int valid, const std::byte* x, size_t xs,
-                                                    int64_t cols, float* y, int64_t ldy, Blocks blocks) {
+                                                    int64_t cols, float* y, int64_t ldy) {
   using P = PackedQ6_K;
   XK xr[RX];
   for (int r = 0; r < RX; ++r) xr[r] = xk(x, xs, r, cols);
   for (int h = 0; h < 2 && valid > 8 * h; ++h) {
-    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid - 8 * h), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     __m256 acc[RX];
-    for (int r = 0; r < RX; ++r) acc[r] = blocks.b0 == 0 ? _mm256_setzero_ps() : _mm256_maskload_ps(y + r * ldy + 8 * h, mask);
-    for (int64_t sb = blocks.b0; sb < blocks.b1; ++sb) {
+    for (int r = 0; r < RX; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t sb = 0; sb < cols / 256; ++sb) {
       const std::byte* blk = panel + static_cast<size_t>(sb) * P::kBlock;
         const int8_t* xq[RX];
       __m256i s[RX], off[RX];
@@ -914,6 +913,7 @@ template <int RX>
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(t), _mm256_mul_ps(d, _mm256_set1_ps(xr[r].d[sb])), acc[r]);
       }
     }
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid - 8 * h), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     for (int r = 0; r < RX; ++r) _mm256_maskstore_ps(y + r * ldy + 8 * h, mask, acc[r]);
   }
 }
@@ -930,17 +930,16 @@ void packed_k_rows(const std::byte* w, size_t panel_bytes, int64_t nw, const std
   // (one thread, 6144 x 1536: Q4_K N = 9 0.574 -> 0.538 ms, Q6_K 0.909 -> 0.780; N = 12 -7 / -16 %; the
   // float sums, touched once per super-block, spill); 16 was slower again from 12 rows on.
   constexpr int TX = kWide ? 12 : 4;
-  // No column chunks (record_chunk): they slowed every shape here (2 threads, Q4_K 6144 x 1536, 9 rows:
-  // 0.19 -> 0.27 ms; 1536 x 6144, 5 rows: 0.14-0.16 -> 0.17-0.18).
-  const int64_t nsb = cols / 256;
-  over_panels<TX>(nw, nx, nsb, nsb,
-                  [&]<int RX>(int64_t o, int valid, int64_t r, Blocks blocks) __attribute__((always_inline)) {
-                    const std::byte* panel = w + static_cast<size_t>(o / kPanelRows) * panel_bytes;
-                    if constexpr (kQ6)
-                      packed_q6_k_tile<RX>(panel, valid, x + r * xs, xs, cols, y + r * ldy + o, ldy, blocks);
-                    else
-                      packed_q4_k_tile<kQ5, RX>(panel, valid, x + r * xs, xs, cols, y + r * ldy + o, ldy, blocks);
-                  });
+  for (int64_t o = 0; o < nw; o += kPanelRows) {
+    const std::byte* panel = w + static_cast<size_t>(o / kPanelRows) * panel_bytes;
+    const int valid = static_cast<int>(nw - o < kPanelRows ? nw - o : kPanelRows);
+    over_x<TX>(nx, [&]<int RX>(int64_t r) __attribute__((always_inline)) {
+      if constexpr (kQ6)
+        packed_q6_k_tile<RX>(panel, valid, x + r * xs, xs, cols, y + r * ldy + o, ldy);
+      else
+        packed_q4_k_tile<kQ5, RX>(panel, valid, x + r * xs, xs, cols, y + r * ldy + o, ldy);
+    });
+  }
 }
 
 template <class P, bool kQ6, bool kQ5 = false>

@@ -844,18 +844,18 @@ void pack_weights(const std::byte* w, size_t wrb, int64_t nw, int64_t cols, std:
   }
 }
 
-// RX activation rows x one panel (`valid` of its rows are real) over blocks [b0, b1) (units start at b0).
+// RX activation rows x one panel (`valid` of its rows are real) over all blocks.
 template <class P, int RX>
 [[gnu::always_inline]] inline void packed_tile(const std::byte* panel, int valid, const std::byte* x, size_t xs,
-                                               int64_t cols, float* y, int64_t ldy, Blocks blocks) {
+                                               int64_t cols, float* y, int64_t ldy) {
+  const int64_t nb = cols / 32;
   // Each block prefetches its share of a unit's bytes, a unit at a time.
   constexpr size_t kShare = P::kUnitBytes / P::kBlocks;
   const auto& [xq, xd, xi] = PanelRecords<RX>(x, xs, cols);
 #if SPECULA_WIDE
-  const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
   __m512 acc[RX];
-  for (int r = 0; r < RX; ++r) acc[r] = blocks.b0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(mask, y + r * ldy);
-  for (int64_t b = blocks.b0; b < blocks.b1; ++b) {
+  for (int r = 0; r < RX; ++r) acc[r] = _mm512_setzero_ps();
+  for (int64_t b = 0; b < nb; ++b) {
     const std::byte* unit = panel + static_cast<size_t>(b / P::kBlocks) * P::kUnitBytes;
     const int j = static_cast<int>(b % P::kBlocks);
     prefetch_ahead(unit + kShare * j, kShare);
@@ -881,14 +881,14 @@ template <class P, int RX>
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(xd[r][X32Layout::d(b)])), acc[r]);
     }
   }
+  const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
   for (int r = 0; r < RX; ++r) _mm512_mask_storeu_ps(y + r * ldy, mask, acc[r]);
 #else
   const __m256i ones = _mm256_set1_epi16(1);
   for (int h = 0; h < 2 && valid > 8 * h; ++h) {
-    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid - 8 * h), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     __m256 acc[RX];
-    for (int r = 0; r < RX; ++r) acc[r] = blocks.b0 == 0 ? _mm256_setzero_ps() : _mm256_maskload_ps(y + r * ldy + 8 * h, mask);
-    for (int64_t b = blocks.b0; b < blocks.b1; ++b) {
+    for (int r = 0; r < RX; ++r) acc[r] = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; ++b) {
       const std::byte* unit = panel + static_cast<size_t>(b / P::kBlocks) * P::kUnitBytes;
       const int j = static_cast<int>(b % P::kBlocks);
       prefetch_ahead(unit + kShare * j, kShare);
@@ -910,6 +910,7 @@ template <class P, int RX>
       for (int r = 0; r < RX; ++r)
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), _mm256_mul_ps(dw, _mm256_set1_ps(xd[r][X32Layout::d(b)])), acc[r]);
     }
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid - 8 * h), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     for (int r = 0; r < RX; ++r) _mm256_maskstore_ps(y + r * ldy + 8 * h, mask, acc[r]);
   }
 #endif
@@ -920,19 +921,20 @@ template <class P, int RX>
 template <class P>
 void packed_rows(const std::byte* w, size_t panel_bytes, int64_t nw, const std::byte* x, size_t xs, int64_t nx,
                  int64_t cols, float* y, int64_t ldy) {
-  // Q4_0 and Q5_0 on AVX-512: 9 activation rows (8 drafts verified) in one pass over a panel, 8 unpacked
-  // codes, 9 sums and 9 accumulators in 32 registers (Q4_0, one thread, 6144 x 1536, 9 rows: 0.55 ms as
-  // 4 + 5 rows, 0.36); and column chunks (record_chunk). Both measured slower for Q8_0, whose panels are
-  // twice as long (2 threads, 1536 x 6144, 9 rows: 0.28-0.32 -> 0.38-0.41 ms), and no faster for IQ4_XS;
-  // chunks slowed AVX2's 2-row tiles (Q4_0, 9 rows: 0.60 -> 0.77-0.83 ms).
-  constexpr bool kNibbles = kWide && (std::is_same_v<P, PackedQ4_0> || std::is_same_v<P, PackedQ5_0>);
-  constexpr int TX = kWide ? (kNibbles ? 9 : 8) : 2;
-  const int64_t nb = cols / 32;
-  over_panels<TX>(nw, nx, nb, kNibbles ? record_chunk(nx, nb, xs / static_cast<size_t>(nb), P::kBlocks) : nb,
-                  [&]<int RX>(int64_t o, int valid, int64_t r, Blocks blocks) __attribute__((always_inline)) {
-                    packed_tile<P, RX>(w + static_cast<size_t>(o / kPanelRows) * panel_bytes, valid, x + r * xs, xs,
-                                       cols, y + r * ldy + o, ldy, blocks);
-                  });
+  // AVX-512: 8 unpacked codes, 8 sums and 8 accumulators in 32 registers; Q4_0 and Q5_0 take 9 rows (9 sums
+  // and accumulators), so that a verification of 8 drafts is one pass over each panel, not 4 + 5 rows that
+  // read it twice (Q4_0, one thread, 6144 x 1536, 9 rows: 0.53-0.55 -> 0.35-0.38 ms; E2B Q4_0, 9 rows,
+  // `--profile`: ffn_gate 17.2-18.8 -> 13.5-14.9 ms). Q8_0 at 9 rows measured slower (1536 x 6144, 2
+  // threads: 0.27-0.30 -> 0.33-0.34 ms), IQ4_XS no faster.
+  constexpr bool kNine = kWide && (std::is_same_v<P, PackedQ4_0> || std::is_same_v<P, PackedQ5_0>);
+  constexpr int TX = kWide ? (kNine ? 9 : 8) : 2;
+  for (int64_t o = 0; o < nw; o += kPanelRows) {
+    const std::byte* panel = w + static_cast<size_t>(o / kPanelRows) * panel_bytes;
+    const int valid = static_cast<int>(nw - o < kPanelRows ? nw - o : kPanelRows);
+    over_x<TX>(nx, [&]<int RX>(int64_t r) __attribute__((always_inline)) {
+      packed_tile<P, RX>(panel, valid, x + r * xs, xs, cols, y + r * ldy + o, ldy);
+    });
+  }
 }
 
 constexpr int QX = 4;  // 32-value blocks: activation rows per tile (K + 1 = 2..9 verified rows, batches)
