@@ -925,7 +925,7 @@ void packed_rows(const std::byte* w, size_t panel_bytes, int64_t nw, const std::
   // accumulators), so that a verification of 8 drafts is one pass over each panel, not 4 + 5 rows that read
   // it twice (one thread, 6144 x 1536, 9 rows: 0.53-0.55 -> 0.35-0.38 ms; E2B Q4_0, 9 rows, `--profile`:
   // ffn_gate 17.2-18.8 -> 13.5-14.9 ms). At 9 rows Q8_0 measured slower (1536 x 6144, 2 threads: 0.27-0.30
-  // -> 0.33-0.34 ms), Q5_0 (its fifth bits need registers too) and IQ4_XS no faster.
+  // -> 0.33-0.34 ms), Q5_0 and IQ4_XS no faster.
   constexpr int TX = kWide ? (std::is_same_v<P, PackedQ4_0> ? 9 : 8) : 2;
   for (int64_t o = 0; o < nw; o += kPanelRows) {
     const std::byte* panel = w + static_cast<size_t>(o / kPanelRows) * panel_bytes;
