@@ -653,7 +653,9 @@ def write_mlx(outdir, spec, w, bits, gs=32):
         if l >= spec.first_shared and spec.shared:
             for k in ("self_attn.k_proj.weight", "self_attn.v_proj.weight", "self_attn.k_norm.weight"):
                 items.pop(f"layers.{l}.{k}", None)
-    for k, a in sorted(items.items()):
+    if any(isinstance(a, LazyTensor) for a in items.values()):
+        overrides = write_mlx_streamed(os.path.join(outdir, "model.safetensors"), items, bits, gs, prefix, quantized)
+    for k, a in sorted(items.items()) if not overrides else ():
         b = 8 if k.endswith("router.proj.weight") else bits
         if k.endswith(quantized) and a.shape[-1] % gs == 0:
             packed, sc, bi, deq = mlx_quantize(a, b, gs)
@@ -667,15 +669,19 @@ def write_mlx(outdir, spec, w, bits, gs=32):
             deq = a
             tensors.append((prefix + k, "BF16", bf16_bytes(a), a.shape))
         deq_all[k] = deq
-    write_safetensors(os.path.join(outdir, "model.safetensors"), sorted(tensors), {"format": "mlx"},
-                      pad_header=False)
+    if tensors:
+        write_safetensors(os.path.join(outdir, "model.safetensors"), sorted(tensors), {"format": "mlx"},
+                          pad_header=False)
     cfg = hf_config(spec)
     cfg.pop("vision_config")
+    overrides.pop("_streamed", None)
     q = {"group_size": gs, "bits": bits, "mode": "affine", **overrides}
     cfg["quantization"] = q
     cfg["quantization_config"] = q
     with open(os.path.join(outdir, "config.json"), "w") as fh:
         json.dump(cfg, fh, indent=2, sort_keys=True)
+    if not tensors:  # streamed: no reference
+        return None
     # Back to HF names (re-fuse experts) for the reference GGUF.
     for l in range(spec.L):
         g = deq_all.pop(f"layers.{l}.experts.switch_glu.gate_proj.weight", None)
@@ -686,6 +692,56 @@ def write_mlx(outdir, spec, w, bits, gs=32):
     for k, a in w.items():  # the reference keeps the ignored K/V of shared layers as they were
         deq_all.setdefault(k, a)
     return deq_all
+
+
+def write_mlx_streamed(path, items, bits, gs, prefix, quantized):
+    """write_mlx's file for a "-real" variant's LazyTensors, quantized chunk by chunk (rows are
+    independent) straight to their places in the file: little memory. Returns the per-tensor overrides
+    (never empty: it also says the file was written)."""
+    plan, overrides = [], {"_streamed": True}  # (entry name, dtype, shape, row bytes, source key, part)
+    for k, a in items.items():
+        rows, cols = math.prod(a.shape[:-1]), a.shape[-1]
+        b = 8 if k.endswith("router.proj.weight") else bits
+        if k.endswith(quantized) and cols % gs == 0:
+            base = prefix + k[: -len(".weight")]
+            plan += [(base + ".weight", "U32", a.shape[:-1] + (cols * b // 32,), cols * b // 8, k, "q"),
+                     (base + ".scales", "BF16", a.shape[:-1] + (cols // gs,), 2 * cols // gs, k, "s"),
+                     (base + ".biases", "BF16", a.shape[:-1] + (cols // gs,), 2 * cols // gs, k, "b")]
+            if b != bits:
+                overrides[base] = {"group_size": gs, "bits": b}
+        else:
+            plan.append((prefix + k, "BF16", a.shape, 2 * cols, k, "w"))
+    plan.sort()
+    header, offset, where = {"__metadata__": {"format": "mlx"}}, 0, {}
+    for name, dt, shape, row_bytes, k, part in plan:
+        size = row_bytes * math.prod(shape[:-1])
+        header[name] = {"dtype": dt, "shape": list(shape), "data_offsets": [offset, offset + size]}
+        where[(k, part)] = (offset, row_bytes)
+        offset += size
+    h = json.dumps(header, separators=(",", ":")).encode()
+    base_offset = 8 + len(h)
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "wb") as fh:
+        fh.write(struct.pack("<Q", len(h)) + h)
+        fh.truncate(base_offset + offset)
+        for k, a in sorted(items.items()):
+            row = 0
+            chunks = a.chunks() if isinstance(a, LazyTensor) else [np.asarray(a)]
+            for c in chunks:
+                n = math.prod(c.shape[:-1])
+                if (k, "w") in where:
+                    parts = {"w": bf16_bytes(c)}
+                else:
+                    b = 8 if k.endswith("router.proj.weight") else bits
+                    packed, sc, bi, _ = mlx_quantize(c, b, gs)
+                    parts = {"q": packed.tobytes(), "s": bf16_bytes(sc), "b": bf16_bytes(bi)}
+                for part, blob in parts.items():
+                    off, row_bytes = where[(k, part)]
+                    fh.seek(base_offset + off + row * row_bytes)
+                    fh.write(blob)
+                row += n
+    os.replace(tmp, path)
+    return overrides
 
 
 # ------------------------------------------------------------------------------------------- main
@@ -720,8 +776,8 @@ def _generate(spec, out, formats, vocab, stamp, digest):
         elif f == "mlx4-tok":
             write_mlx(os.path.join(out, f), spec, w, 4)
             write_tokenizer_files(os.path.join(out, f), vocab)
-        elif f in ("mlx4", "mlx8"):
-            write_mlx(os.path.join(out, f), spec, w, int(f[3:]))
+        elif f in ("mlx4", "mlx8"):  # real shapes: groups of 64, as mlx-community's downloads
+            write_mlx(os.path.join(out, f), spec, w, int(f[3:]), 64 if spec.name.endswith("-real") else 32)
         elif f in ("mlx4-ref", "mlx8-ref"):  # only for llama.cpp goldens
             import tempfile
             with tempfile.TemporaryDirectory() as d:

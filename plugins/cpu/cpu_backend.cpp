@@ -87,13 +87,30 @@ bool in_read_only_file_mapping(const std::byte* p, size_t n) {
 
 const std::byte* CpuTensor::packed(const QuantKernel& k, int64_t cols, ThreadPool& pool, int64_t group_rows) {
   if (!k.pack) return nullptr;
+  const size_t row_bytes = *cpu::row_bytes(type_, cols, &quant);
+  return packed_with(k.panel_bytes(cols), row_bytes, cols, pool, group_rows, [&](int64_t row, int64_t n, std::byte* out) {
+    k.pack(data + static_cast<size_t>(row) * row_bytes, row_bytes, n, cols, out);
+  });
+}
+
+const std::byte* CpuTensor::packed(const AffineKernel& k, int64_t cols, ThreadPool& pool) {
+  if (!k.pack || quant.bits != 4 || quant.scale_type == DType::F32) return nullptr;
+  const size_t row_bytes = static_cast<size_t>(cols) / 2;
+  return packed_with(k.panel_bytes(cols, static_cast<int>(quant.group_size)), row_bytes, cols, pool, 0,
+                     [&](int64_t row, int64_t n, std::byte* out) {
+                       k.pack(affine_rows(quant, data + static_cast<size_t>(row) * row_bytes, row_bytes, cols, row), n,
+                              cols, out);
+                     });
+}
+
+const std::byte* CpuTensor::packed_with(size_t panel_bytes, size_t row_bytes, int64_t cols, ThreadPool& pool,
+                                        int64_t group_rows, const std::function<void(int64_t, int64_t, std::byte*)>& pack) {
   const int64_t rows = elements(shape_) / cols;
   // Groups of whole panels are the whole matrix's layout: a tensor both MatMul and MatMulId multiply (a
   // centroid head's table) shares one packed copy.
   if (group_rows <= 0 || group_rows % kPanelRows == 0) group_rows = rows;
   if (rows % group_rows != 0) return nullptr;
   std::call_once(packed_once_, [&] {
-    const size_t row_bytes = *cpu::row_bytes(type_, cols, &quant), panel_bytes = k.panel_bytes(cols);
     const int64_t group_panels = panel_count(group_rows);
     const int64_t panels = rows / group_rows * group_panels;
     // Matrices of a megabyte and more in 2 MB pages where the kernel allows: decode streams the panels,
@@ -129,9 +146,8 @@ const std::byte* CpuTensor::packed(const QuantKernel& k, int64_t cols, ThreadPoo
         for (int64_t q = s0; q < s1;) {  // group by group
           const int64_t g = q / group_panels, first = q - g * group_panels;
           const int64_t end = std::min(s1, (g + 1) * group_panels) - g * group_panels;
-          k.pack(data + static_cast<size_t>(first_row(q)) * row_bytes, row_bytes,
-                 std::min(group_rows, end * kPanelRows) - first * kPanelRows, cols,
-                 p + static_cast<size_t>(q) * panel_bytes);
+          pack(first_row(q), std::min(group_rows, end * kPanelRows) - first * kPanelRows,
+               p + static_cast<size_t>(q) * panel_bytes);
           q += end - first;
         }
         // Rows [first_row(s0), first_row(s1)) are this step's alone.
@@ -608,8 +624,11 @@ void CpuBackend::execute(const Graph& g, int32_t id) {
       Matrix m = matrix(g, n.src[0], w.shape[0], I);
       // A read-only weight multiplied whole is packed once (the first product pays for it).
       const Slot& ws = slots_[static_cast<size_t>(n.src[0])];
-      if (pack_weights_ && ws.tensor && !ws.tensor->mutable_data && ws.data == ws.tensor->data)
+      if (pack_weights_ && ws.tensor && !ws.tensor->mutable_data && ws.data == ws.tensor->data) {
         if (const QuantKernel* k = quant_kernel(kernels_, m.type)) m.packed = ws.tensor->packed(*k, I, pool_);
+        if (m.type == DType::MLX_AFFINE)
+          if (const AffineKernel* k = mlx_kernel(kernels_, ws.tensor->quant)) m.packed = ws.tensor->packed(*k, I, pool_);
+      }
       matmul(pool_, kernels_, m, x, elements(src(1).shape) / I, reinterpret_cast<float*>(output(n, id)));
       return;
     }

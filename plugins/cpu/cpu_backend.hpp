@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <vector>
@@ -47,6 +48,8 @@ class CpuTensor final : public BackendTensor {
   // panels (the whole-matrix layout where group_rows is a multiple of kPanelRows, and then the same copy as
   // group_rows 0). 0: one group.
   const std::byte* packed(const QuantKernel& k, int64_t cols, ThreadPool& pool, int64_t group_rows = 0);
+  // MLX affine 4 bits (f16 / bf16 scales) as k.pack's panels, the same way; null for other MLX weights.
+  const std::byte* packed(const AffineKernel& k, int64_t cols, ThreadPool& pool);
 
  private:
   std::string name_;
@@ -54,6 +57,9 @@ class CpuTensor final : public BackendTensor {
   Shape shape_;
   std::once_flag f32_once_;
   std::vector<float> f32_;
+  // pack(row, n, out): rows [row, row + n) (row_bytes each in `data`) as panels at out.
+  const std::byte* packed_with(size_t panel_bytes, size_t row_bytes, int64_t cols, ThreadPool& pool, int64_t group_rows,
+                               const std::function<void(int64_t, int64_t, std::byte*)>& pack);
   std::once_flag packed_once_;
   AlignedBytes packed_;
   int64_t packed_cols_ = 0;

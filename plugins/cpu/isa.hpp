@@ -61,12 +61,21 @@ struct AffineMatrix {
 };
 using AffineRowsKernel = void (*)(const AffineMatrix& w, int64_t nw, const std::byte* x, size_t x_stride, int64_t nx,
                                   int64_t cols, float* y, int64_t ldy);
-// MLX multiplies its quantized weights with float activations, and so do these kernels: `prepare`
-// writes the record `rows` reads (the activations reordered as the codes are, and block sums).
+// MLX multiplies its quantized weights with float activations, and so do the tiles `rows`: `prepare`
+// writes the record they read (the activations reordered as the codes are).
+// 4 bits with f16 / bf16 scales also have packed panels (null for 8 bits): pack(w, nw, cols, out) writes
+// the panels of rows [0, nw) at out (zeroed), panel_bytes(cols, group_size) each; `packed` multiplies
+// them (w.codes: the panels, w.code_bytes: panel_bytes) with the 8-bit records `quantize` writes, as the
+// GGUF types' packed panels do, at every row count with the same bits.
 struct AffineKernel {
   QuantizeKernel prepare = nullptr;
   size_t (*record_bytes)(int64_t cols) = nullptr;
   AffineRowsKernel rows = nullptr;  // any row count (matmul uses them below gemm_min_rows)
+  QuantizeKernel quantize = nullptr;
+  size_t (*quantized_bytes)(int64_t cols) = nullptr;
+  size_t (*panel_bytes)(int64_t cols, int group_size) = nullptr;
+  void (*pack)(const AffineMatrix& w, int64_t nw, int64_t cols, std::byte* out) = nullptr;
+  AffineRowsKernel packed = nullptr;
 };
 
 struct KernelSet {

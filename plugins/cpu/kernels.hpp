@@ -40,6 +40,11 @@ float dot_f32(const float* a, const float* b, int64_t n);
 inline constexpr int64_t kMinShareValues = 16384;
 inline int64_t rows_grain(int64_t cost) { return std::max<int64_t>(1, kMinShareValues / std::max<int64_t>(1, cost)); }
 
+// MLX affine weight rows from `row` on: codes at `codes` (code_bytes a row), scales and biases from q.
+AffineMatrix affine_rows(const QuantParams& q, const std::byte* codes, size_t code_bytes, int64_t cols, int64_t row);
+// The AffineKernel for an MLX weight of these parameters, or null (then: the generic path).
+const AffineKernel* mlx_kernel(const KernelSet& ks, const QuantParams& q);
+
 // y[N, O] = x[N, I] @ W[O, I]^T.
 void matmul(ThreadPool& pool, const KernelSet& kernels, const Matrix& w, const float* x, int64_t n, float* y);
 // MatMulId's experts in one pass: y rows [first[i], first[i + 1]) = x rows [first[i], first[i + 1]) @ w[i]^T,

@@ -5,6 +5,8 @@
 //    gemm_min_rows: the kernel set of this CPU (isa.hpp, qkernels*.cpp) streams each weight row once, never
 //    materialising it in F32, and dots it with activation rows quantized on the fly to 8 bits (the
 //    llama.cpp scheme): tiles for few rows, repacked panels for prompt chunks.
+//  - MLX affine 4 bits (f16 / bf16 scales) the backend has packed: the set's packed panels at any row
+//    count (8-bit activations, as for the GGUF types; MLX's float form for the bias).
 //  - MLX affine 4 / 8 bits below gemm_min_rows: float tiles (MLX's own numerics: float activations), the
 //    codes in place, scales and biases beside them.
 //  - F32 / F16 / BF16 / Q4_1 / Q5_1 / MLX with many rows (prefill) and at least kGemmMinElements values:
@@ -152,32 +154,37 @@ void matmul_quant(ThreadPool& pool, const QuantKernel& k, const Matrix& w, const
   matmul_quant(pool, k, std::span<Part>(&part, 1), x);
 }
 
-// MLX affine weights with a kernel (4 and 8 bits): the codes in place, scales and biases beside them.
 const AffineKernel* mlx_kernel(const KernelSet& ks, const Matrix& w) {
-  if (w.type != DType::MLX_AFFINE || !w.quant || w.quant->group_size % 32 != 0) return nullptr;
-  const DType st = w.quant->scale_type;
-  if (st != DType::F16 && st != DType::BF16 && st != DType::F32) return nullptr;
-  return w.quant->bits == 4 ? &ks.mlx4 : w.quant->bits == 8 ? &ks.mlx8 : nullptr;
+  return w.type == DType::MLX_AFFINE && w.quant ? mlx_kernel(ks, *w.quant) : nullptr;
 }
 
+// MLX weights: through the packed panels where the backend packed them (Matrix::packed), at every row count
+// (8-bit activations, as the GGUF types' panels); else float tiles (MLX's own numerics) below
+// gemm_min_rows, the codes in place.
 void matmul_mlx(ThreadPool& pool, const AffineKernel& k, const Matrix& w, const float* x, int64_t n, float* y) {
-  const size_t stride = k.record_bytes(w.cols);
-  const std::vector<std::byte> rec = activation_records(pool, k.prepare, stride, x, n, w.cols);
-  const QuantParams& q = *w.quant;
-  AffineMatrix m;
-  m.code_bytes = w.row_bytes;
-  m.group_size = static_cast<int>(q.group_size);
-  m.scale_type = q.scale_type == DType::F16    ? AffineMatrix::Scale::f16
-                 : q.scale_type == DType::BF16 ? AffineMatrix::Scale::bf16
-                                               : AffineMatrix::Scale::f32;
-  m.scale_bytes = static_cast<size_t>(w.cols / q.group_size) * (q.scale_type == DType::F32 ? 4 : 2);
+  const bool packed = w.packed && k.packed;
+  const size_t stride = packed ? k.quantized_bytes(w.cols) : k.record_bytes(w.cols);
+  const std::vector<std::byte> rec = activation_records(pool, packed ? k.quantize : k.prepare, stride, x, n, w.cols);
+  const AffineMatrix m = affine_rows(*w.quant, w.data, w.row_bytes, w.cols, w.row_offset);
+  if (packed) {
+    const size_t panel_bytes = k.panel_bytes(w.cols, m.group_size);
+    over_weight_rows(
+        pool, w, rec.data(), stride, n, y,
+        [&](const Part&, int64_t o0, int64_t o1, const std::byte* xr, int64_t nx, float* yr) {
+          AffineMatrix part = m;
+          part.codes = w.packed + static_cast<size_t>(o0 / kPanelRows) * panel_bytes;
+          part.code_bytes = panel_bytes;
+          k.packed(part, o1 - o0, xr, stride, nx, w.cols, yr, w.rows);
+        },
+        kPanelRows);
+    return;
+  }
   over_weight_rows(pool, w, rec.data(), stride, n, y,
                    [&](const Part&, int64_t o0, int64_t o1, const std::byte* xr, int64_t nx, float* yr) {
                      AffineMatrix part = m;
                      part.codes = w.row(o0);
-                     const size_t first = static_cast<size_t>(w.row_offset + o0) * m.scale_bytes;
-                     part.scales = q.scales.data() + first;
-                     part.biases = q.biases.data() + first;
+                     part.scales += static_cast<size_t>(o0) * m.scale_bytes;
+                     part.biases += static_cast<size_t>(o0) * m.scale_bytes;
                      k.rows(part, o1 - o0, xr, stride, nx, w.cols, yr, w.rows);
                    });
 }
@@ -249,10 +256,34 @@ bool uses_gemm(const Matrix& w, int64_t n) {
 }
 }  // namespace
 
+// MLX affine weights with a kernel (4 and 8 bits, f16 / bf16 / f32 scales): the codes in place, scales
+// and biases beside them (or the packed panels).
+const AffineKernel* mlx_kernel(const KernelSet& ks, const QuantParams& q) {
+  if (q.group_size % 32 != 0) return nullptr;
+  if (q.scale_type != DType::F16 && q.scale_type != DType::BF16 && q.scale_type != DType::F32) return nullptr;
+  return q.bits == 4 ? &ks.mlx4 : q.bits == 8 ? &ks.mlx8 : nullptr;
+}
+
+AffineMatrix affine_rows(const QuantParams& q, const std::byte* codes, size_t code_bytes, int64_t cols, int64_t row) {
+  AffineMatrix m;
+  m.code_bytes = code_bytes;
+  m.codes = codes;
+  m.group_size = static_cast<int>(q.group_size);
+  m.scale_type = q.scale_type == DType::F16    ? AffineMatrix::Scale::f16
+                 : q.scale_type == DType::BF16 ? AffineMatrix::Scale::bf16
+                                               : AffineMatrix::Scale::f32;
+  m.scale_bytes = static_cast<size_t>(cols / q.group_size) * (q.scale_type == DType::F32 ? 4 : 2);
+  m.scales = q.scales.data() + static_cast<size_t>(row) * m.scale_bytes;
+  m.biases = q.biases.data() + static_cast<size_t>(row) * m.scale_bytes;
+  return m;
+}
+
 void matmul(ThreadPool& pool, const KernelSet& ks, const Matrix& w, const float* x, int64_t n, float* y) {
+  const AffineKernel* mlx = mlx_kernel(ks, w);
+  if (mlx && w.packed) return matmul_mlx(pool, *mlx, w, x, n, y);
   if (uses_gemm(w, n)) return matmul_gemm(pool, w, x, n, y);
   if (const QuantKernel* k = quant_kernel(ks, w.type)) return matmul_quant(pool, *k, w, x, n, y);
-  if (const AffineKernel* k = mlx_kernel(ks, w)) return matmul_mlx(pool, *k, w, x, n, y);
+  if (mlx) return matmul_mlx(pool, *mlx, w, x, n, y);
   if (RowsKernel rows = float_kernel(ks, w.type))
     return matmul_rows(pool, rows, w, reinterpret_cast<const std::byte*>(x), static_cast<size_t>(w.cols) * 4, n, y);
   matmul_generic(pool, w, x, n, y);

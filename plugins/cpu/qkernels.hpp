@@ -18,7 +18,8 @@
 namespace specula::cpu::SPECULA_ISA_NS {
 
 // Each file fills in its family's kernels; qkernels.cpp assembles the set.
-void add_x32_kernels(KernelSet& set);    // qkernels_x32.cpp: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS
+void add_x32_kernels(KernelSet& set);    // qkernels_x32.cpp: Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, IQ4_NL, IQ4_XS,
+                                          // MLX affine 4 bits' packed panels
 void add_kquant_kernels(KernelSet& set);  // qkernels_kquant.cpp: Q4_K, Q5_K, Q6_K
 void add_float_kernels(KernelSet& set);   // qkernels_float.cpp: F32, F16, BF16, MLX affine 4 / 8 bits
 void add_map_kernels(KernelSet& set);     // qkernels_map.cpp: GELU, softcap

@@ -290,8 +290,12 @@ void add_float_kernels(KernelSet& set) {
   set.f32 = &rows<FloatTiles<Float::f32>::Tile, W, X>;
   set.f16 = &rows<FloatTiles<Float::f16>::Tile, W, X>;
   set.bf16 = &rows<FloatTiles<Float::bf16>::Tile, W, X>;
-  set.mlx4 = {&prepare_xmlx<4>, &xmlx_bytes, &rows_mlx<4>};
-  set.mlx8 = {&prepare_xmlx<8>, &xmlx_bytes, &rows_mlx<8>};
+  set.mlx4.prepare = &prepare_xmlx<4>;  // its packed panels: qkernels_x32.cpp
+  set.mlx4.record_bytes = &xmlx_bytes;
+  set.mlx4.rows = &rows_mlx<4>;
+  set.mlx8.prepare = &prepare_xmlx<8>;
+  set.mlx8.record_bytes = &xmlx_bytes;
+  set.mlx8.rows = &rows_mlx<8>;
 }
 
 }  // namespace specula::cpu::SPECULA_ISA_NS

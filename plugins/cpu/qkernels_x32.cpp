@@ -827,6 +827,73 @@ struct PackedIQ4_XS {
 #endif
 };
 
+// MLX affine 4 bits (w = scale q + bias, q = 0..15, groups of 32 / 64 / 128 values; seed 003's format):
+// a unit is a group, its blocks' nibbles laid out as Q4_0's (the file's order, byte m = values 2m and
+// 2m + 1, rearranged when packed), then the 16 rows' scales and biases in the file's 16-bit type: the
+// file's size. The codes dot the 8-bit activations exactly, the scale meets that sum as Q4_0's does, and
+// the bias meets the float sum of the group's activations: MLX's own form, scale * sum(q x) + bias * sum(x).
+template <int kGroupBlocks, bool kBf16>
+struct PackedMlx4 {
+  using Unpack = Q4_1Unpack;  // unsigned codes, no offset
+  static constexpr int kBlocks = kGroupBlocks;
+  static constexpr bool kAffine = true;
+  static constexpr size_t kScale = 256 * kBlocks, kBias = kScale + 2 * kPanelRows, kUnitBytes = kBias + 2 * kPanelRows;
+  // Group u of a row (codes: the row's u32 words; scale, bias: the row's) as row i of `unit`.
+  static void pack(const std::byte* codes, const std::byte* scale, const std::byte* bias, int64_t u, std::byte* unit,
+                   int i) {
+    const auto* c = reinterpret_cast<const uint8_t*>(codes);
+    auto code = [&](int64_t v) { return (c[v / 2] >> (4 * (v % 2))) & 15; };
+    for (int j = 0; j < kBlocks; ++j) {
+      const int64_t v0 = 32 * (u * kBlocks + j);
+      for (int g = 0; g < 4; ++g)
+        for (int b = 0; b < 4; ++b)
+          unit[256 * j + 64 * g + 4 * i + b] = static_cast<std::byte>(code(v0 + 4 * g + b) | code(v0 + 16 + 4 * g + b) << 4);
+    }
+    std::memcpy(unit + kScale + 2 * i, scale + 2 * u, 2);
+    std::memcpy(unit + kBias + 2 * i, bias + 2 * u, 2);
+  }
+#if SPECULA_WIDE
+  static __m512 load16(const std::byte* p) {
+    const __m256i h = _mm256_load_si256(reinterpret_cast<const __m256i*>(p));
+    return kBf16 ? _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16)) : _mm512_cvtph_ps(h);
+  }
+  static void unpack(const std::byte* unit, int j, __m512i* wv) {
+    unpack_nibbles(unit + 256 * j, wv, [](__m512i v) { return v; });
+  }
+  static __m512 scales(const std::byte* unit, int) { return load16(unit + kScale); }
+  static __m512 biases(const std::byte* unit) { return load16(unit + kBias); }
+#else
+  static __m256 load8(const std::byte* p) {
+    const __m128i h = _mm_load_si128(reinterpret_cast<const __m128i*>(p));
+    return kBf16 ? _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16)) : _mm256_cvtph_ps(h);
+  }
+  static void unpack(const std::byte* unit, int j, int h, __m256i* wv) {
+    unpack_nibbles(unit + 256 * j, h, wv, [](__m256i v) { return v; });
+  }
+  static __m256 scales(const std::byte* unit, int, int h) { return load8(unit + kScale + 16 * h); }
+  static __m256 biases(const std::byte* unit, int h) { return load8(unit + kBias + 16 * h); }
+#endif
+};
+
+// The activation record of the packed MLX panels: the 8-bit record without offset, then each block's sum
+// of its rounded activations (scale * the codes' sum): the bias meets the activations the codes meet, so
+// their rounding moves the product by sum(w e), not sum(scale q e) (which the exact sum of x would leave:
+// codes 0..15 are all positive, and the error was 2.5x Q4_0's).
+size_t mlx4_record_bytes(int64_t cols) { return x32_bytes<false>(cols) + align64(4 * static_cast<size_t>(cols / 32)); }
+void quantize_mlx4(const float* x, int64_t cols, std::byte* rec) {
+  quantize_x32<0, false>(x, cols, rec);
+  const X32Layout lay(cols, false);
+  const auto* q = reinterpret_cast<const int8_t*>(rec);
+  const auto* scale = reinterpret_cast<const float*>(rec + lay.scale());
+  auto* sums = reinterpret_cast<float*>(rec + lay.bytes());
+  for (int64_t b = 0; b < lay.nb; ++b) {
+    int32_t s = 0;
+    for (int g = 0; g < 8; ++g)
+      for (int k = 0; k < 4; ++k) s += q[X32Layout::q(b, g) + k];
+    sums[b] = scale[X32Layout::d(b)] * static_cast<float>(s);
+  }
+}
+
 template <class P>
 size_t packed_panel_bytes(int64_t cols) {
   return P::kUnitBytes * static_cast<size_t>(cols / (32 * P::kBlocks));
@@ -852,12 +919,23 @@ template <class P, int RX>
   // Each block prefetches its share of a unit's bytes, a unit at a time.
   constexpr size_t kShare = P::kUnitBytes / P::kBlocks;
   const auto& [xq, xd, xi] = PanelRecords<RX>(x, xs, cols);
+  // Affine units (MLX): the bias of each unit meets the sum of its activations (quantize_mlx4).
+  constexpr bool kAffine = requires { P::kAffine; };
+  const float* xsum[RX];
+  if constexpr (kAffine)
+    for (int r = 0; r < RX; ++r) xsum[r] = at<float>(x, r * xs + x32_bytes<false>(cols));
+  auto unit_sum = [&](int r, int64_t b0) {  // the unit of blocks b0.., in block order
+    float s = xsum[r][b0];
+    for (int k = 1; k < P::kBlocks; ++k) s += xsum[r][b0 + k];
+    return s;
+  };
 #if SPECULA_WIDE
   __m512 acc[RX];
   for (int r = 0; r < RX; ++r) acc[r] = _mm512_setzero_ps();
-  for (int64_t b = 0; b < nb; ++b) {
-    const std::byte* unit = panel + static_cast<size_t>(b / P::kBlocks) * P::kUnitBytes;
-    const int j = static_cast<int>(b % P::kBlocks);
+  for (int64_t b0 = 0; b0 < nb; b0 += P::kBlocks) {
+   const std::byte* unit = panel + static_cast<size_t>(b0 / P::kBlocks) * P::kUnitBytes;
+   for (int j = 0; j < P::kBlocks; ++j) {
+    const int64_t b = b0 + j;
     prefetch_ahead(unit + kShare * j, kShare);
     __m512i wv[8];
     P::unpack(unit, j, wv);
@@ -880,6 +958,11 @@ template <class P, int RX>
       const __m512i s = kChains == 2 ? _mm512_add_epi32(sum[0][r], sum[kChains - 1][r]) : sum[0][r];
       acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(xd[r][X32Layout::d(b)])), acc[r]);
     }
+   }
+    if constexpr (kAffine) {
+      const __m512 bias = P::biases(unit);
+      for (int r = 0; r < RX; ++r) acc[r] = _mm512_fmadd_ps(bias, _mm512_set1_ps(unit_sum(r, b0)), acc[r]);
+    }
   }
   const __mmask16 mask = static_cast<__mmask16>((1u << valid) - 1);
   for (int r = 0; r < RX; ++r) _mm512_mask_storeu_ps(y + r * ldy, mask, acc[r]);
@@ -888,9 +971,10 @@ template <class P, int RX>
   for (int h = 0; h < 2 && valid > 8 * h; ++h) {
     __m256 acc[RX];
     for (int r = 0; r < RX; ++r) acc[r] = _mm256_setzero_ps();
-    for (int64_t b = 0; b < nb; ++b) {
-      const std::byte* unit = panel + static_cast<size_t>(b / P::kBlocks) * P::kUnitBytes;
-      const int j = static_cast<int>(b % P::kBlocks);
+    for (int64_t b0 = 0; b0 < nb; b0 += P::kBlocks) {
+     const std::byte* unit = panel + static_cast<size_t>(b0 / P::kBlocks) * P::kUnitBytes;
+     for (int j = 0; j < P::kBlocks; ++j) {
+      const int64_t b = b0 + j;
       prefetch_ahead(unit + kShare * j, kShare);
       __m256i wv[8];
       P::unpack(unit, j, h, wv);
@@ -909,6 +993,11 @@ template <class P, int RX>
       const __m256 dw = P::scales(unit, j, h);
       for (int r = 0; r < RX; ++r)
         acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), _mm256_mul_ps(dw, _mm256_set1_ps(xd[r][X32Layout::d(b)])), acc[r]);
+     }
+      if constexpr (kAffine) {
+        const __m256 bias = P::biases(unit, h);
+        for (int r = 0; r < RX; ++r) acc[r] = _mm256_fmadd_ps(bias, _mm256_set1_ps(unit_sum(r, b0)), acc[r]);
+      }
     }
     const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(valid - 8 * h), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
     for (int r = 0; r < RX; ++r) _mm256_maskstore_ps(y + r * ldy + 8 * h, mask, acc[r]);
@@ -926,7 +1015,8 @@ void packed_rows(const std::byte* w, size_t panel_bytes, int64_t nw, const std::
   // it twice (one thread, 6144 x 1536, 9 rows: 0.53-0.55 -> 0.35-0.38 ms; E2B Q4_0, 9 rows, `--profile`:
   // ffn_gate 17.2-18.8 -> 13.5-14.9 ms). At 9 rows Q8_0 measured slower (1536 x 6144, 2 threads: 0.27-0.30
   // -> 0.33-0.34 ms), Q5_0 and IQ4_XS no faster.
-  constexpr int TX = kWide ? (std::is_same_v<P, PackedQ4_0> ? 9 : 8) : 2;
+  constexpr bool kNine = std::is_same_v<P, PackedQ4_0> || requires { P::kAffine; };
+  constexpr int TX = kWide ? (kNine ? 9 : 8) : 2;
   for (int64_t o = 0; o < nw; o += kPanelRows) {
     const std::byte* panel = w + static_cast<size_t>(o / kPanelRows) * panel_bytes;
     const int valid = static_cast<int>(nw - o < kPanelRows ? nw - o : kPanelRows);
@@ -955,6 +1045,40 @@ constexpr QuantKernel x32_packed() {
   return k;
 }
 
+// Packed MLX affine 4 bits: f16 or bf16 scales (f32 ones keep the float tiles), by group size.
+template <class F>
+void with_mlx4(const AffineMatrix& m, F&& f) {
+  const bool bf16 = m.scale_type == AffineMatrix::Scale::bf16;
+  switch (m.group_size) {
+    case 32: return bf16 ? f(PackedMlx4<1, true>{}) : f(PackedMlx4<1, false>{});
+    case 64: return bf16 ? f(PackedMlx4<2, true>{}) : f(PackedMlx4<2, false>{});
+    default: return bf16 ? f(PackedMlx4<4, true>{}) : f(PackedMlx4<4, false>{});
+  }
+}
+size_t mlx4_panel_bytes(int64_t cols, int group_size) {
+  return (256 * static_cast<size_t>(group_size / 32) + 4 * kPanelRows) * static_cast<size_t>(cols / group_size);
+}
+// Weight rows [0, nw) of m into ceil(nw / 16) panels at out (zeroed by the caller).
+void pack_mlx4(const AffineMatrix& m, int64_t nw, int64_t cols, std::byte* out) {
+  with_mlx4(m, [&]<class P>(P) {
+    const int64_t units = cols / (32 * P::kBlocks);
+    for (int64_t o = 0; o < nw; o += kPanelRows) {
+      std::byte* panel = out + static_cast<size_t>(o / kPanelRows) * packed_panel_bytes<P>(cols);
+      for (int64_t u = 0; u < units; ++u)
+        for (int i = 0; i < kPanelRows && o + i < nw; ++i) {
+          const size_t row = static_cast<size_t>(o + i);
+          P::pack(m.codes + row * m.code_bytes, m.scales + row * m.scale_bytes, m.biases + row * m.scale_bytes, u,
+                  panel + static_cast<size_t>(u) * P::kUnitBytes, i);
+        }
+    }
+  });
+}
+// m.codes: the panels of weight rows [0, nw), m.code_bytes apart.
+void packed_mlx4(const AffineMatrix& m, int64_t nw, const std::byte* x, size_t xs, int64_t nx, int64_t cols, float* y,
+                 int64_t ldy) {
+  with_mlx4(m, [&]<class P>(P) { packed_rows<P>(m.codes, m.code_bytes, nw, x, xs, nx, cols, y, ldy); });
+}
+
 }  // namespace
 
 void add_x32_kernels(KernelSet& set) {
@@ -965,6 +1089,11 @@ void add_x32_kernels(KernelSet& set) {
   set.q5_1 = x32<Q5_1Unpack>(nullptr);
   set.iq4_nl = x32<IQ4_NLUnpack>(&rows_panel<IQ4_NLUnpack>);
   set.iq4_xs = x32_packed<PackedIQ4_XS>();
+  set.mlx4.quantize = &quantize_mlx4;
+  set.mlx4.quantized_bytes = &mlx4_record_bytes;
+  set.mlx4.panel_bytes = &mlx4_panel_bytes;
+  set.mlx4.pack = &pack_mlx4;
+  set.mlx4.packed = &packed_mlx4;
 }
 
 }  // namespace specula::cpu::SPECULA_ISA_NS

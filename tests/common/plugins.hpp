@@ -28,14 +28,22 @@ inline std::shared_ptr<specula::ComputeBackend> backend() {
   return b;
 }
 
+// The CPU backend with its weights left as the file holds them (pack_weights: false): MLX weights then
+// multiply in float tiles, MLX's own numerics.
+inline std::shared_ptr<specula::ComputeBackend> unpacked_backend() {
+  static auto b = host().make_backend("cpu", {{"pack_weights", false}});
+  return b;
+}
+
 // Models are immutable once loaded (contexts hold the state), so tests share them.
 inline std::shared_ptr<specula::Model> load(const std::filesystem::path& path,
-                                            const nlohmann::json& options = nlohmann::json::object()) {
+                                            const nlohmann::json& options = nlohmann::json::object(),
+                                            bool packed = true) {
   static std::map<std::string, std::shared_ptr<specula::Model>> loaded;
-  auto& m = loaded[path.string() + options.dump()];
+  auto& m = loaded[path.string() + options.dump() + (packed ? "" : " unpacked")];
   if (!m) {
     auto file = host().open_model(path);
-    m = host().find_model_loader(*file)->load(file, backend(), options);
+    m = host().find_model_loader(*file)->load(file, packed ? backend() : unpacked_backend(), options);
   }
   return m;
 }

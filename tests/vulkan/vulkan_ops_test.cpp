@@ -318,8 +318,13 @@ INSTANTIATE_TEST_SUITE_P(Types, VulkanCoopMat,
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
 // MLX affine weights: every bit width, group size and scale type appears (not every combination: each
-// case runs graphs on both backends). The CPU multiplies them with float activations, as MLX does, so the
-// activations are plain random values; the double-precision product of the SDK-decoded weight checks both.
+// case runs graphs on both backends). The CPU with its weights unpacked multiplies them with float
+// activations, as MLX does (packed 4-bit panels take 8-bit ones), so the activations are plain random
+// values; the double-precision product of the SDK-decoded weight checks both.
+ComputeBackend* cpu_float() {
+  static auto b = cpu::make_cpu_backend({{"threads", 1}, {"pack_weights", false}});
+  return b.get();
+}
 class VulkanMlx : public ::testing::TestWithParam<MlxRowParams> {};
 
 TEST_P(VulkanMlx, MatMulAndGetRowsMatchCpu) {
@@ -333,7 +338,7 @@ TEST_P(VulkanMlx, MatMulAndGetRowsMatchCpu) {
     auto build = [&](Side& s, Built& b) {
       b.out(b.g.matmul(b.g.constant(s.mlx_weight("w", {O, I}, w)), b.input(DType::F32, {N, I}, x, "x")));
     };
-    const Result want = run_on(cpu(), build), got = run_on(vulkan(), build);
+    const Result want = run_on(cpu_float(), build), got = run_on(vulkan(), build);
     test::expect_close(got.f[0], std::vector<double>(want.f[0].begin(), want.f[0].end()), 1e-5, 1e-5, what);
     std::vector<double> ref(static_cast<size_t>(N * O));
     for (int64_t n = 0; n < N; ++n)
