@@ -9,16 +9,18 @@
 namespace specula {
 
 namespace {
-// "blk.12.ffn_up.weight" -> 12 (and "blk.*.ffn_up.weight"); -1 when the name has no layer.
+// "blk.12.ffn_up.weight" -> 12 (and "blk.*.ffn_up.weight"), the same for safetensors names
+// ("model.language_model.layers.12.mlp.up_proj.weight" -> "model.language_model.layers.*.mlp.up_proj.weight");
+// -1 when the name has no layer.
 int layer_of(const std::string& name, std::string* folded) {
-  static const std::regex blk(R"(^blk\.(\d+)\.)");
+  static const std::regex layer(R"(^(blk|.*\blayers)\.(\d+)\.)");
   std::smatch m;
-  if (!std::regex_search(name, m, blk)) {
+  if (!std::regex_search(name, m, layer)) {
     if (folded) *folded = name;
     return -1;
   }
-  if (folded) *folded = "blk.*." + m.suffix().str();
-  return std::stoi(m[1].str());
+  if (folded) *folded = m[1].str() + ".*." + m.suffix().str();
+  return std::stoi(m[2].str());
 }
 }  // namespace
 
