@@ -94,10 +94,10 @@ const std::byte* CpuTensor::packed(const QuantKernel& k, int64_t cols, ThreadPoo
   });
 }
 
-const std::byte* CpuTensor::packed(const AffineKernel& k, int64_t cols, ThreadPool& pool) {
+const std::byte* CpuTensor::packed(const AffineKernel& k, int64_t cols, ThreadPool& pool, int64_t group_rows) {
   if (!k.pack || quant.bits != 4 || quant.scale_type == DType::F32) return nullptr;
   const size_t row_bytes = static_cast<size_t>(cols) / 2;
-  return packed_with(k.panel_bytes(cols, static_cast<int>(quant.group_size)), row_bytes, cols, pool, 0,
+  return packed_with(k.panel_bytes(cols, static_cast<int>(quant.group_size)), row_bytes, cols, pool, group_rows,
                      [&](int64_t row, int64_t n, std::byte* out) {
                        k.pack(affine_rows(quant, data + static_cast<size_t>(row) * row_bytes, row_bytes, cols, row), n,
                               cols, out);
@@ -339,6 +339,9 @@ class CpuBackend final : public ComputeBackend {
   const float* floats(const Graph& g, int32_t id);
   Matrix matrix(const Graph& g, int32_t id, int64_t rows, int64_t cols);
   std::byte* output(const Node& n, int32_t id);
+  // The panels of a read-only weight multiplied whole (packed once: the first product pays for it), each
+  // group of group_rows rows (a MatMulId's expert) in panels of its own; null where it stays unpacked.
+  const std::byte* packed(const Slot& ws, DType type, int64_t cols, int64_t group_rows);
   void execute(const Graph& g, int32_t id);
 
   ThreadPool pool_;
@@ -458,6 +461,14 @@ Matrix CpuBackend::matrix(const Graph& g, int32_t id, int64_t rows, int64_t cols
   m.quant = s.tensor ? &s.tensor->quant : nullptr;
   m.row_bytes = *row_bytes(n.type, cols, m.quant);
   return m;
+}
+
+const std::byte* CpuBackend::packed(const Slot& ws, DType type, int64_t cols, int64_t group_rows) {
+  if (!pack_weights_ || !ws.tensor || ws.tensor->mutable_data || ws.data != ws.tensor->data) return nullptr;
+  if (const QuantKernel* k = quant_kernel(kernels_, type)) return ws.tensor->packed(*k, cols, pool_, group_rows);
+  if (type == DType::MLX_AFFINE)
+    if (const AffineKernel* k = mlx_kernel(kernels_, ws.tensor->quant)) return ws.tensor->packed(*k, cols, pool_, group_rows);
+  return nullptr;
 }
 
 std::byte* CpuBackend::output(const Node& n, int32_t id) {
@@ -625,11 +636,7 @@ void CpuBackend::execute(const Graph& g, int32_t id) {
       Matrix m = matrix(g, n.src[0], w.shape[0], I);
       // A read-only weight multiplied whole is packed once (the first product pays for it).
       const Slot& ws = slots_[static_cast<size_t>(n.src[0])];
-      if (pack_weights_ && ws.tensor && !ws.tensor->mutable_data && ws.data == ws.tensor->data) {
-        if (const QuantKernel* k = quant_kernel(kernels_, m.type)) m.packed = ws.tensor->packed(*k, I, pool_);
-        if (m.type == DType::MLX_AFFINE)
-          if (const AffineKernel* k = mlx_kernel(kernels_, ws.tensor->quant)) m.packed = ws.tensor->packed(*k, I, pool_);
-      }
+      m.packed = packed(ws, m.type, I, 0);
       matmul(pool_, kernels_, m, x, elements(src(1).shape) / I, reinterpret_cast<float*>(output(n, id)));
       return;
     }
@@ -640,8 +647,7 @@ void CpuBackend::execute(const Graph& g, int32_t id) {
       Matrix m = matrix(g, n.src[0], E * O, I);
       // Packed as MatMul's weights are, each expert in panels of its own (CpuTensor::packed).
       const Slot& ws = slots_[static_cast<size_t>(n.src[0])];
-      if (pack_weights_ && ws.tensor && !ws.tensor->mutable_data && ws.data == ws.tensor->data)
-        if (const QuantKernel* k = quant_kernel(kernels_, m.type)) m.packed = ws.tensor->packed(*k, I, pool_, O);
+      m.packed = packed(ws, m.type, I, O);
       matmul_id(pool_, kernels_, m, E, fsrc(1), x.shape[1] == 1 && n.shape[1] != 1, ints(2), n.shape[0], n.shape[1],
                 reinterpret_cast<float*>(output(n, id)), n.name);
       return;

@@ -49,7 +49,7 @@ class CpuTensor final : public BackendTensor {
   // group_rows 0). 0: one group.
   const std::byte* packed(const QuantKernel& k, int64_t cols, ThreadPool& pool, int64_t group_rows = 0);
   // MLX affine 4 bits (f16 / bf16 scales) as k.pack's panels, the same way; null for other MLX weights.
-  const std::byte* packed(const AffineKernel& k, int64_t cols, ThreadPool& pool);
+  const std::byte* packed(const AffineKernel& k, int64_t cols, ThreadPool& pool, int64_t group_rows = 0);
 
  private:
   std::string name_;

@@ -63,9 +63,13 @@ void matmul_id(ThreadPool& pool, const KernelSet& kernels, const Matrix& experts
     by_expert[static_cast<size_t>(e)].push_back(p);
   }
   // Packed experts (CpuTensor::packed with group_rows O): expert e's panels follow e whole experts'.
-  const QuantKernel* qk = experts.packed ? quant_kernel(kernels, experts.type) : nullptr;
-  const size_t expert_panels_bytes =
-      qk ? qk->panel_bytes(I) * static_cast<size_t>(panel_count(O)) : 0;
+  size_t expert_panels_bytes = 0;
+  if (experts.packed) {
+    const QuantKernel* qk = quant_kernel(kernels, experts.type);
+    const AffineKernel* ak = qk ? nullptr : mlx_kernel(kernels, *experts.quant);
+    expert_panels_bytes = (qk ? qk->panel_bytes(I) : ak->panel_bytes(I, static_cast<int>(experts.quant->group_size))) *
+                          static_cast<size_t>(panel_count(O));
+  }
   // Each used expert's rows gathered in expert order, all multiplied in one pass, then scattered back.
   std::vector<Matrix> used;
   std::vector<int64_t> first{0};
@@ -82,7 +86,7 @@ void matmul_id(ThreadPool& pool, const KernelSet& kernels, const Matrix& experts
     w.data = experts.row(e * O);
     w.rows = O;
     w.row_offset = experts.row_offset + e * O;
-    w.packed = qk ? experts.packed + static_cast<size_t>(e) * expert_panels_bytes : nullptr;
+    w.packed = experts.packed ? experts.packed + static_cast<size_t>(e) * expert_panels_bytes : nullptr;
     used.push_back(w);
     first.push_back(first.back() + static_cast<int64_t>(pairs.size()));
   }

@@ -161,24 +161,39 @@ const AffineKernel* mlx_kernel(const KernelSet& ks, const Matrix& w) {
 // MLX weights: through the packed panels where the backend packed them (Matrix::packed), at every row count
 // (8-bit activations, as the GGUF types' panels); else float tiles (MLX's own numerics) below
 // gemm_min_rows, the codes in place.
-void matmul_mlx(ThreadPool& pool, const AffineKernel& k, const Matrix& w, const float* x, int64_t n, float* y) {
-  const bool packed = w.packed && k.packed;
-  const size_t stride = packed ? k.quantized_bytes(w.cols) : k.record_bytes(w.cols);
-  const std::vector<std::byte> rec = activation_records(pool, packed ? k.quantize : k.prepare, stride, x, n, w.cols);
-  const AffineMatrix m = affine_rows(*w.quant, w.data, w.row_bytes, w.cols, w.row_offset);
-  if (packed) {
-    const size_t panel_bytes = k.panel_bytes(w.cols, m.group_size);
-    over_weight_rows(
-        pool, w, rec.data(), stride, n, y,
-        [&](const Part&, int64_t o0, int64_t o1, const std::byte* xr, int64_t nx, float* yr) {
-          AffineMatrix part = m;
-          part.codes = w.packed + static_cast<size_t>(o0 / kPanelRows) * panel_bytes;
-          part.code_bytes = panel_bytes;
-          k.packed(part, o1 - o0, xr, stride, nx, w.cols, yr, w.rows);
-        },
-        kPanelRows);
-    return;
+// Packed MLX weights (every part's Matrix::packed: a matrix, or MatMulId's experts in one pass), as
+// matmul_quant multiplies packed panels.
+void matmul_mlx_packed(ThreadPool& pool, const AffineKernel& k, std::span<Part> parts, const float* x) {
+  const Matrix& w0 = *parts.front().w;
+  const size_t stride = k.quantized_bytes(w0.cols);
+  int64_t rows = 0;
+  for (const Part& p : parts) rows += p.n;
+  const std::vector<std::byte> qx = activation_records(pool, k.quantize, stride, x, rows, w0.cols);
+  const std::byte* rec = qx.data();
+  for (Part& p : parts) {
+    p.x = rec;
+    rec += static_cast<size_t>(p.n) * stride;
   }
+  AffineMatrix m = affine_rows(*w0.quant, nullptr, 0, w0.cols, 0);  // its group size and scale type
+  m.code_bytes = k.panel_bytes(w0.cols, m.group_size);
+  over_weight_rows(
+      pool, parts, stride,
+      [&](const Part& p, int64_t o0, int64_t o1, const std::byte* xr, int64_t nx, float* yr) {
+        AffineMatrix part = m;
+        part.codes = p.w->packed + static_cast<size_t>(o0 / kPanelRows) * m.code_bytes;
+        k.packed(part, o1 - o0, xr, stride, nx, w0.cols, yr, p.w->rows);
+      },
+      kPanelRows);
+}
+
+void matmul_mlx(ThreadPool& pool, const AffineKernel& k, const Matrix& w, const float* x, int64_t n, float* y) {
+  if (w.packed && k.packed) {
+    Part part{&w, nullptr, n, y};
+    return matmul_mlx_packed(pool, k, std::span<Part>(&part, 1), x);
+  }
+  const size_t stride = k.record_bytes(w.cols);
+  const std::vector<std::byte> rec = activation_records(pool, k.prepare, stride, x, n, w.cols);
+  const AffineMatrix m = affine_rows(*w.quant, w.data, w.row_bytes, w.cols, w.row_offset);
   over_weight_rows(pool, w, rec.data(), stride, n, y,
                    [&](const Part&, int64_t o0, int64_t o1, const std::byte* xr, int64_t nx, float* yr) {
                      AffineMatrix part = m;
@@ -293,6 +308,11 @@ void matmul_experts(ThreadPool& pool, const KernelSet& ks, const std::vector<Mat
                     const std::vector<int64_t>& first, float* y) {
   const Matrix& w0 = w.front();
   const QuantKernel* k = quant_kernel(ks, w0.type);
+  std::vector<Part> parts;
+  for (size_t i = 0; i < w.size(); ++i) parts.push_back({&w[i], nullptr, first[i + 1] - first[i], y + first[i] * w0.rows});
+  const AffineKernel* mlx = mlx_kernel(ks, w0);
+  if (mlx && mlx->packed && std::all_of(w.begin(), w.end(), [](const Matrix& m) { return m.packed != nullptr; }))
+    return matmul_mlx_packed(pool, *mlx, parts, x);
   bool gemm = false;  // an expert that matmul() would send to the oneDNN GEMM (float and Q4_1 / Q5_1 prompts)
   for (size_t i = 0; i < w.size(); ++i) gemm = gemm || uses_gemm(w0, first[i + 1] - first[i]);
   if (!k || gemm) {
@@ -300,8 +320,6 @@ void matmul_experts(ThreadPool& pool, const KernelSet& ks, const std::vector<Mat
       matmul(pool, ks, w[i], x + first[i] * w0.cols, first[i + 1] - first[i], y + first[i] * w0.rows);
     return;
   }
-  std::vector<Part> parts;
-  for (size_t i = 0; i < w.size(); ++i) parts.push_back({&w[i], nullptr, first[i + 1] - first[i], y + first[i] * w0.rows});
   matmul_quant(pool, *k, parts, x);
 }
 

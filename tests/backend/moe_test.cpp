@@ -1,5 +1,5 @@
 // Mixture-of-experts products on the CPU backend: MatMulId over packed experts (CpuTensor::packed with one
-// group of panels per expert) gives, bit for bit, what MatMul gives on that expert's matrix alone, whatever
+// group of panels per expert; GGUF types and MLX 4-bit) gives, bit for bit, what MatMul gives on that expert's matrix alone, whatever
 // the number of rows that select the expert; with pack_weights off, what the unpacked MatMul gives (below
 // 16 rows, where the unpacked tiles' bits do not depend on the row count either).
 #include <gtest/gtest.h>
@@ -14,6 +14,34 @@
 namespace specula {
 namespace {
 
+// `rows` rows of I values at w as a weight of `shape` in `type`; MLX_AFFINE: 4 bits in groups of 64 with bf16
+// scales (mlx-community's layout). Quantized row by row, so a slice of rows quantizes to a slice of bytes.
+BackendTensorPtr weight(test::Fixture& fx, const std::string& name, DType type, Shape shape, const float* w,
+                        int64_t rows, int64_t I) {
+  if (type != DType::MLX_AFFINE) {
+    const size_t rb = *dtype_row_bytes(type, static_cast<uint64_t>(I));
+    std::vector<std::byte> q(rb * static_cast<size_t>(rows));
+    for (int64_t r = 0; r < rows; ++r) quantize_row(type, w + r * I, q.data() + r * rb, I);
+    return fx.weight(name, type, std::move(shape), std::move(q));
+  }
+  const MlxRowParams p{4, 64, DType::BF16};
+  const size_t cb = static_cast<size_t>(I) / 2, sb = static_cast<size_t>(I / 64) * 2;
+  auto codes = std::make_shared<std::vector<std::byte>>(cb * rows);
+  auto scales = std::make_shared<std::vector<std::byte>>(sb * rows), biases = std::make_shared<std::vector<std::byte>>(sb * rows);
+  for (int64_t r = 0; r < rows; ++r)
+    mlx_quantize_row(p, w + r * I, I, codes->data() + r * cb, scales->data() + r * sb, biases->data() + r * sb);
+  fx.storage.insert(fx.storage.end(), {codes, scales, biases});
+  TensorInfo info;
+  info.name = name;
+  info.type = DType::MLX_AFFINE;
+  info.shape = std::move(shape);
+  info.data = std::span<const std::byte>(*codes);
+  info.quant = {p.bits, p.group_size, p.scale_type, std::span<const std::byte>(*scales), std::span<const std::byte>(*biases)};
+  return fx.backend->load_weight(info);
+}
+
+std::string type_name(DType t) { return t == DType::MLX_AFFINE ? "MLX4" : std::string(dtype_name(t)); }
+
 class PackedExperts : public ::testing::TestWithParam<std::tuple<DType, bool>> {};
 
 TEST_P(PackedExperts, MatMulIdEqualsMatMulPerExpert) {
@@ -24,17 +52,12 @@ TEST_P(PackedExperts, MatMulIdEqualsMatMulPerExpert) {
   // O = 32: whole panels; 24 and 7: each expert's last panel padded; 400: enough work that both threads
   // share the one pass over the selected experts, a share starting inside an expert.
   for (int64_t O : {32, 24, 7, 400}) {
-    const size_t rb = *dtype_row_bytes(type, static_cast<uint64_t>(I));
     auto w = test::random_floats(static_cast<size_t>(E * O * I), 41 + static_cast<uint32_t>(O));
-    std::vector<std::byte> q(rb * static_cast<size_t>(E * O));
-    for (int64_t r = 0; r < E * O; ++r) quantize_row(type, w.data() + r * I, q.data() + r * rb, I);
-    auto experts = fx.weight("experts", type, {E, O, I}, q);
+    auto experts = weight(fx, "experts", type, {E, O, I}, w.data(), E * O, I);
     // Each expert alone, as a matrix of its own (packed on its own when pack is on).
     std::vector<BackendTensorPtr> alone;
     for (int64_t e = 0; e < E; ++e)
-      alone.push_back(fx.weight("expert" + std::to_string(e), type, {O, I},
-                                std::vector<std::byte>(q.begin() + e * O * static_cast<int64_t>(rb),
-                                                       q.begin() + (e + 1) * O * static_cast<int64_t>(rb))));
+      alone.push_back(weight(fx, "expert" + std::to_string(e), type, {O, I}, w.data() + e * O * I, O, I));
     // N = 20 gives some expert 16 rows and more (the prefill row count of unpacked weights). Unpacked
     // weights round differently from 16 rows on (docs/backends.md), so there only N up to 5 (at most 10
     // rows on either side) is held to the bits of MatMul.
@@ -65,7 +88,7 @@ TEST_P(PackedExperts, MatMulIdEqualsMatMulPerExpert) {
         const auto got = fx.read_f32(g, y);
         std::vector<std::vector<float>> want;
         for (int64_t e = 0; e < E; ++e) want.push_back(fx.read_f32(g, ref[static_cast<size_t>(e)]));
-        const std::string what = std::string(dtype_name(type)) + (pack ? " packed" : " unpacked") +
+        const std::string what = type_name(type) + (pack ? " packed" : " unpacked") +
                                  " O=" + std::to_string(O) + " N=" + std::to_string(N) +
                                  (shared ? " shared x" : " per-slot x");
         int mismatches = 0;
@@ -87,11 +110,11 @@ TEST_P(PackedExperts, MatMulIdEqualsMatMulPerExpert) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, PackedExperts,
-                         ::testing::Combine(::testing::Values(DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::IQ4_XS, DType::Q4_K, DType::Q6_K),
+                         ::testing::Combine(::testing::Values(DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::IQ4_XS, DType::Q4_K,
+                                                              DType::Q6_K, DType::MLX_AFFINE),
                                             ::testing::Bool()),
                          [](const auto& info) {
-                           return std::string(dtype_name(std::get<0>(info.param))) +
-                                  (std::get<1>(info.param) ? "_packed" : "_unpacked");
+                           return type_name(std::get<0>(info.param)) + (std::get<1>(info.param) ? "_packed" : "_unpacked");
                          });
 
 // Packed and unpacked experts compute the same products up to rounding (the packed panels round

@@ -137,10 +137,18 @@ ComputeBackend* cpu() {
   static auto b = cpu::make_cpu_backend({{"threads", 1}});
   return b.get();
 }
+// The CPU with weights unpacked: MLX weights in MLX's float numerics, as the Vulkan backend computes them
+// (packed 4-bit MLX panels take 8-bit activations).
+ComputeBackend* cpu_float() {
+  static auto b = cpu::make_cpu_backend({{"threads", 1}, {"pack_weights", false}});
+  return b.get();
+}
 
-// Runs `build` on both backends; F32 outputs within abs + rel * |cpu|, I32 outputs equal.
-void compare(const std::function<void(Side&, Built&)>& build, double abs_tol, double rel_tol, const std::string& what) {
-  const Result want = run_on(cpu(), build);
+// Runs `build` on both backends; F32 outputs within abs + rel * |cpu|, I32 outputs equal. `reference`: the
+// CPU backend compared with (cpu() unless given).
+void compare(const std::function<void(Side&, Built&)>& build, double abs_tol, double rel_tol, const std::string& what,
+             ComputeBackend* reference = nullptr) {
+  const Result want = run_on(reference ? reference : cpu(), build);
   const Result got = run_on(vulkan(), build);
   ASSERT_EQ(want.f.size(), got.f.size());
   for (size_t k = 0; k < want.f.size(); ++k) {
@@ -321,10 +329,6 @@ INSTANTIATE_TEST_SUITE_P(Types, VulkanCoopMat,
 // case runs graphs on both backends). The CPU with its weights unpacked multiplies them with float
 // activations, as MLX does (packed 4-bit panels take 8-bit ones), so the activations are plain random
 // values; the double-precision product of the SDK-decoded weight checks both.
-ComputeBackend* cpu_float() {
-  static auto b = cpu::make_cpu_backend({{"threads", 1}, {"pack_weights", false}});
-  return b.get();
-}
 class VulkanMlx : public ::testing::TestWithParam<MlxRowParams> {};
 
 TEST_P(VulkanMlx, MatMulAndGetRowsMatchCpu) {
@@ -386,7 +390,7 @@ TEST(VulkanOps, MlxMatMulIdSharedAndPerSlotInputs) {
       Value iv = b.input(DType::I32, {N, K}, ids, "ids");
       b.out(b.g.matmul_id(e, b.input(DType::F32, {N, 1, I}, x1, "x1"), iv));
       b.out(b.g.matmul_id(e, b.input(DType::F32, {N, K, I}, xk, "xk"), iv));
-    }, 1e-5, 1e-5, "matmul_id " + mlx_name(p));
+    }, 1e-5, 1e-5, "matmul_id " + mlx_name(p), cpu_float());
   }
 }
 
