@@ -105,7 +105,8 @@ const std::byte* CpuTensor::packed(const AffineKernel& k, int64_t cols, ThreadPo
 }
 
 const std::byte* CpuTensor::packed_with(size_t panel_bytes, size_t row_bytes, int64_t cols, ThreadPool& pool,
-                                        int64_t group_rows, const std::function<void(int64_t, int64_t, std::byte*)>& pack) {
+                                        int64_t group_rows,
+                                        const std::function<void(int64_t, int64_t, std::byte*)>& pack) {
   const int64_t rows = elements(shape_) / cols;
   // Groups of whole panels are the whole matrix's layout: a tensor both MatMul and MatMulId multiply (a
   // centroid head's table) shares one packed copy.
@@ -467,7 +468,8 @@ const std::byte* CpuBackend::packed(const Slot& ws, DType type, int64_t cols, in
   if (!pack_weights_ || !ws.tensor || ws.tensor->mutable_data || ws.data != ws.tensor->data) return nullptr;
   if (const QuantKernel* k = quant_kernel(kernels_, type)) return ws.tensor->packed(*k, cols, pool_, group_rows);
   if (type == DType::MLX_AFFINE)
-    if (const AffineKernel* k = mlx_kernel(kernels_, ws.tensor->quant)) return ws.tensor->packed(*k, cols, pool_, group_rows);
+    if (const AffineKernel* k = mlx_kernel(kernels_, ws.tensor->quant))
+      return ws.tensor->packed(*k, cols, pool_, group_rows);
   return nullptr;
 }
 

@@ -831,7 +831,8 @@ struct PackedIQ4_XS {
 // a unit is a group, its blocks' nibbles laid out as Q4_0's (the file's order, byte m = values 2m and
 // 2m + 1, rearranged when packed), then the 16 rows' scales and biases in the file's 16-bit type: the
 // file's size. The codes dot the 8-bit activations exactly, the scale meets that sum as Q4_0's does, and
-// the bias meets the float sum of the group's activations: MLX's own form, scale * sum(q x) + bias * sum(x).
+// the bias the sum of the group's rounded activations (quantize_mlx4): MLX's own form,
+// scale * sum(q x) + bias * sum(x).
 template <int kGroupBlocks, bool kBf16>
 struct PackedMlx4 {
   using Unpack = Q4_1Unpack;  // unsigned codes, no offset
@@ -847,7 +848,8 @@ struct PackedMlx4 {
       const int64_t v0 = 32 * (u * kBlocks + j);
       for (int g = 0; g < 4; ++g)
         for (int b = 0; b < 4; ++b)
-          unit[256 * j + 64 * g + 4 * i + b] = static_cast<std::byte>(code(v0 + 4 * g + b) | code(v0 + 16 + 4 * g + b) << 4);
+          unit[256 * j + 64 * g + 4 * i + b] =
+              static_cast<std::byte>(code(v0 + 4 * g + b) | code(v0 + 16 + 4 * g + b) << 4);
     }
     std::memcpy(unit + kScale + 2 * i, scale + 2 * u, 2);
     std::memcpy(unit + kBias + 2 * i, bias + 2 * u, 2);
@@ -919,7 +921,7 @@ template <class P, int RX>
   // Each block prefetches its share of a unit's bytes, a unit at a time.
   constexpr size_t kShare = P::kUnitBytes / P::kBlocks;
   const auto& [xq, xd, xi] = PanelRecords<RX>(x, xs, cols);
-  // Affine units (MLX): the bias of each unit meets the sum of its activations (quantize_mlx4).
+  // Affine units (MLX): each unit's bias meets the sum of its rounded activations (quantize_mlx4).
   constexpr bool kAffine = requires { P::kAffine; };
   const float* xsum[RX];
   if constexpr (kAffine)
@@ -933,32 +935,32 @@ template <class P, int RX>
   __m512 acc[RX];
   for (int r = 0; r < RX; ++r) acc[r] = _mm512_setzero_ps();
   for (int64_t b0 = 0; b0 < nb; b0 += P::kBlocks) {
-   const std::byte* unit = panel + static_cast<size_t>(b0 / P::kBlocks) * P::kUnitBytes;
-   for (int j = 0; j < P::kBlocks; ++j) {
-    const int64_t b = b0 + j;
-    prefetch_ahead(unit + kShare * j, kShare);
-    __m512i wv[8];
-    P::unpack(unit, j, wv);
-    // Two partial sums per row when there are few rows: the integer sum is the same, the chain half as long.
-    constexpr int kChains = RX < 4 ? 2 : 1;
-    __m512i sum[kChains][RX];
-    for (int r = 0; r < RX; ++r) {
-      sum[0][r] = _mm512_set1_epi32(xi[r][b]);
-      if constexpr (kChains == 2) sum[1][r] = _mm512_setzero_si512();
-    }
-    for (int g = 0; g < 8; ++g)
+    const std::byte* unit = panel + static_cast<size_t>(b0 / P::kBlocks) * P::kUnitBytes;
+    for (int j = 0; j < P::kBlocks; ++j) {
+      const int64_t b = b0 + j;
+      prefetch_ahead(unit + kShare * j, kShare);
+      __m512i wv[8];
+      P::unpack(unit, j, wv);
+      // Two partial sums per row when there are few rows: the integer sum is the same, the chain half as long.
+      constexpr int kChains = RX < 4 ? 2 : 1;
+      __m512i sum[kChains][RX];
       for (int r = 0; r < RX; ++r) {
-        int32_t x4;
-        std::memcpy(&x4, xq[r] + X32Layout::q(b, g), 4);
-        __m512i& s = sum[g % kChains][r];
-        s = _mm512_dpbusd_epi32(s, wv[g], _mm512_set1_epi32(x4));
+        sum[0][r] = _mm512_set1_epi32(xi[r][b]);
+        if constexpr (kChains == 2) sum[1][r] = _mm512_setzero_si512();
       }
-    const __m512 dw = P::scales(unit, j);
-    for (int r = 0; r < RX; ++r) {
-      const __m512i s = kChains == 2 ? _mm512_add_epi32(sum[0][r], sum[kChains - 1][r]) : sum[0][r];
-      acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(xd[r][X32Layout::d(b)])), acc[r]);
+      for (int g = 0; g < 8; ++g)
+        for (int r = 0; r < RX; ++r) {
+          int32_t x4;
+          std::memcpy(&x4, xq[r] + X32Layout::q(b, g), 4);
+          __m512i& s = sum[g % kChains][r];
+          s = _mm512_dpbusd_epi32(s, wv[g], _mm512_set1_epi32(x4));
+        }
+      const __m512 dw = P::scales(unit, j);
+      for (int r = 0; r < RX; ++r) {
+        const __m512i s = kChains == 2 ? _mm512_add_epi32(sum[0][r], sum[kChains - 1][r]) : sum[0][r];
+        acc[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dw, _mm512_set1_ps(xd[r][X32Layout::d(b)])), acc[r]);
+      }
     }
-   }
     if constexpr (kAffine) {
       const __m512 bias = P::biases(unit);
       for (int r = 0; r < RX; ++r) acc[r] = _mm512_fmadd_ps(bias, _mm512_set1_ps(unit_sum(r, b0)), acc[r]);
@@ -972,28 +974,28 @@ template <class P, int RX>
     __m256 acc[RX];
     for (int r = 0; r < RX; ++r) acc[r] = _mm256_setzero_ps();
     for (int64_t b0 = 0; b0 < nb; b0 += P::kBlocks) {
-     const std::byte* unit = panel + static_cast<size_t>(b0 / P::kBlocks) * P::kUnitBytes;
-     for (int j = 0; j < P::kBlocks; ++j) {
-      const int64_t b = b0 + j;
-      prefetch_ahead(unit + kShare * j, kShare);
-      __m256i wv[8];
-      P::unpack(unit, j, h, wv);
-      __m256i sum[RX];
-      for (int r = 0; r < RX; ++r) sum[r] = _mm256_set1_epi32(xi[r][b]);
-      for (int g = 0; g < 8; ++g) {
-        const __m256i aw = P::Unpack::kSigned ? _mm256_sign_epi8(wv[g], wv[g]) : wv[g];
-        for (int r = 0; r < RX; ++r) {
-          int32_t x4;
-          std::memcpy(&x4, xq[r] + X32Layout::q(b, g), 4);
-          __m256i xv = _mm256_set1_epi32(x4);
-          if constexpr (P::Unpack::kSigned) xv = _mm256_sign_epi8(xv, wv[g]);
-          sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xv), ones));
+      const std::byte* unit = panel + static_cast<size_t>(b0 / P::kBlocks) * P::kUnitBytes;
+      for (int j = 0; j < P::kBlocks; ++j) {
+        const int64_t b = b0 + j;
+        prefetch_ahead(unit + kShare * j, kShare);
+        __m256i wv[8];
+        P::unpack(unit, j, h, wv);
+        __m256i sum[RX];
+        for (int r = 0; r < RX; ++r) sum[r] = _mm256_set1_epi32(xi[r][b]);
+        for (int g = 0; g < 8; ++g) {
+          const __m256i aw = P::Unpack::kSigned ? _mm256_sign_epi8(wv[g], wv[g]) : wv[g];
+          for (int r = 0; r < RX; ++r) {
+            int32_t x4;
+            std::memcpy(&x4, xq[r] + X32Layout::q(b, g), 4);
+            __m256i xv = _mm256_set1_epi32(x4);
+            if constexpr (P::Unpack::kSigned) xv = _mm256_sign_epi8(xv, wv[g]);
+            sum[r] = _mm256_add_epi32(sum[r], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xv), ones));
+          }
         }
+        const __m256 dw = P::scales(unit, j, h);
+        for (int r = 0; r < RX; ++r)
+          acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), _mm256_mul_ps(dw, _mm256_set1_ps(xd[r][X32Layout::d(b)])), acc[r]);
       }
-      const __m256 dw = P::scales(unit, j, h);
-      for (int r = 0; r < RX; ++r)
-        acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum[r]), _mm256_mul_ps(dw, _mm256_set1_ps(xd[r][X32Layout::d(b)])), acc[r]);
-     }
       if constexpr (kAffine) {
         const __m256 bias = P::biases(unit, h);
         for (int r = 0; r < RX; ++r) acc[r] = _mm256_fmadd_ps(bias, _mm256_set1_ps(unit_sum(r, b0)), acc[r]);
@@ -1014,7 +1016,8 @@ void packed_rows(const std::byte* w, size_t panel_bytes, int64_t nw, const std::
   // accumulators), so that a verification of 8 drafts is one pass over each panel, not 4 + 5 rows that read
   // it twice (one thread, 6144 x 1536, 9 rows: 0.53-0.55 -> 0.35-0.38 ms; E2B Q4_0, 9 rows, `--profile`:
   // ffn_gate 17.2-18.8 -> 13.5-14.9 ms). At 9 rows Q8_0 measured slower (1536 x 6144, 2 threads: 0.27-0.30
-  // -> 0.33-0.34 ms), Q5_0 and IQ4_XS no faster.
+  // -> 0.33-0.34 ms), Q5_0 and IQ4_XS no faster. MLX 4-bit's tiles (Q4_0's and a bias) take 9 rows too
+  // (6144 x 1536, one thread, 9 rows: 0.58 -> 0.40 ms).
   constexpr bool kNine = std::is_same_v<P, PackedQ4_0> || requires { P::kAffine; };
   constexpr int TX = kWide ? (kNine ? 9 : 8) : 2;
   for (int64_t o = 0; o < nw; o += kPanelRows) {

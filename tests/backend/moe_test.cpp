@@ -1,7 +1,8 @@
 // Mixture-of-experts products on the CPU backend: MatMulId over packed experts (CpuTensor::packed with one
-// group of panels per expert; GGUF types and MLX 4-bit) gives, bit for bit, what MatMul gives on that expert's matrix alone, whatever
-// the number of rows that select the expert; with pack_weights off, what the unpacked MatMul gives (below
-// 16 rows, where the unpacked tiles' bits do not depend on the row count either).
+// group of panels per expert; GGUF types and MLX 4-bit) gives, bit for bit, what MatMul gives on that
+// expert's matrix alone, whatever the number of rows that select the expert; with pack_weights off, what
+// the unpacked MatMul gives (below 16 rows, where the unpacked tiles' bits do not depend on the row count
+// either).
 #include <gtest/gtest.h>
 
 #include <bit>
@@ -27,7 +28,8 @@ BackendTensorPtr weight(test::Fixture& fx, const std::string& name, DType type, 
   const MlxRowParams p{4, 64, DType::BF16};
   const size_t cb = static_cast<size_t>(I) / 2, sb = static_cast<size_t>(I / 64) * 2;
   auto codes = std::make_shared<std::vector<std::byte>>(cb * rows);
-  auto scales = std::make_shared<std::vector<std::byte>>(sb * rows), biases = std::make_shared<std::vector<std::byte>>(sb * rows);
+  auto scales = std::make_shared<std::vector<std::byte>>(sb * rows);
+  auto biases = std::make_shared<std::vector<std::byte>>(sb * rows);
   for (int64_t r = 0; r < rows; ++r)
     mlx_quantize_row(p, w + r * I, I, codes->data() + r * cb, scales->data() + r * sb, biases->data() + r * sb);
   fx.storage.insert(fx.storage.end(), {codes, scales, biases});
@@ -36,7 +38,8 @@ BackendTensorPtr weight(test::Fixture& fx, const std::string& name, DType type, 
   info.type = DType::MLX_AFFINE;
   info.shape = std::move(shape);
   info.data = std::span<const std::byte>(*codes);
-  info.quant = {p.bits, p.group_size, p.scale_type, std::span<const std::byte>(*scales), std::span<const std::byte>(*biases)};
+  info.quant = {p.bits, p.group_size, p.scale_type, std::span<const std::byte>(*scales),
+                std::span<const std::byte>(*biases)};
   return fx.backend->load_weight(info);
 }
 
