@@ -6,7 +6,7 @@
 //    materialising it in F32, and dots it with activation rows quantized on the fly to 8 bits (the
 //    llama.cpp scheme): tiles for few rows, repacked panels for prompt chunks.
 //  - MLX affine 4 bits (f16 / bf16 scales) the backend has packed: the set's packed panels at any row
-//    count (8-bit activations, as for the GGUF types; MLX's float form for the bias).
+//    count (8-bit activations, as for the GGUF types; MLX's form, scale · Σ q x + bias · Σ x).
 //  - MLX affine 4 / 8 bits below gemm_min_rows: float tiles (MLX's own numerics: float activations), the
 //    codes in place, scales and biases beside them.
 //  - F32 / F16 / BF16 / Q4_1 / Q5_1 / MLX with many rows (prefill) and at least kGemmMinElements values:
@@ -158,9 +158,6 @@ const AffineKernel* mlx_kernel(const KernelSet& ks, const Matrix& w) {
   return w.type == DType::MLX_AFFINE && w.quant ? mlx_kernel(ks, *w.quant) : nullptr;
 }
 
-// MLX weights: through the packed panels where the backend packed them (Matrix::packed), at every row count
-// (8-bit activations, as the GGUF types' panels); else float tiles (MLX's own numerics) below
-// gemm_min_rows, the codes in place.
 // Packed MLX weights (every part's Matrix::packed: a matrix, or MatMulId's experts in one pass), as
 // matmul_quant multiplies packed panels.
 void matmul_mlx_packed(ThreadPool& pool, const AffineKernel& k, std::span<Part> parts, const float* x) {
@@ -186,6 +183,9 @@ void matmul_mlx_packed(ThreadPool& pool, const AffineKernel& k, std::span<Part> 
       kPanelRows);
 }
 
+// MLX weights: through the packed panels where the backend packed them (Matrix::packed), at every row count
+// (8-bit activations, as the GGUF types' panels); else float tiles (MLX's own numerics) below
+// gemm_min_rows, the codes in place.
 void matmul_mlx(ThreadPool& pool, const AffineKernel& k, const Matrix& w, const float* x, int64_t n, float* y) {
   if (w.packed && k.packed) {
     Part part{&w, nullptr, n, y};
