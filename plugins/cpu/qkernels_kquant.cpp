@@ -12,27 +12,41 @@ size_t xk_bytes(int64_t cols) {
   return align64(c + c / 64 + c / 8 + c / 16);
 }
 
+// d = max |x| / 127 per super-block, q = x / d rounded to nearest even (as nearbyintf in the default
+// mode), with the sums of each 16 and each 32 codes. In vectors: a call per value to libm's fmaxf cost E2B
+// Q4_K_M ~5 % of a verification (256 x 1536 products at 9 rows took 6x their time at one).
 void quantize_xk(const float* x, int64_t cols, std::byte* rec) {
   auto* q = reinterpret_cast<int8_t*>(rec);
   auto* scale = reinterpret_cast<float*>(rec + cols);
   auto* bsums = reinterpret_cast<int16_t*>(rec + cols + cols / 64);
   auto* bsums32 = reinterpret_cast<int16_t*>(rec + cols + cols / 64 + cols / 8);
+  const __m256 sign = _mm256_set1_ps(-0.0f);
   for (int64_t b = 0; b < cols / 256; ++b) {
     const float* xb = x + 256 * b;
-    float amax = 0.0f;
-    for (int i = 0; i < 256; ++i) amax = __builtin_fmaxf(amax, __builtin_fabsf(xb[i]));
-    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    __m256 amax = _mm256_setzero_ps();
+    for (int k = 0; k < 32; ++k) amax = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(xb + 8 * k)), amax);
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_movehdup_ps(m));
+    const float d = _mm_cvtss_f32(m) / 127.0f;
+    const __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
     scale[b] = d;
-    for (int g = 0; g < 16; ++g) {
-      int sum = 0;
-      for (int i = 16 * g; i < 16 * g + 16; ++i) {
-        const int v = static_cast<int>(__builtin_nearbyintf(xb[i] * id));
-        q[256 * b + i] = static_cast<int8_t>(v);
-        sum += v;
-      }
-      bsums[16 * b + g] = static_cast<int16_t>(sum);
+    for (int c = 0; c < 8; ++c) {  // 32 values: codes in order, then the sums of their two halves
+      __m256i i[4];
+      for (int k = 0; k < 4; ++k) i[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 32 * c + 8 * k), id));
+      const __m256i qv = _mm256_permutevar8x32_epi32(
+          _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3])),
+          _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 256 * b + 32 * c), qv);
+      // Lane k: the sum of codes 4k..4k+3; two horizontal adds leave each 128-bit half's total in its first lane.
+      __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), qv), _mm256_set1_epi16(1));
+      s = _mm256_hadd_epi32(s, s);
+      s = _mm256_hadd_epi32(s, s);
+      const int lo = _mm256_cvtsi256_si32(s), hi = _mm_cvtsi128_si32(_mm256_extracti128_si256(s, 1));
+      bsums[16 * b + 2 * c] = static_cast<int16_t>(lo);
+      bsums[16 * b + 2 * c + 1] = static_cast<int16_t>(hi);
+      bsums32[8 * b + c] = static_cast<int16_t>(lo + hi);
     }
-    for (int g = 0; g < 8; ++g) bsums32[8 * b + g] = static_cast<int16_t>(bsums[16 * b + 2 * g] + bsums[16 * b + 2 * g + 1]);
   }
 }
 

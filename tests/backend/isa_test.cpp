@@ -202,6 +202,52 @@ INSTANTIATE_TEST_SUITE_P(Types, KernelSets,
                                            DType::Q5_K, DType::Q6_K, DType::F32, DType::F16, DType::BF16),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
+// The K-quants' activation records (Q4_K / Q5_K / Q6_K) hold, per 256 values, d = max |x| / 127, the codes
+// x / d rounded to nearest even, the sums of each 16 and each 32 codes: here in scalar code, against every
+// set's vector code, byte for byte. The row holds an all-zero super-block and exact ties (x / d = k + 0.5).
+TEST(KernelSets, KQuantActivationRecordsAreExact) {
+  constexpr int64_t I = 1024;
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 3.0f);
+  std::vector<float> x(I);
+  for (auto& v : x) v = dist(rng);
+  for (int64_t i = 256; i < 512; ++i) x[static_cast<size_t>(i)] = 0.0f;
+  x[512] = 127.0f;  // d = 1 in the third super-block: its halves are ties
+  for (int64_t i = 513; i < 768; ++i) x[static_cast<size_t>(i)] = static_cast<float>(i % 64 - 32) + 0.5f;
+  x[901] = -40.0f;
+  // The scalar definition.
+  const size_t bytes = cpu::select_kernels("auto").q4_k.record_bytes(I);
+  std::vector<std::byte> want(bytes);
+  auto* q = reinterpret_cast<int8_t*>(want.data());
+  auto* scale = reinterpret_cast<float*>(want.data() + I);
+  auto* bsums = reinterpret_cast<int16_t*>(want.data() + I + I / 64);
+  auto* bsums32 = reinterpret_cast<int16_t*>(want.data() + I + I / 64 + I / 8);
+  for (int64_t b = 0; b < I / 256; ++b) {
+    float amax = 0.0f;
+    for (int64_t i = 256 * b; i < 256 * b + 256; ++i) amax = std::fmax(amax, std::fabs(x[static_cast<size_t>(i)]));
+    const float d = amax / 127.0f, id = d != 0.0f ? 1.0f / d : 0.0f;
+    scale[b] = d;
+    for (int64_t g = 0; g < 16; ++g) {
+      int sum = 0;
+      for (int64_t i = 256 * b + 16 * g; i < 256 * b + 16 * g + 16; ++i) {
+        const int c = static_cast<int>(std::nearbyint(x[static_cast<size_t>(i)] * id));
+        q[i] = static_cast<int8_t>(c);
+        sum += c;
+      }
+      bsums[16 * b + g] = static_cast<int16_t>(sum);
+    }
+    for (int64_t g = 0; g < 8; ++g) bsums32[8 * b + g] = static_cast<int16_t>(bsums[16 * b + 2 * g] + bsums[16 * b + 2 * g + 1]);
+  }
+  EXPECT_EQ(q[513], static_cast<int8_t>(-30)) << "-30.5 rounds to even";
+  EXPECT_EQ(q[514], static_cast<int8_t>(-30)) << "-29.5 rounds to even";
+  for (const KernelSet* ks : sets())
+    for (const cpu::QuantKernel* k : {&ks->q4_k, &ks->q5_k, &ks->q6_k}) {
+      std::vector<std::byte> got(bytes, std::byte{0x5a});
+      k->quantize(x.data(), I, got.data());
+      for (size_t i = 0; i < I + I / 64 + I / 8 + I / 16; ++i) ASSERT_EQ(got[i], want[i]) << ks->name << ": byte " << i << " of the record";
+    }
+}
+
 TEST(KernelSelection, NamesWhatTheCpuRuns) {
   EXPECT_EQ(std::string(cpu::select_kernels("avx2").name), "avx2");
   EXPECT_EQ(std::string(cpu::select_kernels("auto").name), cpu::isa_name(cpu::supported_isas().back()));
