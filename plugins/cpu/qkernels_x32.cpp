@@ -1016,14 +1016,12 @@ template <class P, int RX>
 template <class P>
 void packed_rows(const std::byte* w, size_t panel_bytes, int64_t nw, const std::byte* x, size_t xs, int64_t nx,
                  int64_t cols, float* y, int64_t ldy) {
-  // AVX-512: 8 unpacked codes, 8 sums and 8 accumulators in 32 registers; Q4_0 takes 9 rows (9 sums and
-  // accumulators), so that a verification of 8 drafts is one pass over each panel, not 4 + 5 rows that read
-  // it twice (one thread, 6144 x 1536, 9 rows: 0.53-0.55 -> 0.35-0.38 ms; E2B Q4_0, 9 rows, `--profile`:
-  // ffn_gate 17.2-18.8 -> 13.5-14.9 ms). At 9 rows Q8_0 measured slower (1536 x 6144, 2 threads: 0.27-0.30
-  // -> 0.33-0.34 ms), Q5_0 and IQ4_XS no faster. MLX 4-bit's tiles (Q4_0's and a bias) take 9 rows too
-  // (6144 x 1536, one thread, 9 rows: 0.58 -> 0.40 ms).
-  constexpr bool kNine = std::is_same_v<P, PackedQ4_0> || requires { P::kAffine; };
-  constexpr int TX = kWide ? (kNine ? 9 : 8) : 2;
+  // AVX-512: 8 unpacked codes, 9 sums and 9 accumulators in 32 registers: a verification of 8 drafts is one
+  // pass over each panel, not 4 + 5 rows that read it twice (one thread, 6144 x 1536, 9 rows: Q4_0 0.53-0.55
+  // -> 0.35-0.38 ms; E2B Q4_0, `--profile`: ffn_gate 17.2-18.8 -> 13.5-14.9 ms). Q8_0, Q5_0 and IQ4_XS measured
+  // no faster at 9 rows until their tiles prefetched (2 threads, 9 rows, Q8_0 0.24-0.25 -> 0.21 ms, IQ4_XS
+  // 0.20-0.21 -> 0.18, Q5_0 0.21-0.22 -> 0.19-0.20). MLX 4-bit's tiles are Q4_0's and a bias.
+  constexpr int TX = kWide ? 9 : 2;
   for (int64_t o = 0; o < nw; o += kPanelRows) {
     const std::byte* panel = w + static_cast<size_t>(o / kPanelRows) * panel_bytes;
     const int valid = static_cast<int>(nw - o < kPanelRows ? nw - o : kPanelRows);
