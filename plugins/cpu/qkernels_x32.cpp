@@ -920,8 +920,8 @@ template <class P, int RX>
   const int64_t nb = cols / 32;
   // Each block prefetches its share of a unit's bytes, a unit at a time, 4 KB ahead, from 3 rows on: there
   // the tile is compute-bound and the hardware prefetcher alone left it waiting (packed Q4_0, 6144 x 1536, 2
-  // threads, 9 rows: 0.21-0.27 -> 0.18-0.19 ms); at 1-2 rows, which stream at the bandwidth limit, the
-  // prefetches measured slower.
+  // threads, 9 rows: 0.19-0.27 -> 0.18-0.20 ms); at 1-2 rows, which stream at the bandwidth limit, they
+  // measured no faster, at times slower.
   constexpr size_t kShare = P::kUnitBytes / P::kBlocks;
   constexpr bool kPrefetchAhead = RX >= 3;
   const auto& [xq, xd, xi] = PanelRecords<RX>(x, xs, cols);
