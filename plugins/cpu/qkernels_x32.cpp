@@ -918,12 +918,14 @@ template <class P, int RX>
 [[gnu::always_inline]] inline void packed_tile(const std::byte* panel, int valid, const std::byte* x, size_t xs,
                                                int64_t cols, float* y, int64_t ldy) {
   const int64_t nb = cols / 32;
-  // Each block prefetches its share of a unit's bytes, a unit at a time, 4 KB ahead, from 3 rows on: there
-  // the tile is compute-bound and the hardware prefetcher alone left it waiting (packed Q4_0, 6144 x 1536, 2
-  // threads, 9 rows: 0.19-0.27 -> 0.18-0.20 ms); at 1-2 rows, which stream at the bandwidth limit, they
-  // measured no faster, at times slower.
+  // Each block prefetches its share of a unit's bytes, a unit at a time, 4 KB ahead. AVX-512: from 3 rows
+  // on, where the tile is compute-bound and the hardware prefetcher alone left it waiting (packed Q4_0,
+  // 6144 x 1536, 2 threads, 9 rows: 0.19-0.27 -> 0.18-0.20 ms); at 1-2 rows, which stream at the bandwidth
+  // limit, they measured no faster, at times slower. AVX2 (two passes over a panel, half its rows each): at
+  // every row count (the AVX2 set on the Zen 5 VM, 2 threads, 1 row: Q4_0 0.14-0.15 -> 0.105 ms, IQ4_XS
+  // 0.22-0.23 -> 0.14; 2 rows: Q4_0 0.19-0.20 -> 0.145-0.155).
   constexpr size_t kShare = P::kUnitBytes / P::kBlocks;
-  constexpr bool kPrefetchAhead = RX >= 3;
+  constexpr bool kPrefetchAhead = !kWide || RX >= 3;
   const auto& [xq, xd, xi] = PanelRecords<RX>(x, xs, cols);
   // Affine units (MLX): each unit's bias meets the sum of its rounded activations (quantize_mlx4).
   constexpr bool kAffine = requires { P::kAffine; };
