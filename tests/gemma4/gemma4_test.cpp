@@ -165,6 +165,16 @@ INSTANTIATE_TEST_SUITE_P(
                     Case{"26b", "mlx4", "ref-26b-mlx4.json", "26b-mlx4-ref-f32.json"}),
     case_name);
 
+// 8-bit activations (llama.cpp's Q8_0 matmuls, the packed MLX panels) against a reference: on 90 % of the
+// positions within the Q8_0 bound, the median within its mean bound.
+void expect_within_8bit_rounding(const Diff& d, const std::string& what, const char* reference) {
+  const Tol tol = kLlamaTol.at("q8_0");
+  EXPECT_GE(d.fraction_within(tol.max), 0.9) << what << ", worst position " << d.worst_pos;
+  EXPECT_LE(d.median, tol.mean) << what;
+  std::printf("[gemma4] %s: %s max %.2e median %.2e, %.0f%% of positions within %.2f\n", what.c_str(), reference,
+              d.max, d.median, 100 * d.fraction_within(tol.max), tol.max);
+}
+
 // Quantized GGUF: llama.cpp is the only reference (its Q8_0 matmuls also quantize activations). With
 // 8-bit activations on both sides, the MoE router of the 26b fixture picks a different expert at a
 // few positions (each side also differs from the exact dequantized model there), so the bound is on
@@ -176,12 +186,7 @@ TEST_P(QuantParity, Q8_0MatchesLlamaCpp) {
   const json ll = read_json(golden(v + "-q8_0.json"));
   for (const auto& [name, seq] : ll["sequences"].items()) {
     const auto logits = run_all(*model, seq["tokens"].get<std::vector<int32_t>>());
-    const Diff d = compare(logits, model->info().vocab_size, seq);
-    const Tol tol = kLlamaTol.at("q8_0");
-    EXPECT_GE(d.fraction_within(tol.max), 0.9) << v << " q8_0 (" << name << "), worst position " << d.worst_pos;
-    EXPECT_LE(d.median, tol.mean) << v << " q8_0 (" << name << ")";
-    std::printf("[gemma4] %s q8_0 %s: llama.cpp max %.2e median %.2e, %.0f%% of positions within %.2f\n", v.c_str(),
-                name.c_str(), d.max, d.median, 100 * d.fraction_within(tol.max), tol.max);
+    expect_within_8bit_rounding(compare(logits, model->info().vocab_size, seq), v + " q8_0 " + name, "llama.cpp");
   }
 }
 INSTANTIATE_TEST_SUITE_P(Gemma4, QuantParity, testing::Values("e2b", "e4b", "26b"));
@@ -199,12 +204,8 @@ TEST_P(PackedMlxParity, WithinTheActivationRoundingOfTheReference) {
   for (const auto& [name, seq] : ref["sequences"].items()) {
     const auto logits = run_all(*model, seq["tokens"].get<std::vector<int32_t>>());
     const Diff d = compare(logits, model->info().vocab_size, seq);
-    const Tol tol = kLlamaTol.at("q8_0");
-    EXPECT_GE(d.fraction_within(tol.max), 0.9) << v << " mlx4 packed (" << name << "), worst position " << d.worst_pos;
-    EXPECT_LE(d.median, tol.mean) << v << " mlx4 packed (" << name << ")";
+    expect_within_8bit_rounding(d, v + " mlx4 packed " + name, "numpy ref");
     EXPECT_GT(d.max, kRefTol) << "packed MLX weights should meet 8-bit activations, not float ones";
-    std::printf("[gemma4] %s mlx4 packed %s: numpy ref max %.2e median %.2e, %.0f%% of positions within %.2f\n",
-                v.c_str(), name.c_str(), d.max, d.median, 100 * d.fraction_within(tol.max), tol.max);
   }
 }
 INSTANTIATE_TEST_SUITE_P(Gemma4, PackedMlxParity, testing::Values("e2b"));
