@@ -214,7 +214,6 @@ TEST(KernelSets, KQuantActivationRecordsAreExact) {
   for (int64_t i = 256; i < 512; ++i) x[static_cast<size_t>(i)] = 0.0f;
   x[512] = 127.0f;  // d = 1 in the third super-block: its halves are ties
   for (int64_t i = 513; i < 768; ++i) x[static_cast<size_t>(i)] = static_cast<float>(i % 64 - 32) + 0.5f;
-  x[901] = -40.0f;
   // The scalar definition.
   const size_t bytes = cpu::select_kernels("auto").q4_k.record_bytes(I);
   std::vector<std::byte> want(bytes);
@@ -244,7 +243,8 @@ TEST(KernelSets, KQuantActivationRecordsAreExact) {
     for (const cpu::QuantKernel* k : {&ks->q4_k, &ks->q5_k, &ks->q6_k}) {
       std::vector<std::byte> got(bytes, std::byte{0x5a});
       k->quantize(x.data(), I, got.data());
-      for (size_t i = 0; i < I + I / 64 + I / 8 + I / 16; ++i) ASSERT_EQ(got[i], want[i]) << ks->name << ": byte " << i << " of the record";
+      for (size_t i = 0; i < I + I / 64 + I / 8 + I / 16; ++i)
+        ASSERT_EQ(got[i], want[i]) << ks->name << ": byte " << i << " of the record";
     }
 }
 
