@@ -44,6 +44,20 @@ inline float hsum8(__m256 v) {
   return _mm_cvtss_f32(lo);
 }
 
+inline float hmax8(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+
+// 32 int32 (i[0] the first 8) to 32 int8 in the same order, saturating: the packs interleave the 128-bit
+// lanes, the permutation restores the order.
+inline __m256i pack_i8(const __m256i (&i)[4]) {
+  const __m256i q = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+  return _mm256_permutevar8x32_epi32(q, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+
 inline float f16(const std::byte* p) {
   uint16_t h;
   std::memcpy(&h, p, 2);

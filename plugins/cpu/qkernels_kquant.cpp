@@ -25,18 +25,13 @@ void quantize_xk(const float* x, int64_t cols, std::byte* rec) {
     const float* xb = x + 256 * b;
     __m256 amax = _mm256_setzero_ps();
     for (int k = 0; k < 32; ++k) amax = _mm256_max_ps(_mm256_andnot_ps(sign, _mm256_loadu_ps(xb + 8 * k)), amax);
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    const float d = _mm_cvtss_f32(m) / 127.0f;
+    const float d = hmax8(amax) / 127.0f;
     const __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
     scale[b] = d;
     for (int c = 0; c < 8; ++c) {  // 32 values: codes in order, then the sums of their two halves
       __m256i i[4];
       for (int k = 0; k < 4; ++k) i[k] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xb + 32 * c + 8 * k), id));
-      const __m256i qv = _mm256_permutevar8x32_epi32(
-          _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3])),
-          _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+      const __m256i qv = pack_i8(i);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + 256 * b + 32 * c), qv);
       // Lane k: the sum of codes 4k..4k+3; two horizontal adds leave each 128-bit half's total in its first lane.
       __m256i s = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(1), qv), _mm256_set1_epi16(1));

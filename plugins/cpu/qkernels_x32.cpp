@@ -65,17 +65,11 @@ void quantize_x32(const float* x, int64_t cols, std::byte* rec) {
       v[k] = _mm256_loadu_ps(xb + 8 * k);
       amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[k]));
     }
-    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
-    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-    m = _mm_max_ss(m, _mm_movehdup_ps(m));
-    const float d = _mm_cvtss_f32(m) / 127.0f;
+    const float d = hmax8(amax) / 127.0f;
     const __m256 id = _mm256_set1_ps(d != 0.0f ? 1.0f / d : 0.0f);
     __m256i i[4];
     for (int k = 0; k < 4; ++k) i[k] = _mm256_cvtps_epi32(_mm256_mul_ps(v[k], id));  // round to nearest
-    // Pack 32 int32 into 32 int8 in order (packs interleave 128-bit lanes; permute restores order).
-    const __m256i p01 = _mm256_packs_epi32(i[0], i[1]), p23 = _mm256_packs_epi32(i[2], i[3]);
-    __m256i qv = _mm256_packs_epi16(p01, p23);
-    qv = _mm256_permutevar8x32_epi32(qv, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    const __m256i qv = pack_i8(i);
     int8_t* qb = q + X32Layout::q(b, 0);
     _mm_storeu_si128(reinterpret_cast<__m128i*>(qb), _mm256_castsi256_si128(qv));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(qb + 64), _mm256_extracti128_si256(qv, 1));
@@ -926,6 +920,7 @@ template <class P, int RX>
   // 0.22-0.23 -> 0.14; 2 rows: Q4_0 0.19-0.20 -> 0.145-0.155).
   constexpr size_t kShare = P::kUnitBytes / P::kBlocks;
   constexpr bool kPrefetchAhead = !kWide || RX >= 3;
+  constexpr ptrdiff_t kAhead = 4096;
   const auto& [xq, xd, xi] = PanelRecords<RX>(x, xs, cols);
   // Affine units (MLX): each unit's bias meets the sum of its rounded activations (quantize_mlx4).
   constexpr bool kAffine = requires { P::kAffine; };
@@ -944,7 +939,7 @@ template <class P, int RX>
     const std::byte* unit = panel + static_cast<size_t>(b0 / P::kBlocks) * P::kUnitBytes;
     for (int j = 0; j < P::kBlocks; ++j) {
       const int64_t b = b0 + j;
-      if constexpr (kPrefetchAhead) prefetch_ahead(unit + kShare * j, kShare, 4096);
+      if constexpr (kPrefetchAhead) prefetch_ahead(unit + kShare * j, kShare, kAhead);
       __m512i wv[8];
       P::unpack(unit, j, wv);
       // Two partial sums per row when there are few rows: the integer sum is the same, the chain half as long.
@@ -983,7 +978,7 @@ template <class P, int RX>
       const std::byte* unit = panel + static_cast<size_t>(b0 / P::kBlocks) * P::kUnitBytes;
       for (int j = 0; j < P::kBlocks; ++j) {
         const int64_t b = b0 + j;
-        if constexpr (kPrefetchAhead) prefetch_ahead(unit + kShare * j, kShare, 4096);
+        if constexpr (kPrefetchAhead) prefetch_ahead(unit + kShare * j, kShare, kAhead);
         __m256i wv[8];
         P::unpack(unit, j, h, wv);
         __m256i sum[RX];
