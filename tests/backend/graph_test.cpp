@@ -6,6 +6,7 @@
 
 #include "specula/compute.hpp"
 #include "specula/error.hpp"
+#include "specula/op_profile.hpp"
 #include "test_util.hpp"
 
 namespace specula {
@@ -132,6 +133,32 @@ TEST_F(GraphTest, MarkOutputOnce) {
   g.mark_output(y);
   EXPECT_EQ(g.outputs().size(), 1u);
   EXPECT_EQ(op_name(Op::Attention), "Attention");
+}
+
+// The profile keeps each graph kind's first run apart (it pays one-time costs: weight packing, the first
+// touch of new buffers) and averages the runs after it; a kind run once is reported from that run, saying so.
+TEST_F(GraphTest, ProfileLeavesOutEachKindsFirstRun) {
+  auto product = [&](int64_t rows) {
+    Graph g;
+    Value y = g.matmul(g.constant(w("blk.0.ffn_up.weight", {8, 16})), g.input(DType::F32, {rows, 16}, "x"));
+    g.mark_output(y);
+    return std::pair{std::move(g), y};
+  };
+  const auto [three, y3] = product(3);
+  const auto [one, y1] = product(1);
+  OpProfile p;
+  for (double seconds : {1.0, 0.002, 0.004}) {  // a first run of 1 s, then 2 and 4 ms
+    p.begin_run(three);
+    p.record(three, y3.id, seconds, "blk.0.ffn_up.weight", 6000000);  // 2 GB/s after the first run
+  }
+  p.begin_run(one);
+  p.record(one, y1.id, 0.005, "blk.0.ffn_up.weight", 6000000);
+  const std::string report = p.report();
+  for (const char* want : {"with 3 activation rows (2 runs after the first, 3.000 ms per run; the first, left out: 1000.000 ms)",
+                           "with 1 activation row (1 run, 5.000 ms: its first, one-time costs included)",
+                           "\n  MatMul                               1       3.000   100.0       2.0\n",
+                           "\n  blk.*.ffn_up.weight                  1       3.000   100.0       2.0\n"})
+    EXPECT_NE(report.find(want), std::string::npos) << "missing '" << want << "' in:\n" << report;
 }
 
 }  // namespace

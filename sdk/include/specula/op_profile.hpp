@@ -1,7 +1,10 @@
 // Per-op timing of a compute backend (option `profile: true`, `specula bench --profile`; the CPU backend
 // times each node on the host, the Vulkan backend with GPU timestamps): time and weight bytes per op kind, per weight (layer index folded: blk.*.ffn_up.weight) and per layer, one table per
 // graph kind: the activation rows of its matrix products (1 = a decode step, N = a prompt chunk) and its
-// node count, which tells a target's step from a drafter's at the same row count.
+// node count, which tells a target's step from a drafter's at the same row count. A kind's first run is
+// kept apart: it pays one-time costs (packing the weights at their first product, the first touch of new
+// buffers: a verification's 9 rows of 262144 logits fault in 9 MB), which averaged in made an op look
+// several times dearer than it is over a few runs. The tables average the runs after it, when there are.
 #pragma once
 
 #include <cstdint>
@@ -49,8 +52,13 @@ class OpProfile {
     std::map<int, Entry> layers;
     double experts = 0, expert_bytes = 0;  // over all runs
     std::set<int> moe_layers;
+    double seconds() const;
   };
-  std::map<std::pair<int64_t, int64_t>, Table> tables_;  // by (rows, nodes)
+  struct Kind {
+    Table first, rest;  // its first run; the runs after it
+    const Table& reported() const { return rest.runs > 0 ? rest : first; }
+  };
+  std::map<std::pair<int64_t, int64_t>, Kind> kinds_;  // by (rows, nodes)
   Table* current_ = nullptr;
   int layer_ = -1;
   std::map<int, std::vector<bool>> run_experts_;  // by layer: the experts this run has read so far
