@@ -1,6 +1,7 @@
 #include "specula/core/draft_length.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "specula/error.hpp"
 
@@ -11,6 +12,8 @@ constexpr double kDecay = 0.95;      // weight of the past per new observation (
 constexpr double kPriorWeight = 0.5; // observations a position's acceptance prior is worth
 constexpr double kRowSlope = 0.15;   // extra cost per verified row, relative to a step, before two are measured
 constexpr double kFirstTiming = 0.25; // the weight of a length's first timing: often a warm-up, slower than the rest
+constexpr double kTryShare = 0.01;    // while drafting does not pay, the most of the time its tries may cost
+constexpr int64_t kTryEveryMax = 256; // ... yet one try in this many steps at least, to notice a change
 }  // namespace
 
 void DraftLength::Mean::add(double x, double first) {
@@ -85,8 +88,22 @@ int DraftLength::best() const {
   return best;
 }
 
+int64_t DraftLength::try_pace() const {
+  // A try of one draft costs a draft token and a 2-row forward over a plain step.
+  const double step = verify_seconds(1), two = verify_seconds(2);
+  if (step <= 0 || two <= 0) return 0;
+  const double cost = draft_per_token_.value + std::max(0.0, two - step);
+  return std::min<int64_t>(kTryEveryMax, static_cast<int64_t>(std::ceil(cost / (kTryShare * step))));
+}
+
 int DraftLength::next() {
   ++steps_;
+  const int n = pick();
+  if (n > 0) last_draft_ = steps_;
+  return n;
+}
+
+int DraftLength::pick() {
   bool measured = false;
   for (const Mean& m : verify_) measured = measured || m.weight > 0;
   if (!measured) return initial_;
@@ -98,7 +115,17 @@ int DraftLength::next() {
   // nothing, so the tries grow rarer (every 8, 16, ... 64 steps); a length that pays resets the pace.
   explore_every_ = b > 0 ? 8 : explore_every_;
   if (steps_ < next_explore_) return b;
-  if (b == 0) explore_every_ = std::min(2 * explore_every_, 64);
+  if (b == 0) {
+    explore_every_ = std::min(2 * explore_every_, 64);
+    // ... and no oftener than keeps their cost under kTryShare of the time: with a drafter that costs a
+    // sixth of a step a token and a 2-row forward 1.4 steps (26B-A4B on a CPU, the dense head), tries at
+    // steps 8, 24 and 56 cost 4 % of a 96-token run at acceptance 0.
+    const int64_t earliest = last_draft_ + try_pace();
+    if (steps_ < earliest) {
+      next_explore_ = earliest;
+      return 0;
+    }
+  }
   next_explore_ = steps_ + explore_every_;
   explore_up_ = !explore_up_;
   const int n = explore_up_ ? b + 1 : b - 1;

@@ -7,8 +7,9 @@
 // last measured slope) and capped by any measured longer forward; a length's first timing counts a
 // quarter (often a warm-up), and a plain step timed slower than a longer forward is timed again at once.
 // Every eighth step tries a neighbour of the best length so its estimates stay
-// current (while plain decoding is the best, every 16th, 32nd, then 64th). The choice never changes
-// greedy output: verification decides every token.
+// current (while plain decoding is the best, every 16th, 32nd, then 64th, and no oftener than keeps the
+// tries under 1 % of the time: an expensive drafter is tried more rarely, at least once in 256 steps).
+// The choice never changes greedy output: verification decides every token.
 #pragma once
 
 #include <array>
@@ -40,9 +41,12 @@ class DraftLength {
     void add(double x, double first = 1);  // `first`: the weight of the first observation
   };
   double estimate(int rows) const;  // verify_seconds before the cap by longer forwards
+  int pick();                       // next()'s choice
+  int64_t try_pace() const;         // the fewest steps between tries while plain decoding is the best
   int max_, initial_;
   int64_t steps_ = 0;
   int64_t next_explore_ = 8;  // the step that tries a neighbour of the best length
+  int64_t last_draft_ = 0;    // the last step that drafted
   int explore_every_ = 8;
   bool explore_up_ = true;
   std::array<Mean, kMax + 2> verify_{};     // by forward rows (1 = plain step)
