@@ -8,7 +8,8 @@ registers: no spills, no compiler scheduling; data in L1, so no memory stream), 
 and runs each pinned on every vCPU:
 
   dpbusd        12 independent vpdpbusd chains, register operands: the bare instruction rate
-  bcast         R chains, the 4 activation bytes broadcast from memory ({1to16}), as the tiles do
+  bcast         R chains, the 4 activation bytes broadcast from memory ({1to16}), as the tiles do (below
+                ~8 rows the chains' latency, 4 cycles a dot, bounds this loop rather than the dot rate)
   q4k           the packed Q4_K tile's work at R rows: a line load and a mask a line, R broadcast dots a
                 line, then per 32-value sub-block and row a scale multiply, an add and a zeroing
   q6k           the packed Q6_K tile's: two line loads, a shift, a mask and a ternary logic op a line (the
