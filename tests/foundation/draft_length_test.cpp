@@ -2,7 +2,9 @@
 // engine with draft_auto, whose greedy output must stay plain greedy's whatever lengths it picks.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <numeric>
+#include <random>
 
 #include "specula/core/draft_length.hpp"
 #include "specula/core/generator.hpp"
@@ -43,10 +45,12 @@ TEST(DraftLength, ExpectedRateFollowsTheAcceptanceChain) {
   DraftLength p(4, 2);
   // Position 1 always accepted, position 2 never: tokens(1) -> 2, tokens(2) -> 2 as well.
   for (int k = 0; k < 60; ++k) p.observe_step(2, 1, 0, 0.1);
-  // The estimates lean on an even-chance prior worth half an observation against about 20 recent ones.
-  EXPECT_GT(p.acceptance(1), 0.98);
-  EXPECT_LT(p.acceptance(2), 0.03);
-  EXPECT_NEAR(p.tokens_per_second(2), 2 / 0.1, 0.5);
+  // Each position leans on the estimate before it (the first on the pooled acceptance, here about a half),
+  // worth 4 observations against about 35 recent ones.
+  const double a1 = p.acceptance(1), a2 = p.acceptance(2);
+  EXPECT_GT(a1, 0.94);
+  EXPECT_LT(a2, 0.1);
+  EXPECT_NEAR(p.tokens_per_second(2), (1 + a1 + a1 * a2) / 0.1, 1e-9);
 }
 
 TEST(DraftLength, DraftsLongWhenDraftsAreAcceptedAndVerificationIsCheap) {
@@ -63,7 +67,7 @@ TEST(DraftLength, StopsDraftingWhenDraftsAreRejected) {
   EXPECT_EQ(p.best(), 0);
   // Trying one draft again costs a draft and a 2-row forward over a plain step for nothing (0.32 of a
   // step here): the tries grow rarer (every 8th step while a length pays, then 16, 32, 64) and come no
-  // oftener than keeps them under 1 % of the time (every 32 steps here): at steps 32, 64, 128, 192, 256.
+  // oftener than keeps them under 1 % of the time (every 33 steps here): at steps 33, 65, 129 and 193.
   int tries = 0;
   for (int k = 0; k < 256; ++k) {
     const int n = p.next();
@@ -74,7 +78,7 @@ TEST(DraftLength, StopsDraftingWhenDraftsAreRejected) {
       p.observe_plain(0.100);
     }
   }
-  EXPECT_EQ(tries, 5);
+  EXPECT_EQ(tries, 4);
 }
 
 TEST(DraftLength, AnExpensiveDrafterIsTriedRarelyWhenNothingIsAccepted) {
@@ -99,6 +103,51 @@ TEST(DraftLength, AnExpensiveDrafterIsTriedRarelyWhenNothingIsAccepted) {
   EXPECT_LE(drafted, 2) << "the first step and at most one try";
   EXPECT_GE(plain_time / spent, 0.97) << "drafting that never pays costs at most 3 %";
   EXPECT_EQ(p.best(), 0);
+}
+
+TEST(DraftLength, OneEarlyRejectionDoesNotShortenTheDrafts) {
+  // The E2B replay at vLLM's profile: its first step (3 drafts) accepted one. Read as "position 2 is
+  // rejected", that made one draft the best for a dozen steps (1.9x against 2.2x for a fixed 3).
+  DraftLength p(8, 3);
+  ASSERT_EQ(p.next(), 3);
+  p.observe_step(3, 1, 0.0017, 0.038);
+  EXPECT_EQ(p.next(), 3);
+  EXPECT_GT(p.acceptance(2), 0.4);
+}
+
+TEST(DraftLength, NearTheBestFixedLengthAtVllmsAcceptance) {
+  // 100 runs of 128 tokens at vLLM's 26B-A4B profile with E2B Q4_K_M's measured costs (the 2-core Zen 5
+  // VM): forwards of 1..9 rows, a draft token 0.55 ms. `auto` starts knowing nothing each run; it must
+  // come within 4 % of the best fixed length chosen with hindsight (it gave 0.946 of it before the
+  // acceptance estimates leaned on each other and the first steps kept the initial length; now 0.968).
+  const double verify[] = {0, 31.5, 32.5, 34.5, 38.5, 41.0, 45.0, 49.0, 60.0, 61.6};
+  const double profile[] = {0.844, 0.599, 0.385, 0.271};
+  auto conditional = [&](int i) {
+    i = std::min(i, 4);
+    return profile[i - 1] / (i == 1 ? 1 : profile[i - 2]);
+  };
+  std::mt19937 rng(35);
+  auto uniform = [&] { return rng() / 4294967296.0; };  // the raw engine: the same draws on every library
+  auto rate = [&](int fixed) {  // tokens per second; fixed < 0: auto
+    double tokens = 0, seconds = 0;
+    for (int r = 0; r < 100; ++r) {
+      DraftLength p(8, 3);
+      for (int made = 0; made < 128;) {
+        const int n = fixed < 0 ? p.next() : fixed;
+        int accepted = 0;
+        while (accepted < n && uniform() < conditional(accepted + 1)) ++accepted;
+        const double draft = 0.00055 * n, v = verify[n + 1] / 1000;
+        if (n == 0) p.observe_plain(v);
+        else p.observe_step(n, accepted, draft, v);
+        made += accepted + 1, tokens += accepted + 1, seconds += draft + v;
+      }
+    }
+    return tokens / seconds;
+  };
+  double best = 0;
+  for (int k = 1; k <= 8; ++k) best = std::max(best, rate(k));
+  EXPECT_GT(best * verify[1] / 1000, 2.2) << "the best fixed length: over 2.2x a plain step";
+  EXPECT_GE(rate(-1) / best, 0.96);
 }
 
 TEST(DraftLength, ASlowFirstPlainStepDoesNotMakeDraftingLookFree) {

@@ -6,6 +6,8 @@
 // with verify(1) the plain decode step. Unmeasured costs are interpolated (or extrapolated along the
 // last measured slope) and capped by any measured longer forward; a length's first timing counts a
 // quarter (often a warm-up), and a plain step timed slower than a longer forward is timed again at once.
+// Each position's acceptance leans on the position before it (the first on all positions pooled), and
+// the first four steps keep the initial length unless drafting looks like it does not pay at all.
 // Every eighth step tries a neighbour of the best length so its estimates stay
 // current (while plain decoding is the best, every 16th, 32nd, then 64th, and no oftener than keeps the
 // tries under 1 % of the time: an expensive drafter is tried more rarely, at least once in 256 steps).
@@ -47,6 +49,7 @@ class DraftLength {
   int64_t steps_ = 0;
   int64_t next_explore_ = 8;  // the step that tries a neighbour of the best length
   int64_t last_draft_ = 0;    // the last step that drafted
+  int64_t drafted_steps_ = 0; // speculative steps observed
   int explore_every_ = 8;
   bool explore_up_ = true;
   std::array<Mean, kMax + 2> verify_{};     // by forward rows (1 = plain step)
