@@ -109,7 +109,6 @@ void matmul_rows(ThreadPool& pool, RowsKernel rows, const Matrix& w, const std::
 // The activation rows as the records a kernel reads, split between the threads sooner than the small
 // ops (kMinShareValues): on one thread, 9 rows of 1536 made E2B's 9-row products 2-5 ms slower (not traced).
 constexpr int64_t kMinRecordShare = 16384;
-// The activation rows as the records a kernel reads.
 std::vector<std::byte> activation_records(ThreadPool& pool, QuantizeKernel write, size_t stride, const float* x,
                                           int64_t n, int64_t cols) {
   std::vector<std::byte> rec(stride * static_cast<size_t>(n));
