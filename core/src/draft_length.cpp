@@ -127,15 +127,15 @@ int DraftLength::pick() {
   explore_every_ = b > 0 ? 8 : explore_every_;
   if (steps_ < next_explore_) return b;
   if (b == 0) {
-    explore_every_ = std::min(2 * explore_every_, 64);
     // ... and no oftener than keeps their cost under kTryShare of the time: with a drafter that costs a
     // sixth of a step a token and a 2-row forward 1.4 steps (26B-A4B on a CPU, the dense head), tries at
-    // steps 8, 24 and 56 cost 4 % of a 96-token run at acceptance 0.
+    // steps 8, 24 and 56 cost 4 % of a 96-token run at acceptance 0. A postponed try is not yet a try.
     const int64_t earliest = last_draft_ + try_pace();
     if (steps_ < earliest) {
       next_explore_ = earliest;
       return 0;
     }
+    explore_every_ = std::min(2 * explore_every_, 64);
   }
   next_explore_ = steps_ + explore_every_;
   explore_up_ = !explore_up_;
