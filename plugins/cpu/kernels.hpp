@@ -38,9 +38,11 @@ float dot_f32(const float* a, const float* b, int64_t n);
 // norms, adds and RoPE of a verification stay on one thread. On the Zen 5 VM, 16K here split RmsNorm over
 // 5 rows x 2816 between the threads at 6.7 us a call against 3.6 on one; with 64K the small ops of a
 // 9-row E2B pass took 5.5-5.7 ms against 6.1-6.3 and a 5-row 26B-A4B layer's 10 % less. rows_grain: the
-// parallel_for grain for rows of `cost` such values each.
+// parallel_for grain for rows of `cost` such values each, shares of at least `min_share` values.
 inline constexpr int64_t kMinShareValues = 65536;
-inline int64_t rows_grain(int64_t cost) { return std::max<int64_t>(1, kMinShareValues / std::max<int64_t>(1, cost)); }
+inline int64_t rows_grain(int64_t cost, int64_t min_share = kMinShareValues) {
+  return std::max<int64_t>(1, min_share / std::max<int64_t>(1, cost));
+}
 
 // MLX affine weight rows from `row` on: codes at `codes` (code_bytes a row), scales and biases from q.
 AffineMatrix affine_rows(const QuantParams& q, const std::byte* codes, size_t code_bytes, int64_t cols, int64_t row);

@@ -112,7 +112,7 @@ constexpr int64_t kMinRecordShare = 16384;
 std::vector<std::byte> activation_records(ThreadPool& pool, QuantizeKernel write, size_t stride, const float* x,
                                           int64_t n, int64_t cols) {
   std::vector<std::byte> rec(stride * static_cast<size_t>(n));
-  pool.parallel_for(n, std::max<int64_t>(1, kMinRecordShare / (4 * cols)), [&](int64_t r0, int64_t r1) {
+  pool.parallel_for(n, rows_grain(4 * cols, kMinRecordShare), [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) write(x + r * cols, cols, rec.data() + static_cast<size_t>(r) * stride);
   });
   return rec;
