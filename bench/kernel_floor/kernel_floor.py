@@ -17,11 +17,14 @@ and runs each pinned on every vCPU:
                 multiply, add and zeroing
   scalar        a chain of integer multiply-adds: the clock, to tell a vCPU whose vector units are shared
                 with another tenant (SMT sibling) from one running at a lower clock
+  +OP           (`--pipes`) the dpbusd loop with one OP beside every 8 dots (vpmulld, vpdpwssd, vfmadd231ps,
+                vmulps, vpaddd, vcvtdq2ps): an OP that slows it runs on the dot's own pipes, so it costs a
+                dot wherever a tile has one (the K-quant tiles' scale multiplies, mins and float epilogue)
 
 Prints, per vCPU, G vpdpbusd a second for each loop (scalar: G iterations a second). The tiles' own rate
 comes from `bench_matvec --threads 1` under `taskset -c CPU`; docs/performance.md compares the two.
 
-  python3 bench/kernel_floor/kernel_floor.py [--rows 9] [--seconds 0.5] [--cpus 0,1]
+  python3 bench/kernel_floor/kernel_floor.py [--rows 9] [--seconds 0.5] [--cpus 0,1] [--pipes]
 
 Needs g++ and an AVX-512 VNNI CPU (exits 77 without one).
 """
@@ -80,18 +83,39 @@ def q6k_loop(rows):
 
 
 LOOPS = {"dpbusd": dpbusd_loop, "bcast": bcast_loop, "q4k": q4k_loop, "q6k": q6k_loop}
+PIPE_OPS = {
+    "vpmulld": "vpmulld %%zmm{s}, %%zmm{d}, %%zmm{d}",
+    "vpdpwssd": "vpdpwssd %%zmm{s}, %%zmm{s}, %%zmm{d}",
+    "vfmadd231ps": "vfmadd231ps %%zmm{s}, %%zmm{s}, %%zmm{d}",
+    "vmulps": "vmulps %%zmm{s}, %%zmm{d}, %%zmm{d}",
+    "vpaddd": "vpaddd %%zmm{s}, %%zmm{d}, %%zmm{d}",
+    "vcvtdq2ps": "vcvtdq2ps %%zmm{s}, %%zmm{d}",
+}
 
 
-def source(rows, seconds):
+def pipe_loop(op):
+    # The dpbusd loop's 96 dots (12 chains) with `op` after every 8th, into 4 registers of its own.
+    def loop(rows):
+        dots, extra = dpbusd_loop(rows)
+        body = []
+        for i, dot in enumerate(dots):
+            body.append(dot)
+            if i % 8 == 7:
+                body.append(PIPE_OPS[op].format(d=12 + i // 8 % 4, s=16 + i // 8 % 4))
+        return body, extra
+    return loop
+
+
+def source(rows, seconds, loops):
     out = [
         "#include <chrono>", "#include <cstdint>", "#include <cstdio>",
         "alignas(64) int8_t X[64 * 16];", "alignas(64) uint8_t W[64 * 16];",
         "using Clock = std::chrono::steady_clock;",
     ]
-    for name, loop in LOOPS.items():
+    for name, loop in loops.items():
         body, dots = loop(rows)
         text = "\\n\\t".join(body)
-        out.append(f"""double {name}() {{
+        out.append(f"""double {cname(name)}() {{
   const int8_t* x = X;
   const uint8_t* w = W;
   long iters = 0;
@@ -119,10 +143,14 @@ def source(rows, seconds):
   }} while (s < {seconds});
   return iters / s / 1e9;
 }}""")
-    calls = ", ".join(f"{name}()" for name in LOOPS)
-    fmt = "  ".join(f"{name} %.2f" for name in LOOPS)
+    calls = ", ".join(f"{cname(name)}()" for name in loops)
+    fmt = "  ".join(f"{name} %.2f" for name in loops)
     out.append(f'int main() {{ std::printf("{fmt}  scalar %.3f\\n", {calls}, scalar()); }}')
     return "\n".join(out) + "\n"
+
+
+def cname(name):
+    return "loop_" + name.replace("+", "with_")
 
 
 def main():
@@ -130,6 +158,7 @@ def main():
     ap.add_argument("--rows", type=int, default=9, help="activation rows of the tile loops (1-12)")
     ap.add_argument("--seconds", type=float, default=0.5, help="time per loop")
     ap.add_argument("--cpus", default=None, help="vCPUs to pin to, comma-separated (default: all allowed)")
+    ap.add_argument("--pipes", action="store_true", help="also the dpbusd loop with one other op every 8 dots")
     args = ap.parse_args()
     if not 1 <= args.rows <= 12:
         sys.exit("kernel_floor: --rows must be 1-12 (the loops keep 2 sums a row in the 32 vector registers)")
@@ -141,12 +170,16 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         src, exe = os.path.join(tmp, "floor.cpp"), os.path.join(tmp, "floor")
         with open(src, "w") as f:
-            f.write(source(args.rows, args.seconds))
+            loops = dict(LOOPS)
+            if args.pipes:
+                loops.update({f"+{op}": pipe_loop(op) for op in PIPE_OPS})
+            f.write(source(args.rows, args.seconds, loops))
         build = subprocess.run(["g++", "-O2", "-mavx512f", "-mavx512bw", "-mavx512vnni", src, "-o", exe],
                                capture_output=True, text=True)
         if build.returncode != 0:
             sys.exit("kernel_floor: g++ failed:\n" + build.stderr)
-        print(f"G vpdpbusd a second ({args.rows} rows in bcast / q4k / q6k); scalar: G multiply-add iterations a second")
+        print(f"G vpdpbusd a second ({args.rows} rows in bcast / q4k / q6k; +OP: dpbusd with one OP every 8 dots);"
+              " scalar: G multiply-add iterations a second")
         for cpu in cpus:
             run = subprocess.run(["taskset", "-c", str(cpu), exe], capture_output=True, text=True)
             if run.returncode != 0:

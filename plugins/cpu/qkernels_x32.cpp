@@ -788,6 +788,9 @@ struct PackedQ5_0 : F16Scales<320> {
 struct PackedIQ4_XS {
   using Unpack = IQ4_XSUnpack;
   static constexpr int kBlocks = 8;
+  // Streamed at 1-2 rows at half the bandwidth without the tile's own prefetches (AVX-512, Zen 5 VM, 2
+  // threads, 65536 x 1536, 1 row: 1.15-1.36 -> 0.61-0.66 ms; 2 rows: 1.42-1.68 -> 0.64-0.71).
+  static constexpr bool kPrefetchFewRows = true;
   static constexpr size_t kScale = 2048, kD = 2176, kUnitBytes = 2208;
   static void pack(const std::byte* row, int64_t u, std::byte* out, int i) {
     const std::byte* sb = row + 136 * u;
@@ -915,11 +918,12 @@ template <class P, int RX>
   // Each block prefetches its share of a unit's bytes, a unit at a time, 4 KB ahead. AVX-512: from 3 rows
   // on, where the tile is compute-bound and the hardware prefetcher alone left it waiting (packed Q4_0,
   // 6144 x 1536, 2 threads, 9 rows: 0.19-0.27 -> 0.18-0.20 ms); at 1-2 rows, which stream at the bandwidth
-  // limit, they measured no faster, at times slower. AVX2 (two passes over a panel, half its rows each): at
-  // every row count (the AVX2 set on the Zen 5 VM, 2 threads, 1 row: Q4_0 0.14-0.15 -> 0.105 ms, IQ4_XS
-  // 0.22-0.23 -> 0.14; 2 rows: Q4_0 0.19-0.20 -> 0.145-0.155).
+  // limit, only where a type asks for it (P::kPrefetchFewRows): others measured no faster, at times slower.
+  // AVX2 (two passes over a panel, half its rows each): at every row count (the AVX2 set on the Zen 5 VM,
+  // 2 threads, 1 row: Q4_0 0.14-0.15 -> 0.105 ms, IQ4_XS 0.22-0.23 -> 0.14; 2 rows: Q4_0 0.19-0.20 ->
+  // 0.145-0.155).
   constexpr size_t kShare = P::kUnitBytes / P::kBlocks;
-  constexpr bool kPrefetchAhead = !kWide || RX >= 3;
+  constexpr bool kPrefetchAhead = !kWide || RX >= 3 || requires { P::kPrefetchFewRows; };
   constexpr ptrdiff_t kAhead = 4096;
   const auto& [xq, xd, xi] = PanelRecords<RX>(x, xs, cols);
   // Affine units (MLX): each unit's bias meets the sum of its rounded activations (quantize_mlx4).
