@@ -649,6 +649,7 @@ void rows_panel(const std::byte* w, size_t wrb, int64_t nw, const std::byte* x, 
 //         scale[16]
 //   Q4_0 (1 block): nibbles[4][16][4] (byte j of dword g: value 4g+j low, 16+4g+j high: the file's own
 //         bytes), f16 scale[16]
+//   IQ4_NL (1 block): as Q4_0 (its codes index IQ4's table as they are unpacked)
 //   Q5_0 (1 block): Q4_0's nibbles | fifth bits [16][4] (PackedQ5_0) | f16 scale[16]: the file's size
 //   IQ4_XS (a super-block, 8 blocks): nibbles[8][4][16][4] as Q4_0's | ls - 32 int8[8][16] | d f16[16]:
 //         2208 bytes for the file's 2176; block j's scale d * (ls - 32) is formed as IQ4_XSUnpack::scale
@@ -661,6 +662,7 @@ void rows_panel(const std::byte* w, size_t wrb, int64_t nw, const std::byte* x, 
 template <size_t kCodes>
 struct F16Scales {
   static constexpr int kBlocks = 1;
+  static constexpr bool kPrefetchFewRows = false;
   static constexpr size_t kUnitBytes = kCodes + 2 * kPanelRows;
   // Row i's scale: the f16 that starts the file's block wb.
   static void pack_scale(const std::byte* wb, std::byte* unit, int i) { std::memcpy(unit + kCodes + 2 * i, wb, 2); }
@@ -719,8 +721,22 @@ inline void unpack_nibbles(const std::byte* p, int h, __m256i* wv, Look look) {
 }
 #endif
 
-struct PackedQ4_0 : F16Scales<256> {
-  using Unpack = Q4_0Unpack;
+// IQ4's table as the packed panels' unpacking looks codes up in it: AVX-512 the values + 128 (unsigned, as
+// IQ4Codes::codes gives them on this set), AVX2 the signed values (|w| against sign(x, w)).
+#if SPECULA_WIDE
+inline __m512i iq4_panel_table() {
+  return _mm512_broadcast_i32x4(_mm_xor_si128(IQ4Codes<0>::table(), _mm_set1_epi8(-128)));
+}
+#else
+inline __m256i iq4_panel_table() { return _mm256_broadcastsi128_si256(IQ4Codes<0>::table()); }
+#endif
+
+// Q4_0 and IQ4_NL: the file's 16 bytes of nibbles a block (values 4g.. low, 16 + 4g.. high), codes as they
+// are (Q4_0) or through IQ4's table (IQ4_NL).
+template <class U>
+struct PackedNibbles : F16Scales<256> {
+  using Unpack = U;
+  static constexpr bool kTable = std::is_same_v<U, IQ4_NLUnpack>;
   static void pack(const std::byte* row, int64_t u, std::byte* out, int i) {
     const std::byte* wb = Unpack::at(row, u);
     for (int g = 0; g < 4; ++g) std::memcpy(out + 64 * g + 4 * i, wb + 2 + 4 * g, 4);
@@ -728,14 +744,26 @@ struct PackedQ4_0 : F16Scales<256> {
   }
 #if SPECULA_WIDE
   static void unpack(const std::byte* blk, int, __m512i* wv) {
-    unpack_nibbles(blk, wv, [](__m512i v) { return v; });
+    if constexpr (kTable) {
+      const __m512i table = iq4_panel_table();
+      unpack_nibbles(blk, wv, [&](__m512i v) { return _mm512_shuffle_epi8(table, v); });
+    } else {
+      unpack_nibbles(blk, wv, [](__m512i v) { return v; });
+    }
   }
 #else
   static void unpack(const std::byte* blk, int, int h, __m256i* wv) {
-    unpack_nibbles(blk, h, wv, [](__m256i v) { return v; });
+    if constexpr (kTable) {
+      const __m256i table = iq4_panel_table();
+      unpack_nibbles(blk, h, wv, [&](__m256i v) { return _mm256_shuffle_epi8(table, v); });
+    } else {
+      unpack_nibbles(blk, h, wv, [](__m256i v) { return v; });
+    }
   }
 #endif
 };
+using PackedQ4_0 = PackedNibbles<Q4_0Unpack>;
+using PackedIQ4_NL = PackedNibbles<IQ4_NLUnpack>;
 
 // Q5_0: Q4_0's nibbles, then the fifth bits rearranged so that one rotation (AVX2: one 16-bit shift) puts
 // each where its code wants it: [16 rows][4 bytes], bit 2g + H of byte b the fifth bit of value
@@ -802,8 +830,7 @@ struct PackedIQ4_XS {
   }
 #if SPECULA_WIDE
   static void unpack(const std::byte* unit, int j, __m512i* wv) {
-    // The table's values + 128 (unsigned, as IQ4Codes::codes gives them on this set).
-    const __m512i table = _mm512_broadcast_i32x4(_mm_xor_si128(Unpack::table(), _mm_set1_epi8(-128)));
+    const __m512i table = iq4_panel_table();
     unpack_nibbles(unit + 256 * j, wv, [&](__m512i v) { return _mm512_shuffle_epi8(table, v); });
   }
   static __m512 scales(const std::byte* unit, int j) {
@@ -813,7 +840,7 @@ struct PackedIQ4_XS {
   }
 #else
   static void unpack(const std::byte* unit, int j, int h, __m256i* wv) {
-    const __m256i table = _mm256_broadcastsi128_si256(Unpack::table());  // signed: |w| against sign(x, w)
+    const __m256i table = iq4_panel_table();
     unpack_nibbles(unit + 256 * j, h, wv, [&](__m256i v) { return _mm256_shuffle_epi8(table, v); });
   }
   static __m256 scales(const std::byte* unit, int j, int h) {
@@ -835,6 +862,7 @@ struct PackedMlx4 {
   using Unpack = Q4_1Unpack;  // unsigned codes, no offset
   static constexpr int kBlocks = kGroupBlocks;
   static constexpr bool kAffine = true;
+  static constexpr bool kPrefetchFewRows = false;
   static constexpr size_t kScale = 256 * kBlocks, kBias = kScale + 2 * kPanelRows, kUnitBytes = kBias + 2 * kPanelRows;
   // Group u of a row (codes: the row's u32 words; scale, bias: the row's) as row i of `unit`.
   static void pack(const std::byte* codes, const std::byte* scale, const std::byte* bias, int64_t u, std::byte* unit,
@@ -923,7 +951,7 @@ template <class P, int RX>
   // 2 threads, 1 row: Q4_0 0.14-0.15 -> 0.105 ms, IQ4_XS 0.22-0.23 -> 0.14; 2 rows: Q4_0 0.19-0.20 ->
   // 0.145-0.155).
   constexpr size_t kShare = P::kUnitBytes / P::kBlocks;
-  constexpr bool kPrefetchAhead = !kWide || RX >= 3 || requires { P::kPrefetchFewRows; };
+  constexpr bool kPrefetchAhead = !kWide || RX >= 3 || P::kPrefetchFewRows;
   constexpr ptrdiff_t kAhead = 4096;
   const auto& [xq, xd, xi] = PanelRecords<RX>(x, xs, cols);
   // Affine units (MLX): each unit's bias meets the sum of its rounded activations (quantize_mlx4).
@@ -1093,7 +1121,7 @@ void add_x32_kernels(KernelSet& set) {
   set.q4_1 = x32<Q4_1Unpack>(nullptr);  // prompt chunks: matmul_gemm
   set.q5_0 = x32_packed<PackedQ5_0>();
   set.q5_1 = x32<Q5_1Unpack>(nullptr);
-  set.iq4_nl = x32<IQ4_NLUnpack>(&rows_panel<IQ4_NLUnpack>);
+  set.iq4_nl = x32_packed<PackedIQ4_NL>();
   set.iq4_xs = x32_packed<PackedIQ4_XS>();
   set.mlx4.quantize = &quantize_mlx4;
   set.mlx4.quantized_bytes = &mlx4_record_bytes;
