@@ -1,6 +1,7 @@
 // Weight-streaming throughput of the CPU backend's matrix products: for each weight type, an [O, I]
 // matrix (default 10240 x 2560, a Gemma 4 E4B FFN projection) times N activation rows, timed through
-// the real ComputeBackend::run path. Reports the best ms per product over --seconds of runs, GB/s of weight bytes read, and GFLOP/s.
+// the real ComputeBackend::run path. Reports the best and the median ms per product over --seconds of runs,
+// GB/s of weight bytes read and GFLOP/s (at the best), and the process's CPU time per run.
 //   bench_matvec [--rows O] [--cols I] [--n N[,N...]] [--threads T[,T...]] [--types Q4_K,Q8_0,...] [--cached 1]
 //                [--pack 0] (Q8_0 / Q4_0 rows as the file holds them, not the backend's packed panels)
 // --cached 1 keeps one copy of the weight, which stays in the caches if it fits: the kernel's compute
@@ -61,8 +62,8 @@ int main(int argc, char** argv) {
     std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
     std::vector<float> w(static_cast<size_t>(O * I));
     for (auto& v : w) v = dist(rng);
-    std::printf("%-6s %8s %3s %4s %10s %8s %9s %10s %9s\n", "type", "shape", "N", "thr", "best ms", "GB/s",
-                "GFLOP/s", "cpu ms", "GB/s/cpu");
+    std::printf("%-6s %8s %3s %4s %10s %8s %8s %9s %10s %9s\n", "type", "shape", "N", "thr", "best ms", "med ms",
+                "GB/s", "GFLOP/s", "cpu ms", "GB/s/cpu");
     for (const auto& tn : types) {
       // MLX4 / MLX8: MLX affine, groups of 64, bf16 scales and biases (mlx-community's usual layout).
       const bool mlx = tn == "MLX4" || tn == "MLX8";
@@ -103,26 +104,31 @@ int main(int argc, char** argv) {
           // Warm-up: every copy once, so that packing the weights (their first product) is not timed.
           for (size_t c = 0; c < copies; ++c) plans[c]->run(ins[c]);
           size_t next = 0;
-          // The fastest of many runs: on a shared machine the mean mostly measures other processes.
+          // The fastest of many runs (on a shared machine the mean mostly measures other processes), and the
+          // median, which a model's sequence of products pays more nearly.
           const auto t0 = std::chrono::steady_clock::now();
           const double cpu0 = cpu_seconds();
           int runs = 0;
           double elapsed = 0, best = 1e30;
+          std::vector<double> times;
           do {
             const auto t1 = std::chrono::steady_clock::now();
             plans[next]->run(ins[next]);
             next = (next + 1) % copies;
             const auto t2 = std::chrono::steady_clock::now();
-            best = std::min(best, std::chrono::duration<double>(t2 - t1).count());
+            times.push_back(std::chrono::duration<double>(t2 - t1).count());
+            best = std::min(best, times.back());
             elapsed = std::chrono::duration<double>(t2 - t0).count();
             ++runs;
           } while (elapsed < seconds);
           const double ms = best * 1e3;
+          std::nth_element(times.begin(), times.begin() + static_cast<ptrdiff_t>(times.size() / 2), times.end());
+          const double median_ms = times[times.size() / 2] * 1e3;
           // CPU time of the whole process per run: with one thread, the time the product would take on
           // an idle core (the machine this runs on is often shared); with more, the sum over threads.
           const double cpu_ms = (cpu_seconds() - cpu0) / runs * 1e3;
-          std::printf("%-6s %4ldx%-4ld %3d %4d %10.3f %8.2f %9.2f %10.3f %9.2f\n", tn.c_str(), static_cast<long>(O),
-                      static_cast<long>(I), n, t, ms, packed.size() / (ms * 1e-3) / 1e9,
+          std::printf("%-6s %4ldx%-4ld %3d %4d %10.3f %8.3f %8.2f %9.2f %10.3f %9.2f\n", tn.c_str(), static_cast<long>(O),
+                      static_cast<long>(I), n, t, ms, median_ms, packed.size() / (ms * 1e-3) / 1e9,
                       2.0 * O * I * n / (ms * 1e-3) / 1e9, cpu_ms, packed.size() / (cpu_ms * 1e-3) / 1e9);
           std::fflush(stdout);
         }
