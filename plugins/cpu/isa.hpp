@@ -34,7 +34,7 @@ struct QuantKernel {
   // differ from those of `rows` in float rounding (the same on every set); below kPrefillRows (decode,
   // speculative verification) a row's result does not depend on how many rows share the call.
   RowsKernel prefill = nullptr;
-  // Weights packed once into panels of kPanelRows rows (Q8_0, Q4_0, IQ4_XS, Q4_K, Q5_K, Q6_K; null for others): each
+  // Weights packed once into panels of kPanelRows rows (every quantized type; MLX's have their own): each
   // panel is panel_bytes(cols); pack(w, row_bytes, nw, cols, out) writes the panels of rows [0, nw) at out
   // (zeroed); `packed` is a RowsKernel taking the panels (their stride for row_bytes) in place of the rows.
   // It runs the same operations at every row count, so a row's bits never depend on the batch (Q8_0 / Q4_0:

@@ -446,11 +446,12 @@ struct PanelRecords {
   const int8_t* xq[RX];
   const float* xd[RX];
   const int32_t* xi[RX];
-  PanelRecords(const std::byte* x, size_t xs, int64_t cols) {
+  PanelRecords(const std::byte* x, size_t xs, int64_t cols, bool affine = false) {
+    const X32Layout lay(cols, affine);
     for (int r = 0; r < RX; ++r) {
       xq[r] = at<int8_t>(x, r * xs);
-      xd[r] = at<float>(x, r * xs + X32Layout(cols, false).scale());
-      xi[r] = at<int32_t>(x, r * xs + X32Layout(cols, false).block_init());
+      xd[r] = at<float>(x, r * xs + lay.scale());
+      xi[r] = at<int32_t>(x, r * xs + lay.block_init());
     }
   }
 };
@@ -677,6 +678,30 @@ struct F16Scales {
 #endif
 };
 
+// Affine blocks (Q4_1, Q5_1: w = d q + m): the 16 f16 d, then the 16 f16 m, after the codes. The m meet
+// each block's sum of its rounded activations, appended to the affine record (quantize_x32_sums), as the
+// packed MLX panels' biases do.
+template <size_t kCodes>
+struct F16Affine : F16Scales<kCodes> {
+  static constexpr bool kAffine = true;
+  static constexpr size_t kBias = kCodes + 2 * kPanelRows, kUnitBytes = kBias + 2 * kPanelRows;
+  static constexpr bool kAffineRecord = true;
+  static size_t sums_at(int64_t cols) { return x32_bytes<true>(cols); }
+  static void pack_scale(const std::byte* wb, std::byte* unit, int i) {
+    std::memcpy(unit + kCodes + 2 * i, wb, 2);
+    std::memcpy(unit + kBias + 2 * i, wb + 2, 2);
+  }
+#if SPECULA_WIDE
+  static __m512 biases(const std::byte* unit) {
+    return _mm512_cvtph_ps(_mm256_load_si256(reinterpret_cast<const __m256i*>(unit + kBias)));
+  }
+#else
+  static __m256 biases(const std::byte* unit, int h) {
+    return _mm256_cvtph_ps(_mm_load_si128(reinterpret_cast<const __m128i*>(unit + kBias + 16 * h)));
+  }
+#endif
+};
+
 struct PackedQ8_0 : F16Scales<512> {
   using Unpack = Q8_0Unpack;
   static void pack(const std::byte* row, int64_t u, std::byte* out, int i) {
@@ -731,16 +756,17 @@ inline __m512i iq4_panel_table() {
 inline __m256i iq4_panel_table() { return _mm256_broadcastsi128_si256(IQ4Codes<0>::table()); }
 #endif
 
-// Q4_0 and IQ4_NL: the file's 16 bytes of nibbles a block (values 4g.. low, 16 + 4g.. high), codes as they
-// are (Q4_0) or through IQ4's table (IQ4_NL).
-template <class U>
-struct PackedNibbles : F16Scales<256> {
+// Q4_0, Q4_1 and IQ4_NL: the file's 16 bytes of nibbles a block (values 4g.. low, 16 + 4g.. high), codes
+// as they are (Q4_0, Q4_1) or through IQ4's table (IQ4_NL).
+template <class Scales, class U>
+struct PackedNibbles : Scales {
   using Unpack = U;
   static constexpr bool kTable = std::is_same_v<U, IQ4_NLUnpack>;
+  static constexpr size_t kHead = Unpack::kAffine ? 4 : 2;  // the f16 d (and m) before the nibbles
   static void pack(const std::byte* row, int64_t u, std::byte* out, int i) {
     const std::byte* wb = Unpack::at(row, u);
-    for (int g = 0; g < 4; ++g) std::memcpy(out + 64 * g + 4 * i, wb + 2 + 4 * g, 4);
-    pack_scale(wb, out, i);
+    for (int g = 0; g < 4; ++g) std::memcpy(out + 64 * g + 4 * i, wb + kHead + 4 * g, 4);
+    Scales::pack_scale(wb, out, i);
   }
 #if SPECULA_WIDE
   static void unpack(const std::byte* blk, int, __m512i* wv) {
@@ -762,26 +788,30 @@ struct PackedNibbles : F16Scales<256> {
   }
 #endif
 };
-using PackedQ4_0 = PackedNibbles<Q4_0Unpack>;
-using PackedIQ4_NL = PackedNibbles<IQ4_NLUnpack>;
+using PackedQ4_0 = PackedNibbles<F16Scales<256>, Q4_0Unpack>;
+using PackedQ4_1 = PackedNibbles<F16Affine<256>, Q4_1Unpack>;
+using PackedIQ4_NL = PackedNibbles<F16Scales<256>, IQ4_NLUnpack>;
 
-// Q5_0: Q4_0's nibbles, then the fifth bits rearranged so that one rotation (AVX2: one 16-bit shift) puts
-// each where its code wants it: [16 rows][4 bytes], bit 2g + H of byte b the fifth bit of value
-// 16H + 4g + b (the file's 4 qh bytes a row, so the panel is the file's size), then the f16 scales.
-struct PackedQ5_0 : F16Scales<320> {
-  using Unpack = Q5_0Unpack;
+// Q5_0 (Q5_1): Q4_0's nibbles, then the fifth bits rearranged so that one rotation (AVX2: one 16-bit
+// shift) puts each where its code wants it: [16 rows][4 bytes], bit 2g + H of byte b the fifth bit of
+// value 16H + 4g + b (the file's 4 qh bytes a row, so the panel is the file's size), then the f16 scales
+// (Q5_1: and the f16 m, PackedAffine).
+template <class Scales, class U>
+struct PackedFiveBits : Scales {
+  using Unpack = U;
+  static constexpr size_t kHead = Unpack::kAffine ? 4 : 2;  // the f16 d (and m) before qh
   static void pack(const std::byte* row, int64_t u, std::byte* out, int i) {
-    const std::byte* wb = Unpack::at(row, u);  // f16 d, u32 qh (bit k: value k), 16 bytes of nibbles
-    for (int g = 0; g < 4; ++g) std::memcpy(out + 64 * g + 4 * i, wb + 6 + 4 * g, 4);
+    const std::byte* wb = Unpack::at(row, u);  // f16 d (, f16 m), u32 qh (bit k: value k), 16 bytes of nibbles
+    for (int g = 0; g < 4; ++g) std::memcpy(out + 64 * g + 4 * i, wb + kHead + 4 + 4 * g, 4);
     uint32_t qh;
-    std::memcpy(&qh, wb + 2, 4);
+    std::memcpy(&qh, wb + kHead, 4);
     for (int b = 0; b < 4; ++b) {
       unsigned v = 0;
       for (int g = 0; g < 4; ++g)
         for (int h = 0; h < 2; ++h) v |= ((qh >> (16 * h + 4 * g + b)) & 1u) << (2 * g + h);
       out[256 + 4 * i + b] = static_cast<std::byte>(v);
     }
-    pack_scale(wb, out, i);
+    Scales::pack_scale(wb, out, i);
   }
 #if SPECULA_WIDE
   static void unpack(const std::byte* blk, int, __m512i* wv) {
@@ -812,6 +842,8 @@ struct PackedQ5_0 : F16Scales<320> {
   }
 #endif
 };
+using PackedQ5_0 = PackedFiveBits<F16Scales<320>, Q5_0Unpack>;
+using PackedQ5_1 = PackedFiveBits<F16Affine<320>, Q5_1Unpack>;
 
 struct PackedIQ4_XS {
   using Unpack = IQ4_XSUnpack;
@@ -863,6 +895,8 @@ struct PackedMlx4 {
   static constexpr int kBlocks = kGroupBlocks;
   static constexpr bool kAffine = true;
   static constexpr bool kPrefetchFewRows = false;
+  static constexpr bool kAffineRecord = false;  // quantize_mlx4: the plain record, then the block sums
+  static size_t sums_at(int64_t cols) { return x32_bytes<false>(cols); }
   static constexpr size_t kScale = 256 * kBlocks, kBias = kScale + 2 * kPanelRows, kUnitBytes = kBias + 2 * kPanelRows;
   // Group u of a row (codes: the row's u32 words; scale, bias: the row's) as row i of `unit`.
   static void pack(const std::byte* codes, const std::byte* scale, const std::byte* bias, int64_t u, std::byte* unit,
@@ -905,11 +939,16 @@ struct PackedMlx4 {
 // The activation record of the packed MLX panels: the 8-bit record without offset, then each block's sum
 // of its rounded activations (scale * the codes' sum): the bias meets the activations the codes meet, so
 // their rounding moves the product by sum(w e), not sum(scale q e) (which the exact sum of x would leave:
-// codes 0..15 are all positive, and the error was 2.5x Q4_0's).
-size_t mlx4_record_bytes(int64_t cols) { return x32_bytes<false>(cols) + align64(4 * static_cast<size_t>(cols / 32)); }
-void quantize_mlx4(const float* x, int64_t cols, std::byte* rec) {
-  quantize_x32<0, false>(x, cols, rec);
-  const X32Layout lay(cols, false);
+// codes 0..15 are all positive, and the error was 2.5x Q4_0's). Q4_1 and Q5_1 (packed or not) take the
+// affine record, which their unpacked tiles read, with the same block sums after it.
+template <bool kAffine>
+size_t x32_sums_bytes(int64_t cols) {
+  return x32_bytes<kAffine>(cols) + align64(4 * static_cast<size_t>(cols / 32));
+}
+template <bool kAffine>
+void quantize_x32_sums(const float* x, int64_t cols, std::byte* rec) {
+  quantize_x32<0, kAffine>(x, cols, rec);
+  const X32Layout lay(cols, kAffine);
   const auto* q = reinterpret_cast<const int8_t*>(rec);
   const auto* scale = reinterpret_cast<const float*>(rec + lay.scale());
   auto* sums = reinterpret_cast<float*>(rec + lay.bytes());
@@ -920,6 +959,8 @@ void quantize_mlx4(const float* x, int64_t cols, std::byte* rec) {
     sums[b] = scale[X32Layout::d(b)] * static_cast<float>(s);
   }
 }
+size_t mlx4_record_bytes(int64_t cols) { return x32_sums_bytes<false>(cols); }
+void quantize_mlx4(const float* x, int64_t cols, std::byte* rec) { quantize_x32_sums<false>(x, cols, rec); }
 
 template <class P>
 size_t packed_panel_bytes(int64_t cols) {
@@ -953,12 +994,17 @@ template <class P, int RX>
   constexpr size_t kShare = P::kUnitBytes / P::kBlocks;
   constexpr bool kPrefetchAhead = !kWide || RX >= 3 || P::kPrefetchFewRows;
   constexpr ptrdiff_t kAhead = 4096;
-  const auto& [xq, xd, xi] = PanelRecords<RX>(x, xs, cols);
-  // Affine units (MLX): each unit's bias meets the sum of its rounded activations (quantize_mlx4).
+  // Affine units (MLX, Q4_1, Q5_1): each unit's bias meets the sum of its rounded activations
+  // (quantize_mlx4, quantize_x32_sums).
   constexpr bool kAffine = requires { P::kAffine; };
+  constexpr bool kAffineRecord = [] {
+    if constexpr (kAffine) return P::kAffineRecord;
+    return false;
+  }();
+  const auto& [xq, xd, xi] = PanelRecords<RX>(x, xs, cols, kAffineRecord);
   const float* xsum[RX];
   if constexpr (kAffine)
-    for (int r = 0; r < RX; ++r) xsum[r] = at<float>(x, r * xs + x32_bytes<false>(cols));
+    for (int r = 0; r < RX; ++r) xsum[r] = at<float>(x, r * xs + P::sums_at(cols));
   auto unit_sum = [&](int r, int64_t b0) {  // the unit of blocks b0.., in block order
     float s = xsum[r][b0];
     for (int k = 1; k < P::kBlocks; ++k) s += xsum[r][b0 + k];
@@ -1072,7 +1118,15 @@ constexpr QuantKernel x32(RowsKernel prefill) {
 }
 template <class Packed>
 constexpr QuantKernel x32_packed() {
-  QuantKernel k = x32<typename Packed::Unpack>(&rows_panel<typename Packed::Unpack>);
+  using Unpack = typename Packed::Unpack;
+  QuantKernel k;
+  if constexpr (Unpack::kAffine) {  // no prefill panels: prompt chunks go to matmul_gemm
+    k = x32<Unpack>(nullptr);
+    k.quantize = &quantize_x32_sums<true>;
+    k.record_bytes = &x32_sums_bytes<true>;
+  } else {
+    k = x32<Unpack>(&rows_panel<Unpack>);
+  }
   k.panel_bytes = &packed_panel_bytes<Packed>;
   k.pack = &pack_weights<Packed>;
   k.packed = &packed_rows<Packed>;
@@ -1118,9 +1172,9 @@ void packed_mlx4(const AffineMatrix& m, int64_t nw, const std::byte* x, size_t x
 void add_x32_kernels(KernelSet& set) {
   set.q8_0 = x32_packed<PackedQ8_0>();
   set.q4_0 = x32_packed<PackedQ4_0>();
-  set.q4_1 = x32<Q4_1Unpack>(nullptr);  // prompt chunks: matmul_gemm
+  set.q4_1 = x32_packed<PackedQ4_1>();
   set.q5_0 = x32_packed<PackedQ5_0>();
-  set.q5_1 = x32<Q5_1Unpack>(nullptr);
+  set.q5_1 = x32_packed<PackedQ5_1>();
   set.iq4_nl = x32_packed<PackedIQ4_NL>();
   set.iq4_xs = x32_packed<PackedIQ4_XS>();
   set.mlx4.quantize = &quantize_mlx4;

@@ -131,8 +131,9 @@ TEST_P(KernelSets, BitIdenticalAcrossSetsAndBatchSizes) {
 
 // Packed weights (QuantKernel::pack): every row count gives the same bits, on every set, for a matrix whose
 // last panel is partial, split into shares of whole panels as the backend splits it. Q8_0 / Q4_0 / Q5_0 /
-// IQ4_NL / IQ4_XS panels give the prefill panels' bits; the K-quant panels their own (exact integer sums per super-block), within the
-// 8-bit activation error of the dequantized weights.
+// IQ4_NL / IQ4_XS panels give the prefill panels' bits; the K-quant panels and the affine ones (Q4_1, Q5_1:
+// no prefill panels, their prompts go to the float GEMM) their own, within the 8-bit activation error of
+// the dequantized weights.
 class PackedKernels : public ::testing::TestWithParam<DType> {};
 
 TEST_P(PackedKernels, EveryRowCountGivesTheSameBits) {
@@ -155,7 +156,7 @@ TEST_P(PackedKernels, EveryRowCountGivesTheSameBits) {
     const std::vector<std::byte> rec = records(*q, p.x.data(), rows, I);
     if (ref.empty()) {
       ref.resize(static_cast<size_t>(rows * O));
-      if (k_quant)
+      if (k_quant || !q->prefill)
         q->packed(packed.data(), pb, O, rec.data(), stride, rows, I, ref.data(), O);
       else
         q->prefill(p.w.data(), p.row_bytes, O, rec.data(), stride, rows, I, ref.data(), O);
@@ -192,8 +193,9 @@ TEST_P(PackedKernels, EveryRowCountGivesTheSameBits) {
   EXPECT_LT(worst, 1e-2) << dtype_name(type) << ": error relative to sum |w x|";
 }
 
-INSTANTIATE_TEST_SUITE_P(Types, PackedKernels, ::testing::Values(DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::IQ4_NL,
-                                                                  DType::IQ4_XS, DType::Q4_K, DType::Q5_K, DType::Q6_K),
+INSTANTIATE_TEST_SUITE_P(Types, PackedKernels, ::testing::Values(DType::Q8_0, DType::Q4_0, DType::Q4_1, DType::Q5_0,
+                                                                  DType::Q5_1, DType::IQ4_NL, DType::IQ4_XS, DType::Q4_K,
+                                                                  DType::Q5_K, DType::Q6_K),
                          [](const auto& info) { return std::string(dtype_name(info.param)); });
 
 INSTANTIATE_TEST_SUITE_P(Types, KernelSets,

@@ -113,7 +113,7 @@ TEST_P(PackedExperts, MatMulIdEqualsMatMulPerExpert) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Types, PackedExperts,
-                         ::testing::Combine(::testing::Values(DType::Q8_0, DType::Q4_0, DType::Q5_0, DType::IQ4_NL, DType::IQ4_XS, DType::Q4_K,
+                         ::testing::Combine(::testing::Values(DType::Q8_0, DType::Q4_0, DType::Q5_1, DType::Q5_0, DType::IQ4_NL, DType::IQ4_XS, DType::Q4_K,
                                                               DType::Q6_K, DType::MLX_AFFINE),
                                             ::testing::Bool()),
                          [](const auto& info) {
