@@ -1,6 +1,6 @@
 // Matrix products, dispatched by weight storage type:
-//  - Q8_0 / Q4_0 / Q5_0 / IQ4_NL / IQ4_XS / Q4_K / Q5_K / Q6_K weights the backend has packed (Matrix::packed, CpuTensor::packed): the set's packed
-//    panels at any row count.
+//  - Quantized weights the backend has packed (Matrix::packed, CpuTensor::packed): the set's packed panels at any
+//    row count (Q4_1 / Q5_1 below gemm_min_rows).
 //  - Q8_0 / Q4_0 / Q5_0 / IQ4_NL / IQ4_XS / Q4_K / Q5_K / Q6_K at any row count, Q4_1 / Q5_1 and F32 / F16 / BF16 below
 //    gemm_min_rows: the kernel set of this CPU (isa.hpp, qkernels*.cpp) streams each weight row once, never
 //    materialising it in F32, and dots it with activation rows quantized on the fly to 8 bits (the
