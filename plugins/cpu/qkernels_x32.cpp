@@ -651,7 +651,8 @@ void rows_panel(const std::byte* w, size_t wrb, int64_t nw, const std::byte* x, 
 //   Q4_0 (1 block): nibbles[4][16][4] (byte j of dword g: value 4g+j low, 16+4g+j high: the file's own
 //         bytes), f16 scale[16]
 //   IQ4_NL (1 block): as Q4_0 (its codes index IQ4's table as they are unpacked)
-//   Q5_0 (1 block): Q4_0's nibbles | fifth bits [16][4] (PackedQ5_0) | f16 scale[16]: the file's size
+//   Q5_0 (1 block): Q4_0's nibbles | fifth bits [16][4] (PackedFiveBits) | f16 scale[16]: the file's size
+//   Q4_1, Q5_1 (1 block): as Q4_0, Q5_0, then f16 m[16] after the scales (F16Affine): the file's size
 //   IQ4_XS (a super-block, 8 blocks): nibbles[8][4][16][4] as Q4_0's | ls - 32 int8[8][16] | d f16[16]:
 //         2208 bytes for the file's 2176; block j's scale d * (ls - 32) is formed as IQ4_XSUnpack::scale
 //         forms it (one f32 product), so the bits are still the prefill panels'
@@ -795,7 +796,7 @@ using PackedIQ4_NL = PackedNibbles<F16Scales<256>, IQ4_NLUnpack>;
 // Q5_0 (Q5_1): Q4_0's nibbles, then the fifth bits rearranged so that one rotation (AVX2: one 16-bit
 // shift) puts each where its code wants it: [16 rows][4 bytes], bit 2g + H of byte b the fifth bit of
 // value 16H + 4g + b (the file's 4 qh bytes a row, so the panel is the file's size), then the f16 scales
-// (Q5_1: and the f16 m, PackedAffine).
+// (Q5_1: and the f16 m, F16Affine).
 template <class Scales, class U>
 struct PackedFiveBits : Scales {
   using Unpack = U;
