@@ -18,7 +18,7 @@ and runs each pinned on every vCPU:
   scalar        a chain of integer multiply-adds: the clock, to tell a vCPU whose vector units are shared
                 with another tenant (SMT sibling) from one running at a lower clock
   +OP           (`--pipes`) the dpbusd loop with one OP beside every 8 dots (vpmulld, vpdpwssd, vfmadd231ps,
-                vmulps, vpaddd, vcvtdq2ps): an OP that slows it runs on the dot's own pipes, so it costs a
+                vmulps, vpaddd, vpandd, vcvtdq2ps): an OP that slows it runs on the dot's own pipes, so it costs a
                 dot wherever a tile has one (the K-quant tiles' scale multiplies, mins and float epilogue)
 
 Prints, per vCPU, G vpdpbusd a second for each loop (scalar: G iterations a second). The tiles' own rate
@@ -89,6 +89,7 @@ PIPE_OPS = {
     "vfmadd231ps": "vfmadd231ps %%zmm{s}, %%zmm{s}, %%zmm{d}",
     "vmulps": "vmulps %%zmm{s}, %%zmm{d}, %%zmm{d}",
     "vpaddd": "vpaddd %%zmm{s}, %%zmm{d}, %%zmm{d}",
+    "vpandd": "vpandd %%zmm{s}, %%zmm{d}, %%zmm{d}",
     "vcvtdq2ps": "vcvtdq2ps %%zmm{s}, %%zmm{d}",
 }
 
