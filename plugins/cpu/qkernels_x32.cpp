@@ -139,6 +139,7 @@ inline __m512i load4x16(const std::byte* p, size_t s) {
 template <class Base, int kSkip>
 struct Nibbles : Base {
   static constexpr bool kSigned = false;
+  static constexpr size_t kCodesAt = kSkip;  // where in a block the codes start (the packed panels copy them)
   static __m256i codes(const std::byte* wb) {
     const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + kSkip));
     return _mm256_and_si256(_mm256_set_m128i(_mm_srli_epi16(p, 4), p), _mm256_set1_epi8(0x0f));
@@ -168,6 +169,7 @@ struct Q4_1Unpack : Nibbles<AffineBlocks32<20>, 4> {
 template <class Base, int kSkip>
 struct FiveBits : Base {
   static constexpr bool kSigned = false;
+  static constexpr size_t kCodesAt = kSkip;  // where in a block qh starts, the nibbles 4 bytes on
   static __m256i codes(const std::byte* block) {
     const std::byte* wb = block + kSkip;
     const __m128i p = _mm_loadu_si128(reinterpret_cast<const __m128i*>(wb + 4));
@@ -201,6 +203,7 @@ struct Q5_1Unpack : FiveBits<AffineBlocks32<24>, 4> {
 // + 128 (unsigned); AVX2 dots |w| with sign(x, w).
 template <int kSkip>
 struct IQ4Codes {
+  static constexpr size_t kCodesAt = kSkip;
   static constexpr int kOffset = SPECULA_WIDE ? 128 : 0;
   static constexpr bool kSigned = !SPECULA_WIDE;
   static __m128i table() { return _mm_setr_epi8(-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113); }
@@ -664,7 +667,6 @@ void rows_panel(const std::byte* w, size_t wrb, int64_t nw, const std::byte* x, 
 template <size_t kCodes>
 struct F16Scales {
   static constexpr int kBlocks = 1;
-  static constexpr bool kPrefetchFewRows = false;
   static constexpr size_t kUnitBytes = kCodes + 2 * kPanelRows;
   // Row i's scale: the f16 that starts the file's block wb.
   static void pack_scale(const std::byte* wb, std::byte* unit, int i) { std::memcpy(unit + kCodes + 2 * i, wb, 2); }
@@ -763,10 +765,9 @@ template <class Scales, class U>
 struct PackedNibbles : Scales {
   using Unpack = U;
   static constexpr bool kTable = std::is_same_v<U, IQ4_NLUnpack>;
-  static constexpr size_t kHead = Unpack::kAffine ? 4 : 2;  // the f16 d (and m) before the nibbles
   static void pack(const std::byte* row, int64_t u, std::byte* out, int i) {
     const std::byte* wb = Unpack::at(row, u);
-    for (int g = 0; g < 4; ++g) std::memcpy(out + 64 * g + 4 * i, wb + kHead + 4 * g, 4);
+    for (int g = 0; g < 4; ++g) std::memcpy(out + 64 * g + 4 * i, wb + Unpack::kCodesAt + 4 * g, 4);
     Scales::pack_scale(wb, out, i);
   }
 #if SPECULA_WIDE
@@ -800,12 +801,11 @@ using PackedIQ4_NL = PackedNibbles<F16Scales<256>, IQ4_NLUnpack>;
 template <class Scales, class U>
 struct PackedFiveBits : Scales {
   using Unpack = U;
-  static constexpr size_t kHead = Unpack::kAffine ? 4 : 2;  // the f16 d (and m) before qh
   static void pack(const std::byte* row, int64_t u, std::byte* out, int i) {
     const std::byte* wb = Unpack::at(row, u);  // f16 d (, f16 m), u32 qh (bit k: value k), 16 bytes of nibbles
-    for (int g = 0; g < 4; ++g) std::memcpy(out + 64 * g + 4 * i, wb + kHead + 4 + 4 * g, 4);
+    for (int g = 0; g < 4; ++g) std::memcpy(out + 64 * g + 4 * i, wb + Unpack::kCodesAt + 4 + 4 * g, 4);
     uint32_t qh;
-    std::memcpy(&qh, wb + kHead, 4);
+    std::memcpy(&qh, wb + Unpack::kCodesAt, 4);
     for (int b = 0; b < 4; ++b) {
       unsigned v = 0;
       for (int g = 0; g < 4; ++g)
@@ -895,8 +895,7 @@ struct PackedMlx4 {
   using Unpack = Q4_1Unpack;  // unsigned codes, no offset
   static constexpr int kBlocks = kGroupBlocks;
   static constexpr bool kAffine = true;
-  static constexpr bool kPrefetchFewRows = false;
-  static constexpr bool kAffineRecord = false;  // quantize_mlx4: the plain record, then the block sums
+  // quantize_mlx4: the plain record, then the block sums.
   static size_t sums_at(int64_t cols) { return x32_bytes<false>(cols); }
   static constexpr size_t kScale = 256 * kBlocks, kBias = kScale + 2 * kPanelRows, kUnitBytes = kBias + 2 * kPanelRows;
   // Group u of a row (codes: the row's u32 words; scale, bias: the row's) as row i of `unit`.
@@ -993,15 +992,12 @@ template <class P, int RX>
   // 2 threads, 1 row: Q4_0 0.14-0.15 -> 0.105 ms, IQ4_XS 0.22-0.23 -> 0.14; 2 rows: Q4_0 0.19-0.20 ->
   // 0.145-0.155).
   constexpr size_t kShare = P::kUnitBytes / P::kBlocks;
-  constexpr bool kPrefetchAhead = !kWide || RX >= 3 || P::kPrefetchFewRows;
+  constexpr bool kPrefetchAhead = !kWide || RX >= 3 || requires { requires P::kPrefetchFewRows; };
   constexpr ptrdiff_t kAhead = 4096;
   // Affine units (MLX, Q4_1, Q5_1): each unit's bias meets the sum of its rounded activations
   // (quantize_mlx4, quantize_x32_sums).
   constexpr bool kAffine = requires { P::kAffine; };
-  constexpr bool kAffineRecord = [] {
-    if constexpr (kAffine) return P::kAffineRecord;
-    return false;
-  }();
+  constexpr bool kAffineRecord = requires { requires P::kAffineRecord; };
   const auto& [xq, xd, xi] = PanelRecords<RX>(x, xs, cols, kAffineRecord);
   const float* xsum[RX];
   if constexpr (kAffine)
