@@ -705,7 +705,7 @@ void CpuBackend::execute(const Graph& g, int32_t id) {
       a.scale = n.f[0];
       a.window = n.i[0];
       a.causal = n.i[1] != 0;
-      attention(pool_, a, reinterpret_cast<float*>(output(n, id)));
+      attention(pool_, kernels_, a, reinterpret_cast<float*>(output(n, id)));
       return;
     }
     case Op::Softmax: {

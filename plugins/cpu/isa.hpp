@@ -78,6 +78,23 @@ struct AffineKernel {
   AffineRowsKernel packed = nullptr;
 };
 
+// What attention's inner kernel reads of Op::Attention (kernels.hpp's AttentionArgs has the rest).
+struct AttendCache {
+  const std::byte* k;  // [S, Hkv, D]
+  const std::byte* v;  // [S, Hkv, Dv]
+  int64_t Hkv, D, Dv;
+  float scale;
+};
+// Query rows an attention work item takes at most: a verification's 2-9 in one, a prompt chunk's in blocks
+// (bounds the scores an item keeps: rows x heads x slots).
+constexpr int64_t kMaxAttentionRows = 16;
+// Attention over one KV head for G of its query heads and R <= kMaxAttentionRows query rows
+// (qkernels_attention.cpp): q and out hold R * G pointers, row by row; slots the n cache slots any of the
+// rows sees, in slot order, and seen[r * n + j] whether row r sees slot j; p room for R * n * G scores.
+using AttendHeads = void (*)(const AttendCache& a, int64_t R, const float* const* q, const int32_t* slots,
+                             const uint8_t* seen, int64_t n, size_t k_row, size_t v_row, int64_t hk, float* p,
+                             float* const* out);
+
 struct KernelSet {
   const char* name;  // "avx2", "avx512"
   QuantKernel q8_0, q4_0, q4_1, q5_0, q5_1, iq4_nl, iq4_xs, q4_k, q5_k, q6_k;
@@ -86,6 +103,9 @@ struct KernelSet {
   // Element-wise maps over n values (qkernels_map.cpp): the same bits on every set.
   void (*gelu_tanh)(const float* x, int64_t n, float* out);
   void (*softcap)(const float* x, int64_t n, float cap, float* out);
+  // Attention by K cache type, V cache type (F32, F16, BF16) and heads an item (1, 2, 4, 8): the same bits
+  // on every set, and for each row the bits it gets alone.
+  AttendHeads attend_heads[3][3][4];
 };
 
 namespace avx2 {

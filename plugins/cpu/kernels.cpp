@@ -1,6 +1,7 @@
 #include "kernels.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <cmath>
 #include <limits>
@@ -116,201 +117,89 @@ void get_rows(ThreadPool& pool, const Matrix& table, const int32_t* ids, int64_t
 
 namespace {
 
-// One cache row (F32, F16 or BF16) dotted with / accumulated into F32, converting in registers.
-inline __m256 load8(DType t, const std::byte* p, int64_t i) {
-  switch (t) {
-    case DType::F16:
-      return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i)));
-    case DType::BF16:
-      return _mm256_castsi256_ps(_mm256_slli_epi32(
-          _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i))), 16));
-    default:
-      return _mm256_loadu_ps(reinterpret_cast<const float*>(p) + i);
-  }
-}
-inline float load1(DType t, const std::byte* p, int64_t i) {
-  uint16_t h;
-  switch (t) {
-    case DType::F16:
-      std::memcpy(&h, p + 2 * i, 2);
-      return _cvtsh_ss(h);
-    case DType::BF16: {
-      std::memcpy(&h, p + 2 * i, 2);
-      const uint32_t u = static_cast<uint32_t>(h) << 16;
-      float f;
-      std::memcpy(&f, &u, 4);
-      return f;
-    }
-    default:
-      return reinterpret_cast<const float*>(p)[i];
-  }
-}
-
 size_t type_size(DType t) { return t == DType::F32 ? 4 : 2; }
-
-// G query heads that share one KV head, for one query row: each visible cache row is loaded once for all
-// of them (GQA: Gemma 4 has 8 query heads per KV head). Per head, the score is the dot product in the
-// order a single head's would be (two 8-lane sums over 16 values, then 8, then the tail) and the output
-// accumulates the slots in order, so grouping changes no bits.
-template <DType kType, DType vType, int G>
-void attend_heads(const AttentionArgs& a, const float* const* q, const int32_t* slots, int64_t n, size_t k_row,
-                  size_t v_row, int64_t hk, float* p, float* const* out) {
-  const int64_t D = a.D, Dv = a.Dv;
-  float max[G];
-#pragma GCC unroll 8
-  for (int h = 0; h < G; ++h) max[h] = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < n; ++j) {
-    const std::byte* k = a.k + (static_cast<size_t>(slots[j]) * a.Hkv + hk) * k_row;
-    __m256 s0[G], s1[G];
-#pragma GCC unroll 8
-    for (int h = 0; h < G; ++h) s0[h] = s1[h] = _mm256_setzero_ps();
-    int64_t i = 0;
-    for (; i + 16 <= D; i += 16) {
-      const __m256 k0 = load8(kType, k, i), k1 = load8(kType, k, i + 8);
-#pragma GCC unroll 8
-      for (int h = 0; h < G; ++h) {
-        s0[h] = _mm256_fmadd_ps(k0, _mm256_loadu_ps(q[h] + i), s0[h]);
-        s1[h] = _mm256_fmadd_ps(k1, _mm256_loadu_ps(q[h] + i + 8), s1[h]);
-      }
-    }
-    for (; i + 8 <= D; i += 8) {
-      const __m256 k0 = load8(kType, k, i);
-#pragma GCC unroll 8
-      for (int h = 0; h < G; ++h) s0[h] = _mm256_fmadd_ps(k0, _mm256_loadu_ps(q[h] + i), s0[h]);
-    }
-#pragma GCC unroll 8
-    for (int h = 0; h < G; ++h) {
-      float s = hsum(_mm256_add_ps(s0[h], s1[h]));
-      for (int64_t c = i; c < D; ++c) s += load1(kType, k, c) * q[h][c];
-      const float score = a.scale * s;
-      p[h * n + j] = score;
-      max[h] = std::max(max[h], score);
-    }
-  }
-#pragma GCC unroll 8
-  for (int h = 0; h < G; ++h) {
-    float* ph = p + h * n;
-    float sum = 0.0f;
-    for (int64_t j = 0; j < n; ++j) sum += (ph[j] = std::exp(ph[j] - max[h]));
-    const float inv = 1.0f / sum;
-    for (int64_t j = 0; j < n; ++j) ph[j] *= inv;
-  }
-  // Each 8-value chunk of each head's output sums the slots in order in a register (the order of a
-  // load-add-store per slot, without the stores): C chunks per pass, C * G accumulators.
-  constexpr int C = G >= 8 ? 1 : 8 / G;
-  int64_t i = 0;
-  auto pass = [&]<int CC>(std::integral_constant<int, CC>) {
-    __m256 acc[G][CC];
-#pragma GCC unroll 8
-    for (int h = 0; h < G; ++h)
-#pragma GCC unroll 8
-      for (int c = 0; c < CC; ++c) acc[h][c] = _mm256_setzero_ps();
-    for (int64_t j = 0; j < n; ++j) {
-      const std::byte* v = a.v + (static_cast<size_t>(slots[j]) * a.Hkv + hk) * v_row;
-      __m256 vv[CC];
-#pragma GCC unroll 8
-      for (int c = 0; c < CC; ++c) vv[c] = load8(vType, v, i + 8 * c);
-#pragma GCC unroll 8
-      for (int h = 0; h < G; ++h) {
-        const __m256 w = _mm256_set1_ps(p[h * n + j]);
-#pragma GCC unroll 8
-        for (int c = 0; c < CC; ++c) acc[h][c] = _mm256_fmadd_ps(w, vv[c], acc[h][c]);
-      }
-    }
-#pragma GCC unroll 8
-    for (int h = 0; h < G; ++h)
-#pragma GCC unroll 8
-      for (int c = 0; c < CC; ++c) _mm256_storeu_ps(out[h] + i + 8 * c, acc[h][c]);
-    i += 8 * CC;
-  };
-  while (i + 8 * C <= Dv) pass(std::integral_constant<int, C>{});
-  while (i + 8 <= Dv) pass(std::integral_constant<int, 1>{});
-  for (; i < Dv; ++i) {
-#pragma GCC unroll 8
-    for (int h = 0; h < G; ++h) {
-      float o = 0.0f;
-      for (int64_t j = 0; j < n; ++j)
-        o += p[h * n + j] * load1(vType, a.v + (static_cast<size_t>(slots[j]) * a.Hkv + hk) * v_row, i);
-      out[h][i] = o;
-    }
-  }
-}
-
-using AttendHeads = void (*)(const AttentionArgs&, const float* const*, const int32_t*, int64_t, size_t, size_t,
-                             int64_t, float*, float* const*);
-
-template <DType kType, DType vType>
-AttendHeads attend_heads_for(int G) {
-  switch (G) {
-    case 8: return &attend_heads<kType, vType, 8>;
-    case 4: return &attend_heads<kType, vType, 4>;
-    case 2: return &attend_heads<kType, vType, 2>;
-    default: return &attend_heads<kType, vType, 1>;
-  }
-}
-template <DType kType>
-AttendHeads attend_heads_for(DType v, int G) {
-  return v == DType::F16    ? attend_heads_for<kType, DType::F16>(G)
-         : v == DType::BF16 ? attend_heads_for<kType, DType::BF16>(G)
-                            : attend_heads_for<kType, DType::F32>(G);
-}
-AttendHeads attend_heads_for(DType k, DType v, int G) {
-  return k == DType::F16    ? attend_heads_for<DType::F16>(v, G)
-         : k == DType::BF16 ? attend_heads_for<DType::BF16>(v, G)
-                            : attend_heads_for<DType::F32>(v, G);
-}
 
 }  // namespace
 
-void attention(ThreadPool& pool, const AttentionArgs& a, float* out) {
-  const int64_t group = a.Hq / a.Hkv;
-  // Heads per work item: the most that share a KV head (up to 8) while the items spread evenly over the
-  // threads (a decode step has one query row and, in Gemma 4, one KV head; a verification of 5 rows in 5
-  // items left one of 2 threads 3 of them: 10 items of 4 heads took 0.2 ms less a step).
-  auto even = [&](int g) {
-    const int64_t items = a.T * a.Hkv * (group / g), threads = pool.size();
+void attention(ThreadPool& pool, const KernelSet& kernels, const AttentionArgs& a, float* out) {
+  const int64_t group = a.Hq / a.Hkv, threads = pool.size();
+  // A work item: a block of query rows, one KV head, G of its query heads; each item reads its KV head's
+  // cache rows once. Fewest items first (the cache is read once per item: a verification of 9 rows read
+  // it 9 times, one item a row, and at 2048 tokens of context its attention cost 5x a decode step's), as
+  // long as they spread evenly over the threads (a decode step has one query row and, in Gemma 4, one KV
+  // head; a verification of 5 rows in 5 items left one of 2 threads 3 of them), then the most heads an item
+  // (each cache load serves them all in registers). Failing that, as before: one row an item.
+  auto even = [&](int64_t items) {
     const int64_t most = (items + threads - 1) / threads;  // the busiest thread's items
-    return group % g == 0 && items >= threads && 8 * most * threads <= 9 * items;
+    return items >= threads && 8 * most * threads <= 9 * items;
   };
-  int G = 8;
-  while (G > 1 && !even(G)) G /= 2;
-  const AttendHeads attend = attend_heads_for(a.k_type, a.v_type, G);
+  const int64_t R0 = std::min<int64_t>(a.T, kMaxAttentionRows), blocks0 = (a.T + R0 - 1) / R0;
+  int G = 0;
+  int64_t R = R0;
+  for (int g = 8; g >= 1 && !G; g /= 2)  // fewer heads an item: more items
+    if (group % g == 0 && even(blocks0 * a.Hkv * (group / g))) G = g;
+  if (!G) {
+    R = 1;
+    G = 8;
+    while (G > 1 && !(group % G == 0 && even(a.T * a.Hkv * (group / G)))) G /= 2;
+  }
+  auto type_index = [](DType t) { return t == DType::F16 ? 1 : t == DType::BF16 ? 2 : 0; };
+  const AttendHeads attend = kernels.attend_heads[type_index(a.k_type)][type_index(a.v_type)][std::countr_zero(static_cast<unsigned>(G))];
+  const AttendCache cache{a.k, a.v, a.Hkv, a.D, a.Dv, a.scale};
   const size_t k_row = static_cast<size_t>(a.D) * type_size(a.k_type);
   const size_t v_row = static_cast<size_t>(a.Dv) * type_size(a.v_type);
-  // Visible slots per query are found once per query, not once per head.
-  std::vector<int64_t> visible_begin(static_cast<size_t>(a.T + 1));
-  std::vector<int32_t> visible;
-  visible.reserve(static_cast<size_t>(a.S));
-  for (int64_t t = 0; t < a.T; ++t) {
-    visible_begin[static_cast<size_t>(t)] = static_cast<int64_t>(visible.size());
-    const int64_t qp = a.query_pos[t];
+  // The slots each row sees, found once per row, not once per head; then per block of rows their union (in
+  // slot order) and which row sees which.
+  const int64_t blocks = (a.T + R - 1) / R;
+  std::vector<std::vector<int32_t>> block_slots(static_cast<size_t>(blocks));
+  std::vector<std::vector<uint8_t>> block_seen(static_cast<size_t>(blocks));
+  int64_t visible_total = 0;
+  std::vector<uint8_t> row_sees(static_cast<size_t>(R * a.S));
+  for (int64_t b = 0; b < blocks; ++b) {
+    const int64_t t0 = b * R, rows = std::min(R, a.T - t0);
+    std::fill(row_sees.begin(), row_sees.end(), uint8_t{0});
+    auto& slots = block_slots[static_cast<size_t>(b)];
     for (int64_t s = 0; s < a.S; ++s) {
       const int64_t kp = a.key_pos[s];
-      if (kp < 0 || (a.causal && kp > qp) || (a.window > 0 && std::abs(qp - kp) >= a.window)) continue;
-      visible.push_back(static_cast<int32_t>(s));
+      bool any = false;
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t qp = a.query_pos[t0 + r];
+        if (kp < 0 || (a.causal && kp > qp) || (a.window > 0 && std::abs(qp - kp) >= a.window)) continue;
+        row_sees[static_cast<size_t>(r * a.S + s)] = 1;
+        any = true;
+        ++visible_total;
+      }
+      if (any) slots.push_back(static_cast<int32_t>(s));
     }
+    const int64_t n = static_cast<int64_t>(slots.size());
+    auto& seen = block_seen[static_cast<size_t>(b)];
+    seen.assign(static_cast<size_t>(R * n), uint8_t{0});
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t j = 0; j < n; ++j) seen[static_cast<size_t>(r * n + j)] = row_sees[static_cast<size_t>(r * a.S + slots[static_cast<size_t>(j)])];
   }
-  visible_begin[static_cast<size_t>(a.T)] = static_cast<int64_t>(visible.size());
-  const int64_t items_per_row = a.Hq / G;
-  const int64_t visible_per_row = static_cast<int64_t>(visible.size()) / a.T;
-  pool.parallel_for(a.T * items_per_row, rows_grain(visible_per_row * (a.D + a.Dv) * G), [&](int64_t b0, int64_t b1) {
+  const int64_t items_per_block = a.Hq / G;
+  const int64_t visible_per_item = visible_total / blocks;  // (row, slot) pairs a block's item reads
+  pool.parallel_for(blocks * items_per_block, rows_grain(visible_per_item * (a.D + a.Dv) * G), [&](int64_t b0, int64_t b1) {
     std::vector<float> p;
     for (int64_t b = b0; b < b1; ++b) {
-      const int64_t t = b / items_per_row, h0 = (b % items_per_row) * G, hk = h0 / group;
-      const int32_t* slots = visible.data() + visible_begin[static_cast<size_t>(t)];
-      const int64_t n = visible_begin[static_cast<size_t>(t) + 1] - visible_begin[static_cast<size_t>(t)];
-      const float* q[8];
-      float* o[8];
-      for (int h = 0; h < G; ++h) {
-        q[h] = a.q + (t * a.Hq + h0 + h) * a.D;
-        o[h] = out + (t * a.Hq + h0 + h) * a.Dv;
-      }
+      const int64_t blk = b / items_per_block, h0 = (b % items_per_block) * G, hk = h0 / group;
+      const int64_t t0 = blk * R, rows = std::min(R, a.T - t0);
+      const auto& slots = block_slots[static_cast<size_t>(blk)];
+      const int64_t n = static_cast<int64_t>(slots.size());
+      const float* q[kMaxAttentionRows * 8];
+      float* o[kMaxAttentionRows * 8];
+      for (int64_t r = 0; r < rows; ++r)
+        for (int h = 0; h < G; ++h) {
+          q[r * G + h] = a.q + ((t0 + r) * a.Hq + h0 + h) * a.D;
+          o[r * G + h] = out + ((t0 + r) * a.Hq + h0 + h) * a.Dv;
+        }
       if (n == 0) {  // nothing visible: zeros
-        for (int h = 0; h < G; ++h) std::fill(o[h], o[h] + a.Dv, 0.0f);
+        for (int64_t r = 0; r < rows * G; ++r) std::fill(o[r], o[r] + a.Dv, 0.0f);
         continue;
       }
-      p.resize(static_cast<size_t>(G * n));
-      attend(a, q, slots, n, k_row, v_row, hk, p.data(), o);
+      p.resize(static_cast<size_t>(rows * G * n));
+      // (A row of the block that sees no slot sums none: zeros, as alone.)
+      attend(cache, rows, q, slots.data(), block_seen[static_cast<size_t>(blk)].data(), n, k_row, v_row, hk, p.data(), o);
     }
   });
 }

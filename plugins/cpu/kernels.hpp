@@ -80,7 +80,7 @@ struct AttentionArgs {
   int64_t window;
   bool causal;
 };
-void attention(ThreadPool& pool, const AttentionArgs& a, float* out);
+void attention(ThreadPool& pool, const KernelSet& kernels, const AttentionArgs& a, float* out);
 
 // The cosines and sines of RoPE's angles by rotation and position, kept across ops and runs: a graph's
 // layers share a few rotations (Gemma 4: its sliding and its global layers), so each position's angles are

@@ -26,6 +26,7 @@ const KernelSet& kernel_set() {
     add_kquant_kernels(s);
     add_float_kernels(s);
     add_map_kernels(s);
+    add_attention_kernels(s);
     return s;
   }();
   return set;

@@ -23,6 +23,7 @@ void add_x32_kernels(KernelSet& set);    // qkernels_x32.cpp: Q8_0, Q4_0, Q4_1, 
 void add_kquant_kernels(KernelSet& set);  // qkernels_kquant.cpp: Q4_K, Q5_K, Q6_K
 void add_float_kernels(KernelSet& set);   // qkernels_float.cpp: F32, F16, BF16, MLX affine 4 / 8 bits
 void add_map_kernels(KernelSet& set);     // qkernels_map.cpp: GELU, softcap
+void add_attention_kernels(KernelSet& set);  // qkernels_attention.cpp
 
 namespace {
 

@@ -559,6 +559,66 @@ TEST(Attention, ReadsOnlyTheSlotsInUse) {
   check_attention(c, DType::F16, "no slot in use");
 }
 
+// Attention of T query rows at once (a verification, a prompt chunk: the rows of a block share each cache
+// row's load) against each row alone on one thread with the AVX2 set (a decode step's values), bit for bit,
+// on every instruction set and 1, 2 and 3 threads; the ring-buffer slots, windows and head groups of Gemma 4's
+// layers (8 query heads a KV head, 2 a KV head; D a multiple of 16 or of 8 only). The kernels directly: the
+// Vulkan backend runs the Attention.* suite and promises no such thing.
+TEST(AttentionKernel, RowsTogetherGiveEachRowsBits) {
+  struct Case {
+    int64_t T, S, Hq, Hkv, D, window;
+    DType kv;
+  };
+  const std::vector<Case> cases{{9, 40, 8, 1, 64, 0, DType::F32},  {5, 40, 16, 8, 40, 0, DType::F16},
+                                {9, 40, 8, 2, 24, 6, DType::BF16}, {20, 30, 4, 1, 16, 7, DType::F32},
+                                {3, 12, 2, 2, 8, 2, DType::F32},   {1, 33, 8, 1, 48, 0, DType::F16}};
+  cpu::ThreadPool one(1), two(2), three(3);
+  const cpu::KernelSet& avx2 = cpu::select_kernels("avx2");
+  for (const Case& c : cases) {
+    const std::string what = fmt::format("T {} Hq {} Hkv {} D {} window {}", c.T, c.Hq, c.Hkv, c.D, c.window);
+    const auto q = test::random_floats(c.T * c.Hq * c.D, 21, -2.0f, 2.0f);
+    const auto k = test::encode(test::exact_floats(c.S * c.Hkv * c.D, 22, c.kv), c.kv);
+    const auto v = test::encode(test::exact_floats(c.S * c.Hkv * c.D, 23, c.kv), c.kv);
+    // A ring of S slots after S + 5 tokens, one slot still empty: the T new rows are the last positions.
+    std::vector<int32_t> kpos(static_cast<size_t>(c.S)), qpos(static_cast<size_t>(c.T));
+    const int32_t last = static_cast<int32_t>(c.S + 4);
+    for (int64_t s = 0; s < c.S; ++s) kpos[static_cast<size_t>(s)] = last - static_cast<int32_t>((last - s) % c.S);
+    kpos[3] = -1;
+    for (int64_t t = 0; t < c.T; ++t) qpos[static_cast<size_t>(t)] = last - static_cast<int32_t>(c.T - 1 - t);
+    auto run = [&](cpu::ThreadPool& pool, const cpu::KernelSet& set, int64_t t0, int64_t rows) {
+      cpu::AttentionArgs a{};
+      a.q = q.data() + t0 * c.Hq * c.D;
+      a.k = k.data();
+      a.v = v.data();
+      a.k_type = a.v_type = c.kv;
+      a.key_pos = kpos.data();
+      a.query_pos = qpos.data() + t0;
+      a.T = rows;
+      a.S = c.S;
+      a.Hq = c.Hq;
+      a.Hkv = c.Hkv;
+      a.D = a.Dv = c.D;
+      a.scale = 0.3f;
+      a.window = c.window;
+      a.causal = true;
+      std::vector<float> out(static_cast<size_t>(rows * c.Hq * c.D), -1.0f);
+      cpu::attention(pool, set, a, out.data());
+      return out;
+    };
+    std::vector<float> alone;
+    for (int64_t t = 0; t < c.T; ++t) {
+      const auto row = run(one, avx2, t, 1);
+      alone.insert(alone.end(), row.begin(), row.end());
+    }
+    for (cpu::Isa isa : cpu::supported_isas())
+      for (cpu::ThreadPool* pool : {&one, &two, &three}) {
+        const auto together = run(*pool, cpu::select_kernels(cpu::isa_name(isa)), 0, c.T);
+        EXPECT_EQ(std::memcmp(together.data(), alone.data(), alone.size() * 4), 0)
+            << what << ", " << cpu::isa_name(isa) << ", " << pool->size() << " threads";
+      }
+  }
+}
+
 TEST(Attention, QueryThatSeesNothingGivesZero) {
   AttCase c{1, 3, 1, 1, 4, 4, 0, true, {5, 6, -1}, {2}};
   check_attention(c, DType::F32, "nothing visible");
