@@ -72,6 +72,42 @@ inline const T* at(const std::byte* p, size_t offset) {
   return reinterpret_cast<const T*>(p + offset);
 }
 
+// F32, F16 or BF16 values (float weights, a KV cache) as F32: one, 8 or 16 from element i on, converted in
+// registers.
+enum class Float { f32, f16, bf16 };
+
+template <Float T>
+inline float scalar_weight(const std::byte* row, int64_t i) {
+  if constexpr (T == Float::f32) {
+    return at<float>(row, 0)[i];
+  } else {
+    const uint16_t h = at<uint16_t>(row, 0)[i];
+    if constexpr (T == Float::f16) return _cvtsh_ss(h);
+    uint32_t u = static_cast<uint32_t>(h) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+  }
+}
+
+template <Float T>
+inline __m256 load8(const std::byte* row, int64_t i) {
+  if constexpr (T == Float::f32) return _mm256_loadu_ps(at<float>(row, 0) + i);
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(at<uint16_t>(row, 0) + i));
+  if constexpr (T == Float::f16) return _mm256_cvtph_ps(h);
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+#if SPECULA_WIDE
+template <Float T>
+inline __m512 load16(const std::byte* row, int64_t i) {
+  if constexpr (T == Float::f32) return _mm512_loadu_ps(at<float>(row, 0) + i);
+  const __m256i h = loadu256(at<uint16_t>(row, 0) + i);
+  if constexpr (T == Float::f16) return _mm512_cvtph_ps(h);
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+#endif
+
 #if SPECULA_WIDE
 inline __m256 fold(__m512 v) { return _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)); }
 inline __m256i fold(__m512i v) { return _mm256_add_epi32(_mm512_castsi512_si256(v), _mm512_extracti64x4_epi64(v, 1)); }

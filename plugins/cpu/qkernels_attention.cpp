@@ -13,51 +13,6 @@
 namespace specula::cpu::SPECULA_ISA_NS {
 namespace {
 
-enum class Cache { f32, f16, bf16 };  // the cache's element type (the ISA objects are built without DType's values)
-
-// Eight cache values (F32, F16 or BF16) as F32, converted in registers.
-inline __m256 load8(Cache t, const std::byte* p, int64_t i) {
-  switch (t) {
-    case Cache::f16:
-      return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i)));
-    case Cache::bf16:
-      return _mm256_castsi256_ps(_mm256_slli_epi32(
-          _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 2 * i))), 16));
-    default:
-      return _mm256_loadu_ps(reinterpret_cast<const float*>(p) + i);
-  }
-}
-inline float load1(Cache t, const std::byte* p, int64_t i) {
-  uint16_t h;
-  switch (t) {
-    case Cache::f16:
-      std::memcpy(&h, p + 2 * i, 2);
-      return _cvtsh_ss(h);
-    case Cache::bf16: {
-      std::memcpy(&h, p + 2 * i, 2);
-      const uint32_t u = static_cast<uint32_t>(h) << 16;
-      float f;
-      std::memcpy(&f, &u, 4);
-      return f;
-    }
-    default:
-      return reinterpret_cast<const float*>(p)[i];
-  }
-}
-#if SPECULA_WIDE
-inline __m512 load16(Cache t, const std::byte* p, int64_t i) {
-  switch (t) {
-    case Cache::f16:
-      return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * i)));
-    case Cache::bf16:
-      return _mm512_castsi512_ps(_mm512_slli_epi32(
-          _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p + 2 * i))), 16));
-    default:
-      return _mm512_loadu_ps(reinterpret_cast<const float*>(p) + i);
-  }
-}
-#endif
-
 // The score's sum of its 8 lanes, in the order attention has always used (pairs, then pairs of pairs).
 inline float hsum_pairs(__m256 v) {
   __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
@@ -73,7 +28,8 @@ struct Ymm {
   static constexpr int W = 8;
 };
 inline __m256 vzero(Ymm) { return _mm256_setzero_ps(); }
-inline __m256 vload(Ymm, Cache t, const std::byte* p, int64_t i) { return load8(t, p, i); }
+template <Float T>
+inline __m256 vload(Ymm, const std::byte* p, int64_t i) { return load8<T>(p, i); }
 inline __m256 vfmadd(float w, __m256 v, __m256 acc) { return _mm256_fmadd_ps(_mm256_set1_ps(w), v, acc); }
 inline void vstore(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
 #if SPECULA_WIDE
@@ -82,7 +38,8 @@ struct Zmm {
   static constexpr int W = 16;
 };
 inline __m512 vzero(Zmm) { return _mm512_setzero_ps(); }
-inline __m512 vload(Zmm, Cache t, const std::byte* p, int64_t i) { return load16(t, p, i); }
+template <Float T>
+inline __m512 vload(Zmm, const std::byte* p, int64_t i) { return load16<T>(p, i); }
 inline __m512 vfmadd(float w, __m512 v, __m512 acc) { return _mm512_fmadd_ps(_mm512_set1_ps(w), v, acc); }
 inline void vstore(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
 #endif
@@ -90,7 +47,7 @@ inline void vstore(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
 // The scores of U cache rows k[u] against G query heads q[h] (out[u * G + h]): per pair two 8-lane sums over
 // 16 values at a time (lanes 0-7 and 8-15 of one 16-lane sum with AVX-512: the same additions), then 8, then
 // the tail, then the lanes summed pairwise, times the scale.
-template <Cache kType, int G, int U>
+template <Float kType, int G, int U>
 [[gnu::always_inline]] inline void scores(const std::byte* const* k, const float* const* q, int64_t D, float scale,
                                           float* out) {
   int64_t i = 0;
@@ -107,7 +64,7 @@ template <Cache kType, int G, int U>
     for (int h = 0; h < G; ++h) qv[h] = _mm512_loadu_ps(q[h] + i);
 #pragma GCC unroll 8
     for (int u = 0; u < U; ++u) {
-      const __m512 k16 = load16(kType, k[u], i);
+      const __m512 k16 = load16<kType>(k[u], i);
 #pragma GCC unroll 8
       for (int h = 0; h < G; ++h) s[u][h] = _mm512_fmadd_ps(k16, qv[h], s[u][h]);
     }
@@ -127,7 +84,7 @@ template <Cache kType, int G, int U>
   for (; i + 16 <= D; i += 16) {
 #pragma GCC unroll 8
     for (int u = 0; u < U; ++u) {
-      const __m256 k0 = load8(kType, k[u], i), k1 = load8(kType, k[u], i + 8);
+      const __m256 k0 = load8<kType>(k[u], i), k1 = load8<kType>(k[u], i + 8);
 #pragma GCC unroll 8
       for (int h = 0; h < G; ++h) {
         lo[u][h] = _mm256_fmadd_ps(k0, _mm256_loadu_ps(q[h] + i), lo[u][h]);
@@ -141,20 +98,19 @@ template <Cache kType, int G, int U>
   for (int u = 0; u < U; ++u)
 #pragma GCC unroll 8
     for (int h = 0; h < G; ++h) {
-      if (eight) lo[u][h] = _mm256_fmadd_ps(load8(kType, k[u], i), _mm256_loadu_ps(q[h] + i), lo[u][h]);
+      if (eight) lo[u][h] = _mm256_fmadd_ps(load8<kType>(k[u], i), _mm256_loadu_ps(q[h] + i), lo[u][h]);
       float sum = hsum_pairs(_mm256_add_ps(lo[u][h], hi[u][h]));
-      for (int64_t c = i + (eight ? 8 : 0); c < D; ++c) sum += load1(kType, k[u], c) * q[h][c];
+      for (int64_t c = i + (eight ? 8 : 0); c < D; ++c) sum += scalar_weight<kType>(k[u], c) * q[h][c];
       out[u * G + h] = scale * sum;
     }
 }
 
 // Each cache row is loaded once for all G heads and R rows (it stays in L1 for the block's other rows);
-// seen[r * n + j] says whether row r sees slot j. Per row and head the score is the dot product as two
-// 8-lane sums over 16 values at a time (lanes 0-7 and 8-15 of one 16-lane sum with AVX-512: the same
-// additions), then 8, then the tail, then the lanes summed pairwise; the softmax and the output run over
-// the row's own visible slots in order. So neither the heads and rows grouped nor the vector width change
-// any bits: each row gets what it gets alone, on every set. p holds the scores as [row][slot][head].
-template <Cache kType, Cache vType, int G>
+// seen[r * n + j] says whether row r sees slot j. Each score is summed as scores() says, and the softmax and
+// the output run over the row's own visible slots in order, so neither the heads and rows grouped nor the
+// vector width change any bits: each row gets what it gets alone, on every set. p holds the scores as
+// [row][slot][head].
+template <Float kType, Float vType, int G>
 void attend_heads(const AttendCache& a, int64_t R, const float* const* q, const int32_t* slots, const uint8_t* seen,
                   int64_t n, size_t k_row, size_t v_row, int64_t hk, float* p, float* const* out) {
   const int64_t D = a.D, Dv = a.Dv;
@@ -220,7 +176,7 @@ void attend_heads(const AttendCache& a, int64_t R, const float* const* q, const 
         const std::byte* v = a.v + (static_cast<size_t>(slots[j]) * a.Hkv + hk) * v_row;
         Vec vv[CC];
 #pragma GCC unroll 16
-        for (int c = 0; c < CC; ++c) vv[c] = vload(Tag{}, vType, v, i + W * c);
+        for (int c = 0; c < CC; ++c) vv[c] = vload<vType>(Tag{}, v, i + W * c);
 #pragma GCC unroll 8
         for (int h = 0; h < G; ++h) {
           const float w = pr[j * G + h];
@@ -252,32 +208,32 @@ void attend_heads(const AttendCache& a, int64_t R, const float* const* q, const 
         float o = 0.0f;
         for (int64_t j = 0; j < n; ++j)
           if (seen[r * n + j])
-            o += p[(r * n + j) * G + h] * load1(vType, a.v + (static_cast<size_t>(slots[j]) * a.Hkv + hk) * v_row, i);
+            o += p[(r * n + j) * G + h] * scalar_weight<vType>(a.v + (static_cast<size_t>(slots[j]) * a.Hkv + hk) * v_row, i);
         out[r * G + h][i] = o;
       }
   }
 }
 
-template <Cache kType, Cache vType>
+template <Float kType, Float vType>
 void fill(AttendHeads (&by_group)[4]) {
   by_group[0] = &attend_heads<kType, vType, 1>;
   by_group[1] = &attend_heads<kType, vType, 2>;
   by_group[2] = &attend_heads<kType, vType, 4>;
   by_group[3] = &attend_heads<kType, vType, 8>;
 }
-template <Cache kType>
+template <Float kType>
 void fill(AttendHeads (&by_v)[3][4]) {
-  fill<kType, Cache::f32>(by_v[0]);
-  fill<kType, Cache::f16>(by_v[1]);
-  fill<kType, Cache::bf16>(by_v[2]);
+  fill<kType, Float::f32>(by_v[0]);
+  fill<kType, Float::f16>(by_v[1]);
+  fill<kType, Float::bf16>(by_v[2]);
 }
 
 }  // namespace
 
 void add_attention_kernels(KernelSet& set) {
-  fill<Cache::f32>(set.attend_heads[0]);
-  fill<Cache::f16>(set.attend_heads[1]);
-  fill<Cache::bf16>(set.attend_heads[2]);
+  fill<Float::f32>(set.attend_heads[0]);
+  fill<Float::f16>(set.attend_heads[1]);
+  fill<Float::bf16>(set.attend_heads[2]);
 }
 
 }  // namespace specula::cpu::SPECULA_ISA_NS

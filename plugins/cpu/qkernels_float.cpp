@@ -7,41 +7,7 @@ namespace {
 
 // ---- F32 / F16 / BF16 weights against F32 activations ---------------------------------------------------
 // Two 8-lane accumulators take alternate groups of 8 values (AVX-512: one register's halves); the last
-// cols % 16 values are added one by one after the reduction.
-enum class Float { f32, f16, bf16 };
-
-template <Float T>
-inline float scalar_weight(const std::byte* row, int64_t i) {
-  if constexpr (T == Float::f32) {
-    return at<float>(row, 0)[i];
-  } else {
-    const uint16_t h = at<uint16_t>(row, 0)[i];
-    if constexpr (T == Float::f16) return _cvtsh_ss(h);
-    uint32_t u = static_cast<uint32_t>(h) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-  }
-}
-
-template <Float T>
-inline __m256 load8(const std::byte* row, int64_t i) {
-  if constexpr (T == Float::f32) return _mm256_loadu_ps(at<float>(row, 0) + i);
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(at<uint16_t>(row, 0) + i));
-  if constexpr (T == Float::f16) return _mm256_cvtph_ps(h);
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-#if SPECULA_WIDE
-template <Float T>
-inline __m512 load16(const std::byte* row, int64_t i) {
-  if constexpr (T == Float::f32) return _mm512_loadu_ps(at<float>(row, 0) + i);
-  const __m256i h = loadu256(at<uint16_t>(row, 0) + i);
-  if constexpr (T == Float::f16) return _mm512_cvtph_ps(h);
-  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
-}
-#endif
-
+// cols % 16 values are added one by one after the reduction. (Float and its loads: qkernels.hpp.)
 template <Float T>
 struct FloatTiles {
   template <int RW, int RX>
