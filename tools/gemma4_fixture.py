@@ -33,6 +33,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import struct
 import sys
 
@@ -444,6 +445,8 @@ def write_tensors(path, kvs, tensors, wtype):
         offset += nbytes + pad
     head = b"GGUF" + struct.pack("<IQQ", 3, len(infos), len(kvs)) + b"".join(kvs) + b"".join(infos)
     head += b"\0" * ((-len(head)) % 32)
+    # The file is sized up front but sparse: without this check a full disk shows up mid-write.
+    need_space(path, len(head) + offset)
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "wb") as fh:
         fh.write(head)
@@ -456,20 +459,33 @@ def write_tensors(path, kvs, tensors, wtype):
         jobs.append((tmp, at, name, a, t, nbytes))
         at += nbytes + pad
     workers = min(os.cpu_count() or 1, len(jobs))
-    if workers > 1 and any(isinstance(a, LazyTensor) for _, _, _, a, _, _ in jobs):
-        import multiprocessing
-        # Largest first, so that no big tensor starts last.
-        jobs.sort(key=lambda j: -j[5])
-        with multiprocessing.get_context("fork").Pool(workers) as pool:
-            for error in pool.imap_unordered(_write_tensor, jobs):
+    try:
+        if workers > 1 and any(isinstance(a, LazyTensor) for _, _, _, a, _, _ in jobs):
+            import multiprocessing
+            # Largest first, so that no big tensor starts last.
+            jobs.sort(key=lambda j: -j[5])
+            with multiprocessing.get_context("fork").Pool(workers) as pool:
+                for error in pool.imap_unordered(_write_tensor, jobs):
+                    if error:
+                        sys.exit(error)
+        else:
+            for job in jobs:
+                error = _write_tensor(job)
                 if error:
                     sys.exit(error)
-    else:
-        for job in jobs:
-            error = _write_tensor(job)
-            if error:
-                sys.exit(error)
+    except BaseException:
+        os.remove(tmp)  # a half-written file must not be left behind the size of a model
+        raise
     os.replace(tmp, path)
+
+
+def need_space(path, nbytes):
+    """Exits naming the file and the space it needs when its folder's disk has less free."""
+    folder = os.path.dirname(os.path.abspath(path))
+    free = shutil.disk_usage(folder).free
+    if nbytes > free:
+        sys.exit(f"{path}: needs {nbytes / 2**20:.0f} MiB, but only {free / 2**20:.0f} MiB are free on its disk; "
+                 "free some space (or generate the fixture on another disk) and run again")
 
 
 def _write_tensor(job):
@@ -502,6 +518,7 @@ def write_safetensors(path, tensors, metadata, pad_header=True):
     h = json.dumps(header, separators=(",", ":")).encode()
     if pad_header:
         h += b" " * ((-len(h)) % 8)
+    need_space(path, 8 + len(h) + offset)
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "wb") as fh:
         fh.write(struct.pack("<Q", len(h)) + h)
@@ -720,6 +737,7 @@ def write_mlx_streamed(path, items, bits, gs, prefix, quantized):
         offset += size
     h = json.dumps(header, separators=(",", ":")).encode()
     base_offset = 8 + len(h)
+    need_space(path, 8 + len(h) + offset)
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "wb") as fh:
         fh.write(struct.pack("<Q", len(h)) + h)
@@ -802,7 +820,10 @@ def main():
         return
     if not a.variant or not a.out:
         ap.error("--variant and --out are required")
-    generate(a.variant, a.out, [f for f in a.formats.split(",") if f], a.vocab)
+    try:
+        generate(a.variant, a.out, [f for f in a.formats.split(",") if f], a.vocab)
+    except OSError as e:  # one line a test log keeps whole, not a traceback cut in the middle
+        sys.exit(f"gemma4_fixture.py --variant {a.variant}: {e.filename or a.out}: {e.strerror or e}")
 
 
 if __name__ == "__main__":
