@@ -322,7 +322,10 @@ def main():
     ap.add_argument("--vocab", default=g4.DEFAULT_VOCAB)
     a = ap.parse_args()
     spec = Spec({None: SMALL, "e2b": REAL, "e4b": REAL_E4B, "26b-a4b": REAL_26B}[a.real], a.backbone_hidden)
-    generate(spec, a.out, [f for f in a.formats.split(",") if f], a.vocab)
+    try:
+        generate(spec, a.out, [f for f in a.formats.split(",") if f], a.vocab)
+    except OSError as e:  # one line a test log keeps whole (a full disk, most likely)
+        sys.exit(f"gemma4_assistant_fixture.py: {e.filename or a.out}: {e.strerror or e}")
 
 
 if __name__ == "__main__":

@@ -824,6 +824,9 @@ def main():
         generate(a.variant, a.out, [f for f in a.formats.split(",") if f], a.vocab)
     except OSError as e:  # one line a test log keeps whole, not a traceback cut in the middle
         sys.exit(f"gemma4_fixture.py --variant {a.variant}: {e.filename or a.out}: {e.strerror or e}")
+    except MemoryError:
+        sys.exit(f"gemma4_fixture.py --variant {a.variant}: out of memory while writing {a.out}; "
+                 "run it again with fewer tests in parallel")
 
 
 if __name__ == "__main__":
