@@ -103,6 +103,8 @@ struct KernelSet {
   // Element-wise maps over n values (qkernels_map.cpp): the same bits on every set.
   void (*gelu_tanh)(const float* x, int64_t n, float* out);
   void (*softcap)(const float* x, int64_t n, float cap, float* out);
+  // exp with std::exp's bits (the attention softmax's, exp8 in qkernels.hpp).
+  void (*exp)(const float* x, int64_t n, float* out);
   // Attention by K cache type, V cache type (F32, F16, BF16) and heads an item (1, 2, 4, 8): the same bits
   // on every set, and for each row the bits it gets alone.
   AttendHeads attend_heads[3][3][4];

@@ -22,7 +22,7 @@ void add_x32_kernels(KernelSet& set);    // qkernels_x32.cpp: Q8_0, Q4_0, Q4_1, 
                                           // MLX affine 4 bits' packed panels
 void add_kquant_kernels(KernelSet& set);  // qkernels_kquant.cpp: Q4_K, Q5_K, Q6_K
 void add_float_kernels(KernelSet& set);   // qkernels_float.cpp: F32, F16, BF16, MLX affine 4 / 8 bits
-void add_map_kernels(KernelSet& set);     // qkernels_map.cpp: GELU, softcap
+void add_map_kernels(KernelSet& set);     // qkernels_map.cpp: GELU, softcap, exp
 void add_attention_kernels(KernelSet& set);  // qkernels_attention.cpp
 
 namespace {
@@ -50,6 +50,55 @@ inline float hmax8(__m256 v) {
   m = _mm_max_ps(m, _mm_movehl_ps(m, m));
   m = _mm_max_ss(m, _mm_movehdup_ps(m));
   return _mm_cvtss_f32(m);
+}
+
+// exp of 8 floats with std::exp's bits (glibc's expf, from Arm's optimized routines: x / ln 2 = k / 32 + r,
+// 2^(k / 32) from a table of 32, a cubic in r, in double, rounded once to float), so a softmax done 8 at a
+// time gives what the scalar std::exp gave. tests/cpu checks it against std::exp over the whole float range.
+inline constexpr uint64_t kExp2Table[32] = {  // bits of 2^(i / 32), rounded to double, less i << 47
+    0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51, 0x3fef72b83c7d517b,
+    0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1, 0x3fef06fe0a31b715, 0x3feef1a7373aa9cb,
+    0x3feedea64c123422, 0x3feece086061892d, 0x3feebfdad5362a27, 0x3feeb42b569d4f82, 0x3feeab07dd485429,
+    0x3feea47eb03a5585, 0x3feea09e667f3bcd, 0x3fee9f75e8ec5f74, 0x3feea11473eb0187, 0x3feea589994cce13,
+    0x3feeace5422aa0db, 0x3feeb737b0cdc5e5, 0x3feec49182a3f090, 0x3feed503b23e255d, 0x3feee89f995ad3ad,
+    0x3feeff76f2fb5e47, 0x3fef199bdd85529c, 0x3fef3720dcef9069, 0x3fef5818dcfba487, 0x3fef7c97337b9b5f,
+    0x3fefa4afa2a490da, 0x3fefd0765b6e4540};
+
+[[gnu::always_inline]] inline __m256 exp8(__m256 x) {
+  constexpr double kInvLn2N = 0x1.71547652b82fep+0 * 32, kShift = 0x1.8p+52;
+  constexpr double kC0 = 0x1.c6af84b912394p-5 / 32 / 32 / 32, kC1 = 0x1.ebfce50fac4f3p-3 / 32 / 32,
+                   kC2 = 0x1.62e42ff0c52d6p-1 / 32;
+  const auto* table = reinterpret_cast<const long long*>(kExp2Table);
+#if SPECULA_WIDE
+  const __m512d xd = _mm512_cvtps_pd(x), z = _mm512_mul_pd(_mm512_set1_pd(kInvLn2N), xd);
+  const __m512d shifted = _mm512_add_pd(z, _mm512_set1_pd(kShift));  // k in the low bits
+  const __m512i k = _mm512_castpd_si512(shifted);
+  const __m512d r = _mm512_sub_pd(z, _mm512_sub_pd(shifted, _mm512_set1_pd(kShift)));
+  const __m512i t = _mm512_add_epi64(_mm512_i64gather_epi64(_mm512_and_si512(k, _mm512_set1_epi64(31)), table, 8),
+                                     _mm512_slli_epi64(k, 47));
+  const __m512d p = _mm512_fmadd_pd(_mm512_fmadd_pd(_mm512_set1_pd(kC0), r, _mm512_set1_pd(kC1)), _mm512_mul_pd(r, r),
+                                    _mm512_fmadd_pd(_mm512_set1_pd(kC2), r, _mm512_set1_pd(1.0)));
+  __m256 y = _mm512_cvtpd_ps(_mm512_mul_pd(p, _mm512_castsi512_pd(t)));
+#else
+  __m128 half[2];
+  for (int h = 0; h < 2; ++h) {
+    const __m256d xd = _mm256_cvtps_pd(h ? _mm256_extractf128_ps(x, 1) : _mm256_castps256_ps128(x));
+    const __m256d z = _mm256_mul_pd(_mm256_set1_pd(kInvLn2N), xd);
+    const __m256d shifted = _mm256_add_pd(z, _mm256_set1_pd(kShift));
+    const __m256i k = _mm256_castpd_si256(shifted);
+    const __m256d r = _mm256_sub_pd(z, _mm256_sub_pd(shifted, _mm256_set1_pd(kShift)));
+    const __m256i t = _mm256_add_epi64(
+        _mm256_i64gather_epi64(table, _mm256_and_si256(k, _mm256_set1_epi64x(31)), 8), _mm256_slli_epi64(k, 47));
+    const __m256d p = _mm256_fmadd_pd(_mm256_fmadd_pd(_mm256_set1_pd(kC0), r, _mm256_set1_pd(kC1)), _mm256_mul_pd(r, r),
+                                      _mm256_fmadd_pd(_mm256_set1_pd(kC2), r, _mm256_set1_pd(1.0)));
+    half[h] = _mm256_cvtpd_ps(_mm256_mul_pd(p, _mm256_castsi256_pd(t)));
+  }
+  __m256 y = _mm256_set_m128(half[1], half[0]);
+#endif
+  // Where the table's k would leave its range: 0 below ln(2^-150), infinity above ln(2^128), NaN stays NaN.
+  y = _mm256_blendv_ps(y, _mm256_setzero_ps(), _mm256_cmp_ps(x, _mm256_set1_ps(-0x1.9fe368p6f), _CMP_LT_OQ));
+  y = _mm256_blendv_ps(y, _mm256_set1_ps(__builtin_inff()), _mm256_cmp_ps(x, _mm256_set1_ps(0x1.62e42ep6f), _CMP_GT_OQ));
+  return _mm256_blendv_ps(y, _mm256_add_ps(x, x), _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 
 // 32 int32 (i[0] the first 8) to 32 int8 in the same order, saturating: the packs interleave the 128-bit

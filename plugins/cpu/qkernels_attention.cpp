@@ -143,18 +143,33 @@ void attend_heads(const AttendCache& a, int64_t R, const float* const* q, const 
           for (int h = 0; h < G; ++h) max[r][h] = std::max(max[r][h], pr[u * G + h]);
     }
   }
+  // The softmax: the exps 8 scores at a time with std::exp's bits (G divides 8, so lane l is head l % G; the
+  // slots a row does not see get one too, never read), then each head's sum over its visible slots in order.
   for (int64_t r = 0; r < R; ++r) {
     const uint8_t* sr = seen + r * n;
     float* pr = p + r * n * G;
-#pragma GCC unroll 8
-    for (int h = 0; h < G; ++h) {
-      float sum = 0.0f;
-      for (int64_t j = 0; j < n; ++j)
-        if (sr[j]) sum += (pr[j * G + h] = std::exp(pr[j * G + h] - max[r][h]));
-      const float inv = 1.0f / sum;
-      for (int64_t j = 0; j < n; ++j)
-        if (sr[j]) pr[j * G + h] *= inv;
+    alignas(32) float lane_max[8];
+    for (int l = 0; l < 8; ++l) lane_max[l] = max[r][l % G];
+    const __m256 m = _mm256_load_ps(lane_max);
+    const int64_t total = n * G;
+    int64_t i = 0;
+    for (; i + 8 <= total; i += 8) _mm256_storeu_ps(pr + i, exp8(_mm256_sub_ps(_mm256_loadu_ps(pr + i), m)));
+    if (i < total) {
+      alignas(32) float tail[8] = {};
+      std::memcpy(tail, pr + i, static_cast<size_t>(total - i) * 4);
+      _mm256_store_ps(tail, exp8(_mm256_sub_ps(_mm256_load_ps(tail), m)));
+      std::memcpy(pr + i, tail, static_cast<size_t>(total - i) * 4);
     }
+    float sum[G] = {}, inv[G];
+    for (int64_t j = 0; j < n; ++j)
+      if (sr[j])
+#pragma GCC unroll 8
+        for (int h = 0; h < G; ++h) sum[h] += pr[j * G + h];
+#pragma GCC unroll 8
+    for (int h = 0; h < G; ++h) inv[h] = 1.0f / sum[h];
+    for (int64_t j = 0; j < n; ++j)
+#pragma GCC unroll 8
+      for (int h = 0; h < G; ++h) pr[j * G + h] *= inv[h];
   }
   // Each output value sums the row's visible slots in order, in a register (the order of a load-add-store
   // per slot, without the stores), W values a chunk, CC chunks a pass. A pass's values of all n slots stay

@@ -1,4 +1,4 @@
-// Element-wise maps of the CPU backend (GELU with tanh, softcap), compiled once per instruction set like the
+// Element-wise maps of the CPU backend (GELU with tanh, softcap, exp), compiled once per instruction set like the
 // matrix kernels: 16 lanes on AVX-512, 8 on AVX2. Each lane runs the same operations in the same order on
 // both sets (min / max, floor, fma, a true division, a compare and blend), so the bits do not depend on
 // the set, on the lane a value lands in, or on where a thread's share ends: a partial last vector goes
@@ -113,11 +113,23 @@ void softcap(const float* x, int64_t n, float cap, float* out) {
   map(x, n, out, [&](V v) { return Vec::mul(c, tanh_v(Vec::div(v, c))); });
 }
 
+void exp(const float* x, int64_t n, float* out) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, exp8(_mm256_loadu_ps(x + i)));
+  if (i < n) {
+    alignas(32) float buf[8] = {};
+    std::memcpy(buf, x + i, static_cast<size_t>(n - i) * 4);
+    _mm256_store_ps(buf, exp8(_mm256_load_ps(buf)));
+    std::memcpy(out + i, buf, static_cast<size_t>(n - i) * 4);
+  }
+}
+
 }  // namespace
 
 void add_map_kernels(KernelSet& set) {
   set.gelu_tanh = &gelu_tanh;
   set.softcap = &softcap;
+  set.exp = &exp;
 }
 
 }  // namespace specula::cpu::SPECULA_ISA_NS

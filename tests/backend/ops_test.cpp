@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <bit>
 #include <vector>
 #include <chrono>
 #include <thread>
@@ -616,6 +617,31 @@ TEST(AttentionKernel, RowsTogetherGiveEachRowsBits) {
         EXPECT_EQ(std::memcmp(together.data(), alone.data(), alone.size() * 4), 0)
             << what << ", " << cpu::isa_name(isa) << ", " << pool->size() << " threads";
       }
+  }
+}
+
+// The attention softmax's exp (exp8) against std::exp, bit for bit, on every set: every 251st float (all
+// signs, exponents, subnormals, infinities, NaNs among them), the edges of its range, a partial last vector.
+TEST(CpuKernels, ExpHasStdExpsBits) {
+  std::vector<float> x;
+  for (uint64_t b = 0; b < (uint64_t{1} << 32); b += 251) x.push_back(std::bit_cast<float>(static_cast<uint32_t>(b)));
+  for (float e : {0.0f, -0.0f, -0x1.9fe368p6f, std::nextafter(-0x1.9fe368p6f, 0.0f), -0x1.9d1d9ep6f, -87.33f,
+                  0x1.62e42ep6f, std::nextafter(0x1.62e42ep6f, 100.0f), 1e-30f, -1e-30f, 0.5f, -0.5f,
+                  std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                  std::numeric_limits<float>::quiet_NaN()})
+    x.push_back(e);
+  ASSERT_GT(x.size() % 8, 0u);  // a partial last vector too
+  for (cpu::Isa isa : cpu::supported_isas()) {
+    const cpu::KernelSet& set = cpu::select_kernels(cpu::isa_name(isa));
+    std::vector<float> got(x.size());
+    set.exp(x.data(), static_cast<int64_t>(x.size()), got.data());
+    int64_t wrong = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const float want = std::exp(x[i]);
+      if (std::bit_cast<uint32_t>(got[i]) != std::bit_cast<uint32_t>(want) && !(std::isnan(want) && std::isnan(got[i])))
+        if (++wrong <= 5) ADD_FAILURE() << cpu::isa_name(isa) << ": exp(" << x[i] << ") = " << got[i] << ", std::exp " << want;
+    }
+    EXPECT_EQ(wrong, 0) << cpu::isa_name(isa) << ", of " << x.size();
   }
 }
 
