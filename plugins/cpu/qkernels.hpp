@@ -54,7 +54,7 @@ inline float hmax8(__m256 v) {
 
 // exp of 8 floats with std::exp's bits (glibc's expf, from Arm's optimized routines: x / ln 2 = k / 32 + r,
 // 2^(k / 32) from a table of 32, a cubic in r, in double, rounded once to float), so a softmax done 8 at a
-// time gives what the scalar std::exp gave. tests/cpu checks it against std::exp over the whole float range.
+// time gives what the scalar std::exp gave (CpuKernels.ExpHasStdExpsBits checks it across the float range).
 inline constexpr uint64_t kExp2Table[32] = {  // bits of 2^(i / 32), rounded to double, less i << 47
     0x3ff0000000000000, 0x3fefd9b0d3158574, 0x3fefb5586cf9890f, 0x3fef9301d0125b51, 0x3fef72b83c7d517b,
     0x3fef54873168b9aa, 0x3fef387a6e756238, 0x3fef1e9df51fdee1, 0x3fef06fe0a31b715, 0x3feef1a7373aa9cb,
