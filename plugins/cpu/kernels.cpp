@@ -11,20 +11,11 @@
 #include <immintrin.h>
 
 #include "convert.hpp"
+#include "hsum.hpp"
 #include "specula/error.hpp"
 #include "specula/sampling_rule.hpp"
 
 namespace specula::cpu {
-
-namespace {
-inline float hsum(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_hadd_ps(lo, lo);
-  lo = _mm_hadd_ps(lo, lo);
-  return _mm_cvtss_f32(lo);
-}
-}  // namespace
 
 float dot_f32(const float* a, const float* b, int64_t n) {
   __m256 s0 = _mm256_setzero_ps(), s1 = _mm256_setzero_ps();
@@ -34,7 +25,7 @@ float dot_f32(const float* a, const float* b, int64_t n) {
     s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
   }
   for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-  float s = hsum(_mm256_add_ps(s0, s1));
+  float s = hsum_pairs(_mm256_add_ps(s0, s1));
   for (; i < n; ++i) s += a[i] * b[i];
   return s;
 }

@@ -101,6 +101,20 @@ inline constexpr uint64_t kExp2Table[32] = {  // bits of 2^(i / 32), rounded to 
   return _mm256_blendv_ps(y, _mm256_add_ps(x, x), _mm256_cmp_ps(x, x, _CMP_UNORD_Q));
 }
 
+// f over x[0, n) into out (out may be x), 8 floats at a time; a partial last vector goes through a padded
+// register, so every value gets the vector path's bits.
+template <class F>
+[[gnu::always_inline]] inline void map8(const float* x, int64_t n, float* out, F f) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, f(_mm256_loadu_ps(x + i)));
+  if (i < n) {
+    alignas(32) float buf[8] = {};
+    std::memcpy(buf, x + i, static_cast<size_t>(n - i) * 4);
+    _mm256_store_ps(buf, f(_mm256_load_ps(buf)));
+    std::memcpy(out + i, buf, static_cast<size_t>(n - i) * 4);
+  }
+}
+
 // 32 int32 (i[0] the first 8) to 32 int8 in the same order, saturating: the packs interleave the 128-bit
 // lanes, the permutation restores the order.
 inline __m256i pack_i8(const __m256i (&i)[4]) {

@@ -8,19 +8,11 @@
 #include <limits>
 #include <type_traits>
 
+#include "hsum.hpp"
 #include "qkernels.hpp"
 
 namespace specula::cpu::SPECULA_ISA_NS {
 namespace {
-
-// The score's sum of its 8 lanes, in the order attention has always used (pairs, then pairs of pairs).
-inline float hsum_pairs(__m256 v) {
-  __m128 lo = _mm256_castps256_ps128(v), hi = _mm256_extractf128_ps(v, 1);
-  lo = _mm_add_ps(lo, hi);
-  lo = _mm_hadd_ps(lo, lo);
-  lo = _mm_hadd_ps(lo, lo);
-  return _mm_cvtss_f32(lo);
-}
 
 // The output pass's vector steps for either width.
 struct Ymm {
@@ -151,15 +143,7 @@ void attend_heads(const AttendCache& a, int64_t R, const float* const* q, const 
     alignas(32) float lane_max[8];
     for (int l = 0; l < 8; ++l) lane_max[l] = max[r][l % G];
     const __m256 m = _mm256_load_ps(lane_max);
-    const int64_t total = n * G;
-    int64_t i = 0;
-    for (; i + 8 <= total; i += 8) _mm256_storeu_ps(pr + i, exp8(_mm256_sub_ps(_mm256_loadu_ps(pr + i), m)));
-    if (i < total) {
-      alignas(32) float tail[8] = {};
-      std::memcpy(tail, pr + i, static_cast<size_t>(total - i) * 4);
-      _mm256_store_ps(tail, exp8(_mm256_sub_ps(_mm256_load_ps(tail), m)));
-      std::memcpy(pr + i, tail, static_cast<size_t>(total - i) * 4);
-    }
+    map8(pr, n * G, pr, [&](__m256 s) { return exp8(_mm256_sub_ps(s, m)); });
     float sum[G] = {}, inv[G];
     for (int64_t j = 0; j < n; ++j)
       if (sr[j])

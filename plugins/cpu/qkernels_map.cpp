@@ -114,14 +114,7 @@ void softcap(const float* x, int64_t n, float cap, float* out) {
 }
 
 void exp(const float* x, int64_t n, float* out) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, exp8(_mm256_loadu_ps(x + i)));
-  if (i < n) {
-    alignas(32) float buf[8] = {};
-    std::memcpy(buf, x + i, static_cast<size_t>(n - i) * 4);
-    _mm256_store_ps(buf, exp8(_mm256_load_ps(buf)));
-    std::memcpy(out + i, buf, static_cast<size_t>(n - i) * 4);
-  }
+  map8(x, n, out, [](__m256 v) { return exp8(v); });
 }
 
 }  // namespace
